@@ -1,0 +1,75 @@
+# Shared helpers for the scripts that install and start the real services used by tests and
+# the local demo. Sourced, never executed.
+#
+# Layout on disk (both outside the repo so a fresh clone reuses what an earlier run built):
+#   $BN_CACHE  built or downloaded artefacts that survive between runs (binaries, jars)
+#   $BN_RUN    runtime state of started services: one directory per service holding its
+#              data, its log, its pid file and an `env` file of KEY=VALUE connection details
+#              that the pytest fixtures and the demo read.
+set -euo pipefail
+
+BN_CACHE=${BN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/bucketnotify}
+BN_RUN=${BN_RUN:-/tmp/bucketnotify-local}
+BN_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+export BN_CACHE BN_RUN BN_REPO
+
+log() { printf '[%s] %s\n' "${SERVICE:-local}" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+# Fail with the tail of a service log: a service that does not come up must say why.
+die_with_log() {
+  local msg=$1 logfile=$2
+  log "ERROR: $msg"
+  if [[ -f $logfile ]]; then
+    log "last lines of $logfile:"
+    tail -n 40 "$logfile" >&2 || true
+  fi
+  exit 1
+}
+
+# Install Debian packages only when one of them is missing (idempotent, quiet when warm).
+apt_ensure() {
+  local missing=()
+  for pkg in "$@"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  ((${#missing[@]} == 0)) && return 0
+  log "installing Debian packages: ${missing[*]}"
+  local sudo=""
+  [[ $(id -u) -eq 0 ]] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+pid_alive() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+# Stop the process whose pid is in $1: TERM, wait, then KILL.
+stop_pidfile() {
+  local pidfile=$1 pid
+  pid_alive "$pidfile" || { rm -f "$pidfile"; return 0; }
+  pid=$(cat "$pidfile")
+  kill "$pid" 2>/dev/null || true
+  for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+  kill -9 "$pid" 2>/dev/null || true
+  rm -f "$pidfile"
+}
+
+# wait_for DESCRIPTION SECONDS LOGFILE -- COMMAND...: poll COMMAND until it succeeds.
+wait_for() {
+  local what=$1 secs=$2 logfile=$3; shift 4
+  local deadline=$((SECONDS + secs))
+  until "$@" >/dev/null 2>&1; do
+    ((SECONDS < deadline)) || die_with_log "$what did not become ready within ${secs}s" "$logfile"
+    sleep 0.5
+  done
+}
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# write_env FILE KEY=VALUE...: the connection details the fixtures read.
+write_env() {
+  local file=$1; shift
+  : >"$file.tmp"
+  for kv in "$@"; do printf '%s\n' "$kv" >>"$file.tmp"; done
+  mv "$file.tmp" "$file"
+}
