@@ -49,12 +49,22 @@ fmt: install ## format the code
 	$(BIN)/ruff check --fix operator tests
 	$(BIN)/ruff format operator tests
 
+.PHONY: crds
+crds: install ## regenerate crds/ from the API models
+	$(BIN)/python -m bucketnotify.api.crds crds
+
+.PHONY: crds-check
+crds-check: install ## fail when crds/ is not what the API models generate
+	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	$(BIN)/python -m bucketnotify.api.crds "$$tmp"; \
+	diff -ru crds "$$tmp" || { echo "crds/ is out of date: run 'make crds'"; exit 1; }
+
 .PHONY: test-unit
 test-unit: install ## unit tests only (no services)
 	$(BIN)/pytest tests/unit
 
 .PHONY: test
-test: install services-install lint ## lint, then every test against the real services
+test: install services-install lint crds-check ## lint, crds check, then every test against the real services
 	$(BIN)/pytest -ra tests
 
 .PHONY: demo

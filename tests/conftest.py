@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 
 import pytest
 
 from tests import localservices
-from tests.localservices import LocalService
+from tests.kubectl import Kubectl
+from tests.localservices import REPO, LocalService
 
 
 def _service(name: str) -> Iterator[LocalService]:
@@ -40,3 +42,24 @@ def rabbitmq() -> Iterator[LocalService]:
 def kafka() -> Iterator[LocalService]:
     """A single KRaft Kafka broker; ``KAFKA_BOOTSTRAP``."""
     yield from _service("kafka")
+
+
+@pytest.fixture(scope="session")
+def kubectl(kube: LocalService) -> Kubectl:
+    """kubectl as the cluster admin."""
+    return Kubectl(kube["KUBECTL"], kube["KUBECONFIG_ADMIN"])
+
+
+@pytest.fixture(scope="session")
+def crds(kubectl: Kubectl) -> None:
+    """The CRDs of crds/ installed and Established, as `kubectl apply -f crds/` does."""
+    kubectl.apply_path(REPO / "crds")
+    kubectl.run("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+
+
+@pytest.fixture()
+def namespace(kubectl: Kubectl) -> str:
+    """A fresh namespace (never deleted: the local control plane has no namespace controller)."""
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    kubectl.run("create", "namespace", name)
+    return name

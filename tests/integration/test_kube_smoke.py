@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -24,16 +23,6 @@ def api_client(kubeconfig: str) -> client.ApiClient:
 def admin(kube: LocalService) -> Iterator[client.ApiClient]:
     with api_client(kube["KUBECONFIG_ADMIN"]) as api:
         yield api
-
-
-@pytest.fixture()
-def namespace(admin: client.ApiClient) -> str:
-    # Namespaces are never deleted: the local control plane has no namespace controller.
-    name = f"smoke-{uuid.uuid4().hex[:8]}"
-    client.CoreV1Api(admin).create_namespace(
-        client.V1Namespace(metadata=client.V1ObjectMeta(name=name))
-    )
-    return name
 
 
 def widget_crd() -> dict[str, object]:

@@ -1,0 +1,87 @@
+"""Types shared by every custom resource: references, conditions, the base model."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+GROUP = "bucketnotify.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+
+class Model(BaseModel):
+    """Base of every API model: camelCase on the wire, docstrings become the CRD's descriptions."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        use_attribute_docstrings=True,
+        frozen=True,
+        extra="ignore",
+    )
+
+
+class SecretKeyRef(Model):
+    """One key of a Secret in the object's own namespace."""
+
+    name: str = Field(min_length=1, max_length=253)
+    """Name of the Secret."""
+    key: str = Field(min_length=1, max_length=253)
+    """Key inside the Secret."""
+
+
+class CARef(Model):
+    """A PEM CA bundle from a ConfigMap or a Secret in the object's namespace."""
+
+    kind: Literal["ConfigMap", "Secret"] = "ConfigMap"
+    """Where the bundle is kept."""
+    name: str = Field(min_length=1, max_length=253)
+    """Name of the ConfigMap or Secret."""
+    key: str = Field(default="ca.crt", min_length=1, max_length=253)
+    """Key holding the PEM bundle."""
+
+
+class CredentialsRef(Model):
+    """User name and password kept in a Secret, never inline in the object."""
+
+    secret_name: str = Field(min_length=1, max_length=253)
+    """Name of the Secret in the object's namespace."""
+    username_key: str = Field(default="username", min_length=1, max_length=253)
+    """Key of the user name in the Secret."""
+    password_key: str = Field(default="password", min_length=1, max_length=253)
+    """Key of the password in the Secret."""
+
+
+class GatewayRef(Model):
+    """Which gateway and whose credentials, overriding the operator's default connection.
+
+    The Secret holds `endpoint` (URL of the gateway), `accessKey`, `secretKey` and
+    optionally `region` (the zonegroup name).
+    """
+
+    secret_name: str = Field(min_length=1, max_length=253)
+    """Name of the Secret in the object's namespace."""
+
+
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+
+class Condition(Model):
+    """A Kubernetes API convention condition."""
+
+    type: str = Field(max_length=316)
+    """Type of the condition, e.g. Ready."""
+    status: ConditionStatus
+    """True, False or Unknown."""
+    reason: str = Field(max_length=1024)
+    """CamelCase reason of the last transition."""
+    message: str = Field(default="", max_length=32768)
+    """What happened, in words a person can act on."""
+    observed_generation: int | None = Field(default=None, ge=0)
+    """The metadata.generation this condition was computed from."""
+    last_transition_time: dt.datetime
+    """When status last changed."""

@@ -1,0 +1,267 @@
+"""The Topic custom resource: one gateway topic and where its notifications go.
+
+Every attribute of the gateway's CreateTopic has a field here; ``build`` code elsewhere
+maps them to the gateway's attribute names. Validation that the API server can do lives in
+the schema (OpenAPI and CEL rules), so a bad object is refused at apply time.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from bucketnotify.api.common import (
+    CARef,
+    Condition,
+    CredentialsRef,
+    GatewayRef,
+    Model,
+)
+
+__all__ = [
+    "AmqpEndpoint",
+    "DeliverySettings",
+    "Endpoint",
+    "HttpEndpoint",
+    "KafkaEndpoint",
+    "KafkaSasl",
+    "Topic",
+    "TopicSpec",
+    "TopicStatus",
+]
+
+BROKER_PATTERN = r"^[A-Za-z0-9.-]+(:[0-9]{1,5})?$"
+
+# CEL cost estimation needs bounded strings; URLs of any endpoint fit comfortably.
+URL_MAX = 2048
+
+NO_USERINFO = {
+    "rule": "!self.url.matches('^[a-zA-Z][a-zA-Z0-9+.-]*://[^/]*@')",
+    "message": "url must not contain user:password@; put credentials in credentialsRef (a Secret)",
+}
+
+
+def scheme_rule(*schemes: str) -> dict[str, str]:
+    allowed = " || ".join(f"self.url.startsWith('{s}://')" for s in schemes)
+    names = " or ".join(f"{s}://" for s in schemes)
+    return {"rule": allowed, "message": f"url must start with {names}"}
+
+
+class HttpEndpoint(Model):
+    """Push with HTTP POST of the event JSON."""
+
+    model_config = Model.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                scheme_rule("http", "https"),
+                NO_USERINFO,
+                {
+                    "rule": "!has(self.caRef) || self.url.startsWith('https://')",
+                    "message": "caRef needs an https:// url",
+                },
+            ]
+        }
+    }
+
+    url: str = Field(max_length=URL_MAX)
+    """http[s]://<fqdn>[:<port>][/<path>]; port defaults to 80 or 443."""
+    verify_ssl: bool = Field(default=True, alias="verifySSL")
+    """Validate the server certificate (gateway attribute verify-ssl)."""
+    ca_ref: CARef | None = None
+    """CA bundle that authenticates the server instead of the system CAs."""
+    cloud_events: bool = False
+    """Add CloudEvents binary-mode headers (gateway attribute cloudevents)."""
+
+
+class AmqpEndpoint(Model):
+    """Publish to an AMQP 0.9.1 exchange; the routing key is the endpoint topic."""
+
+    model_config = Model.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                scheme_rule("amqp", "amqps"),
+                NO_USERINFO,
+                {
+                    "rule": "!has(self.caRef) || self.url.startsWith('amqps://')",
+                    "message": "caRef needs an amqps:// url",
+                },
+                {
+                    "rule": "!has(self.vhost) || !self.url.matches('^amqps?://[^/]+/.+')",
+                    "message": "set the vhost either in the url path or in vhost, not both",
+                },
+            ]
+        }
+    }
+
+    url: str = Field(max_length=URL_MAX)
+    """amqp[s]://<fqdn>[:<port>][/<vhost>]; port defaults to 5672 or 5671."""
+    exchange: str = Field(min_length=1, max_length=255)
+    """Existing exchange that routes by topic (gateway attribute amqp-exchange)."""
+    ack_level: Literal["none", "broker", "routable"] = "broker"
+    """none: sent is delivered; broker: publisher confirm; routable: the broker could route it."""
+    vhost: str | None = Field(default=None, min_length=1, max_length=255)
+    """Virtual host; defaults to / (or the url's path)."""
+    verify_ssl: bool = Field(default=True, alias="verifySSL")
+    """Validate the broker certificate (amqps only)."""
+    ca_ref: CARef | None = None
+    """CA bundle that authenticates the broker instead of the system CAs."""
+    credentials_ref: CredentialsRef | None = None
+    """User and password; the broker's default is guest/guest."""
+
+
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI", "OAUTHBEARER"]
+
+
+class KafkaSasl(Model):
+    """SASL authentication towards the Kafka brokers."""
+
+    mechanism: SaslMechanism = "PLAIN"
+    """SASL mechanism (gateway attribute mechanism)."""
+    credentials_ref: CredentialsRef
+    """User and password (gateway attributes user-name and password)."""
+
+
+class KafkaEndpoint(Model):
+    """Produce to a Kafka topic named by the endpoint topic."""
+
+    model_config = Model.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                scheme_rule("kafka"),
+                NO_USERINFO,
+                {
+                    "rule": "!has(self.caRef) || self.useSSL",
+                    "message": "caRef needs useSSL: true",
+                },
+            ]
+        }
+    }
+
+    url: str = Field(max_length=URL_MAX)
+    """kafka://<fqdn>[:<port>]; port defaults to 9092."""
+    brokers: list[Annotated[str, Field(max_length=261, pattern=BROKER_PATTERN)]] = Field(
+        default_factory=list, max_length=64
+    )
+    """More brokers of the same cluster, as host:port (gateway attribute kafka-brokers)."""
+    use_ssl: bool = Field(default=False, alias="useSSL")
+    """Connect with TLS (gateway attribute use-ssl)."""
+    verify_ssl: bool = Field(default=True, alias="verifySSL")
+    """Validate the broker certificate when useSSL is true."""
+    ca_ref: CARef | None = None
+    """CA bundle that authenticates the brokers instead of the system CAs."""
+    ack_level: Literal["none", "broker"] = "broker"
+    """none: sent is delivered; broker: wait for the broker's acknowledgement."""
+    sasl: KafkaSasl | None = None
+    """SASL authentication; omit for none."""
+
+
+class Endpoint(Model):
+    """Exactly one of http, amqp or kafka."""
+
+    model_config = Model.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {
+                    "rule": "(has(self.http) ? 1 : 0) + (has(self.amqp) ? 1 : 0)"
+                    " + (has(self.kafka) ? 1 : 0) == 1",
+                    "message": "set exactly one endpoint: http, amqp or kafka",
+                }
+            ]
+        }
+    }
+
+    http: HttpEndpoint | None = None
+    amqp: AmqpEndpoint | None = None
+    kafka: KafkaEndpoint | None = None
+
+    @property
+    def kind(self) -> Literal["http", "amqp", "kafka"]:
+        if self.http is not None:
+            return "http"
+        if self.amqp is not None:
+            return "amqp"
+        return "kafka"
+
+
+class DeliverySettings(Model):
+    """How the delivery service takes persistent topics over from the gateway."""
+
+    handoff: Literal["sync", "persistent"] = "persistent"
+    """sync: the S3 request waits for our durable commit (lowest latency, an event is lost
+    when no delivery replica answers); persistent: the gateway queues and retries towards us
+    (no loss while the delivery service is down)."""
+    shards: int = Field(default=11, ge=1, le=1024)
+    """Queue shards; events of one object always land in the same shard, in order."""
+    max_queue_bytes: int = Field(default=128 * 1024 * 1024, ge=1024)
+    """Bytes a topic's queue may hold before the ingest answers 503."""
+    max_queue_entries: int = Field(default=1_000_000, ge=1)
+    """Entries a topic's queue may hold before the ingest answers 503."""
+    dead_letter_topic: str | None = Field(default=None, min_length=1, max_length=253)
+    """Topic (same namespace) that receives events dropped by timeToLive or maxRetries."""
+
+
+class TopicSpec(Model):
+    """Desired state of one gateway topic."""
+
+    model_config = Model.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.persistent || (!has(self.timeToLive) && !has(self.maxRetries)"
+                    " && !has(self.retrySleepDuration) && !has(self.delivery))",
+                    "message": "timeToLive, maxRetries, retrySleepDuration and delivery apply"
+                    " only to persistent topics; set persistent: true or remove them",
+                },
+                {
+                    "rule": "!has(oldSelf.name) || (has(self.name) && self.name == oldSelf.name)",
+                    "message": "name is immutable: create a new Topic to use another gateway name",
+                },
+            ]
+        }
+    }
+
+    name: str | None = Field(
+        default=None, min_length=1, max_length=255, pattern=r"^[A-Za-z0-9_.-]+$"
+    )
+    """Topic name on the gateway; defaults to metadata.name. Immutable."""
+    endpoint: Endpoint
+    """Where notifications are pushed."""
+    endpoint_topic: str | None = Field(default=None, min_length=1, max_length=255)
+    """AMQP routing key or Kafka topic; defaults to the gateway topic name."""
+    persistent: bool = False
+    """Deliver asynchronously through the delivery service's persistent queues."""
+    time_to_live: int | None = Field(default=None, ge=0)
+    """Seconds an undelivered event is kept; 0 means forever (gateway time_to_live)."""
+    max_retries: int | None = Field(default=None, ge=0)
+    """Delivery attempts before an event is dropped; 0 means unlimited (max_retries)."""
+    retry_sleep_duration: int | None = Field(default=None, ge=0)
+    """Seconds between retries of one event; 0 means no delay (retry_sleep_duration)."""
+    opaque_data: str | None = Field(default=None, max_length=1024)
+    """Copied into every event's opaqueData (gateway attribute OpaqueData)."""
+    policy: dict[str, Any] | None = None
+    """Topic access policy, a JSON document like a bucket policy (gateway attribute Policy)."""
+    gateway_ref: GatewayRef | None = None
+    """Gateway connection; defaults to the operator's."""
+    delivery: DeliverySettings | None = None
+    """Delivery service settings (persistent topics only)."""
+
+
+class TopicStatus(Model):
+    """Observed state of the gateway topic."""
+
+    observed_generation: int | None = None
+    """The metadata.generation last reconciled."""
+    conditions: list[Condition] = Field(default_factory=list, max_length=16)
+    """Ready and the specific conditions."""
+    arn: str | None = None
+    """ARN of the gateway topic."""
+    endpoint_kind: Literal["http", "amqp", "kafka"] | None = None
+    """Kind of the endpoint, for printing."""
+
+
+class Topic(Model):
+    """A gateway topic."""
+
+    spec: TopicSpec
+    status: TopicStatus | None = None

@@ -1,0 +1,175 @@
+"""The Topic CRD refuses bad objects at apply time with a message that says what to fix."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from tests.kubectl import Kubectl
+
+pytestmark = pytest.mark.usefixtures("crds")
+
+HTTP = {"http": {"url": "http://127.0.0.1:9999/events"}}
+
+
+def topic(name: str, namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "bucketnotify.io/v1alpha1",
+        "kind": "Topic",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
+# (case id, spec, what the API server must say)
+BAD_TOPICS: list[tuple[str, dict[str, Any], str]] = [
+    ("no-endpoint-section", {"persistent": False}, "spec.endpoint: Required value"),
+    ("empty-endpoint", {"endpoint": {}}, "set exactly one endpoint: http, amqp or kafka"),
+    (
+        "two-endpoints",
+        {"endpoint": {**HTTP, "kafka": {"url": "kafka://127.0.0.1:9092"}}},
+        "set exactly one endpoint: http, amqp or kafka",
+    ),
+    (
+        "http-with-amqp-scheme",
+        {"endpoint": {"http": {"url": "amqp://broker"}}},
+        "url must start with http:// or https://",
+    ),
+    (
+        "amqp-with-http-scheme",
+        {"endpoint": {"amqp": {"url": "http://broker", "exchange": "ex"}}},
+        "url must start with amqp:// or amqps://",
+    ),
+    (
+        "kafka-with-http-scheme",
+        {"endpoint": {"kafka": {"url": "https://broker:9092"}}},
+        "url must start with kafka://",
+    ),
+    (
+        "kafka-routable-ack",
+        {"endpoint": {"kafka": {"url": "kafka://b:9092", "ackLevel": "routable"}}},
+        'Unsupported value: "routable": supported values: "none", "broker"',
+    ),
+    (
+        "amqp-unknown-ack",
+        {"endpoint": {"amqp": {"url": "amqp://b", "exchange": "ex", "ackLevel": "all"}}},
+        'Unsupported value: "all": supported values: "none", "broker", "routable"',
+    ),
+    (
+        "amqp-missing-exchange",
+        {"endpoint": {"amqp": {"url": "amqp://b"}}},
+        "spec.endpoint.amqp.exchange: Required value",
+    ),
+    (
+        "negative-time-to-live",
+        {"endpoint": HTTP, "persistent": True, "timeToLive": -1},
+        "spec.timeToLive in body should be greater than or equal to 0",
+    ),
+    (
+        "negative-retry-sleep",
+        {"endpoint": HTTP, "persistent": True, "retrySleepDuration": -5},
+        "spec.retrySleepDuration in body should be greater than or equal to 0",
+    ),
+    (
+        "negative-max-retries",
+        {"endpoint": HTTP, "persistent": True, "maxRetries": -1},
+        "spec.maxRetries in body should be greater than or equal to 0",
+    ),
+    (
+        "amqp-inline-credentials",
+        {"endpoint": {"amqp": {"url": "amqp://user:pw@broker/", "exchange": "ex"}}},
+        "url must not contain user:password@; put credentials in credentialsRef (a Secret)",
+    ),
+    (
+        "kafka-inline-credentials",
+        {"endpoint": {"kafka": {"url": "kafka://user:pw@broker:9092"}}},
+        "url must not contain user:password@; put credentials in credentialsRef (a Secret)",
+    ),
+    (
+        "http-ca-without-tls",
+        {"endpoint": {"http": {"url": "http://x", "caRef": {"name": "ca"}}}},
+        "caRef needs an https:// url",
+    ),
+    (
+        "kafka-ca-without-ssl",
+        {"endpoint": {"kafka": {"url": "kafka://b:9092", "caRef": {"name": "ca"}}}},
+        "caRef needs useSSL: true",
+    ),
+    (
+        "retries-on-non-persistent",
+        {"endpoint": HTTP, "maxRetries": 3},
+        "timeToLive, maxRetries, retrySleepDuration and delivery apply only to persistent topics",
+    ),
+    (
+        "unknown-sasl-mechanism",
+        {
+            "endpoint": {
+                "kafka": {
+                    "url": "kafka://b:9092",
+                    "sasl": {"mechanism": "MD5", "credentialsRef": {"secretName": "s"}},
+                }
+            }
+        },
+        'spec.endpoint.kafka.sasl.mechanism: Unsupported value: "MD5"',
+    ),
+    (
+        "bad-broker-entry",
+        {"endpoint": {"kafka": {"url": "kafka://b:9092", "brokers": ["b2 9092"]}}},
+        "spec.endpoint.kafka.brokers[0] in body should match",
+    ),
+    (
+        "gateway-name-with-slash",
+        {"endpoint": HTTP, "name": "a/b"},
+        "spec.name in body should match",
+    ),
+    (
+        "vhost-twice",
+        {"endpoint": {"amqp": {"url": "amqp://b/v1", "exchange": "ex", "vhost": "v2"}}},
+        "set the vhost either in the url path or in vhost, not both",
+    ),
+    (
+        "bad-handoff",
+        {"endpoint": HTTP, "persistent": True, "delivery": {"handoff": "later"}},
+        'spec.delivery.handoff: Unsupported value: "later"',
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [pytest.param(spec, message, id=case) for case, spec, message in BAD_TOPICS],
+)
+def test_bad_topic_is_refused_with_a_clear_message(
+    kubectl: Kubectl, namespace: str, spec: dict[str, Any], message: str
+) -> None:
+    result = kubectl.apply(topic("bad", namespace, spec), check=False)
+    assert result.returncode != 0, f"the API server accepted a bad Topic: {spec}"
+    assert message in result.stderr
+    assert kubectl.run("get", "topics", "-n", namespace, "-o", "name").stdout == ""
+
+
+def test_good_topic_gets_the_reference_defaults(kubectl: Kubectl, namespace: str) -> None:
+    """Omitted options take the gateway's defaults: verify-ssl true, ack level broker."""
+    spec = {
+        "endpoint": {"amqp": {"url": "amqps://broker:5671", "exchange": "ex"}},
+        "persistent": True,
+        "timeToLive": 0,
+    }
+    kubectl.apply(topic("good", namespace, spec))
+    stored = kubectl.get("topic", "good", namespace)["spec"]
+    assert stored["endpoint"]["amqp"]["ackLevel"] == "broker"
+    assert stored["endpoint"]["amqp"]["verifySSL"] is True
+    assert stored["persistent"] is True
+    assert stored["timeToLive"] == 0
+
+
+def test_gateway_name_is_immutable(kubectl: Kubectl, namespace: str) -> None:
+    spec = {"endpoint": HTTP, "name": "first"}
+    kubectl.apply(topic("renamed", namespace, spec))
+    changed = copy.deepcopy(spec)
+    changed["name"] = "second"
+    result = kubectl.apply(topic("renamed", namespace, changed), check=False)
+    assert result.returncode != 0
+    assert "name is immutable: create a new Topic to use another gateway name" in result.stderr
