@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field, JsonValue
 
 from bucketnotify.api.common import (
     CARef,
@@ -42,6 +42,13 @@ NO_USERINFO = {
 }
 
 
+def cel_rules(*rules: dict[str, str]) -> ConfigDict:
+    """CEL validation rules of the API server (x-kubernetes-validations) for one object."""
+    # pydantic merges this with the base model's config.
+    validations: list[JsonValue] = [dict(rule) for rule in rules]
+    return ConfigDict(json_schema_extra={"x-kubernetes-validations": validations})
+
+
 def scheme_rule(*schemes: str) -> dict[str, str]:
     allowed = " || ".join(f"self.url.startsWith('{s}://')" for s in schemes)
     names = " or ".join(f"{s}://" for s in schemes)
@@ -51,18 +58,14 @@ def scheme_rule(*schemes: str) -> dict[str, str]:
 class HttpEndpoint(Model):
     """Push with HTTP POST of the event JSON."""
 
-    model_config = Model.model_config | {
-        "json_schema_extra": {
-            "x-kubernetes-validations": [
-                scheme_rule("http", "https"),
-                NO_USERINFO,
-                {
-                    "rule": "!has(self.caRef) || self.url.startsWith('https://')",
-                    "message": "caRef needs an https:// url",
-                },
-            ]
-        }
-    }
+    model_config = cel_rules(
+        scheme_rule("http", "https"),
+        NO_USERINFO,
+        {
+            "rule": "!has(self.caRef) || self.url.startsWith('https://')",
+            "message": "caRef needs an https:// url",
+        },
+    )
 
     url: str = Field(max_length=URL_MAX)
     """http[s]://<fqdn>[:<port>][/<path>]; port defaults to 80 or 443."""
@@ -77,22 +80,18 @@ class HttpEndpoint(Model):
 class AmqpEndpoint(Model):
     """Publish to an AMQP 0.9.1 exchange; the routing key is the endpoint topic."""
 
-    model_config = Model.model_config | {
-        "json_schema_extra": {
-            "x-kubernetes-validations": [
-                scheme_rule("amqp", "amqps"),
-                NO_USERINFO,
-                {
-                    "rule": "!has(self.caRef) || self.url.startsWith('amqps://')",
-                    "message": "caRef needs an amqps:// url",
-                },
-                {
-                    "rule": "!has(self.vhost) || !self.url.matches('^amqps?://[^/]+/.+')",
-                    "message": "set the vhost either in the url path or in vhost, not both",
-                },
-            ]
-        }
-    }
+    model_config = cel_rules(
+        scheme_rule("amqp", "amqps"),
+        NO_USERINFO,
+        {
+            "rule": "!has(self.caRef) || self.url.startsWith('amqps://')",
+            "message": "caRef needs an amqps:// url",
+        },
+        {
+            "rule": "!has(self.vhost) || !self.url.matches('^amqps?://[^/]+/.+')",
+            "message": "set the vhost either in the url path or in vhost, not both",
+        },
+    )
 
     url: str = Field(max_length=URL_MAX)
     """amqp[s]://<fqdn>[:<port>][/<vhost>]; port defaults to 5672 or 5671."""
@@ -125,18 +124,14 @@ class KafkaSasl(Model):
 class KafkaEndpoint(Model):
     """Produce to a Kafka topic named by the endpoint topic."""
 
-    model_config = Model.model_config | {
-        "json_schema_extra": {
-            "x-kubernetes-validations": [
-                scheme_rule("kafka"),
-                NO_USERINFO,
-                {
-                    "rule": "!has(self.caRef) || self.useSSL",
-                    "message": "caRef needs useSSL: true",
-                },
-            ]
-        }
-    }
+    model_config = cel_rules(
+        scheme_rule("kafka"),
+        NO_USERINFO,
+        {
+            "rule": "!has(self.caRef) || self.useSSL",
+            "message": "caRef needs useSSL: true",
+        },
+    )
 
     url: str = Field(max_length=URL_MAX)
     """kafka://<fqdn>[:<port>]; port defaults to 9092."""
@@ -159,17 +154,13 @@ class KafkaEndpoint(Model):
 class Endpoint(Model):
     """Exactly one of http, amqp or kafka."""
 
-    model_config = Model.model_config | {
-        "json_schema_extra": {
-            "x-kubernetes-validations": [
-                {
-                    "rule": "(has(self.http) ? 1 : 0) + (has(self.amqp) ? 1 : 0)"
-                    " + (has(self.kafka) ? 1 : 0) == 1",
-                    "message": "set exactly one endpoint: http, amqp or kafka",
-                }
-            ]
+    model_config = cel_rules(
+        {
+            "rule": "(has(self.http) ? 1 : 0) + (has(self.amqp) ? 1 : 0)"
+            " + (has(self.kafka) ? 1 : 0) == 1",
+            "message": "set exactly one endpoint: http, amqp or kafka",
         }
-    }
+    )
 
     http: HttpEndpoint | None = None
     amqp: AmqpEndpoint | None = None
@@ -204,22 +195,18 @@ class DeliverySettings(Model):
 class TopicSpec(Model):
     """Desired state of one gateway topic."""
 
-    model_config = Model.model_config | {
-        "json_schema_extra": {
-            "x-kubernetes-validations": [
-                {
-                    "rule": "self.persistent || (!has(self.timeToLive) && !has(self.maxRetries)"
-                    " && !has(self.retrySleepDuration) && !has(self.delivery))",
-                    "message": "timeToLive, maxRetries, retrySleepDuration and delivery apply"
-                    " only to persistent topics; set persistent: true or remove them",
-                },
-                {
-                    "rule": "!has(oldSelf.name) || (has(self.name) && self.name == oldSelf.name)",
-                    "message": "name is immutable: create a new Topic to use another gateway name",
-                },
-            ]
-        }
-    }
+    model_config = cel_rules(
+        {
+            "rule": "self.persistent || (!has(self.timeToLive) && !has(self.maxRetries)"
+            " && !has(self.retrySleepDuration) && !has(self.delivery))",
+            "message": "timeToLive, maxRetries, retrySleepDuration and delivery apply"
+            " only to persistent topics; set persistent: true or remove them",
+        },
+        {
+            "rule": "!has(oldSelf.name) || (has(self.name) && self.name == oldSelf.name)",
+            "message": "name is immutable: create a new Topic to use another gateway name",
+        },
+    )
 
     name: str | None = Field(
         default=None, min_length=1, max_length=255, pattern=r"^[A-Za-z0-9_.-]+$"
