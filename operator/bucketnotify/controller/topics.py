@@ -1,0 +1,274 @@
+"""Reconcile one Topic into the gateway: resolve its Secrets, build, upsert, report.
+
+Plain async functions with explicit arguments; ``handlers`` registers them with kopf.
+Blocking gateway calls run in a worker thread so one slow gateway does not stall the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from bucketnotify.api.topic import TopicSpec
+from bucketnotify.controller.conditions import set_condition
+from bucketnotify.controller.topic_builder import (
+    Credentials,
+    TopicBuildError,
+    differences,
+    gateway_attributes,
+    gateway_topic_name,
+)
+from bucketnotify.gateway.connection import GatewayConnection
+from bucketnotify.gateway.errors import GatewayError
+from bucketnotify.gateway.topics import TopicClient
+from bucketnotify.kube import Kube, SecretMissing
+from bucketnotify.settings import OperatorSettings
+
+__all__ = ["Outcome", "delete_topic", "reconcile_topic"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a reconcile found: the status to write and whether to retry soon."""
+
+    status: dict[str, Any]
+    ready: bool
+    reason: str
+    message: str
+    retry: bool = False
+    repaired: list[str] = field(default_factory=list)
+
+
+class NotReconcilable(Exception):
+    def __init__(self, reason: str, message: str, retry: bool = False) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.retry = retry
+
+
+async def gateway_connection(
+    kube: Kube, namespace: str, spec: TopicSpec, settings: OperatorSettings
+) -> GatewayConnection:
+    if spec.gateway_ref is not None:
+        data = await kube.secret_data(namespace, spec.gateway_ref.secret_name)
+        missing = [k for k in ("endpoint", "accessKey", "secretKey") if not data.get(k)]
+        if missing:
+            raise SecretMissing(
+                f"gateway Secret {namespace}/{spec.gateway_ref.secret_name} lacks"
+                f" {', '.join(missing)}"
+            )
+        return GatewayConnection(
+            data["endpoint"], data["accessKey"], data["secretKey"], data.get("region", "default")
+        )
+    if not (
+        settings.gateway_endpoint and settings.gateway_access_key and settings.gateway_secret_key
+    ):
+        raise NotReconcilable(
+            "NoGateway",
+            "no gatewayRef and the operator has no default gateway"
+            " (BUCKETNOTIFY_GATEWAY_ENDPOINT, _ACCESS_KEY, _SECRET_KEY)",
+        )
+    return GatewayConnection(
+        settings.gateway_endpoint,
+        settings.gateway_access_key,
+        settings.gateway_secret_key.get_secret_value(),
+        settings.gateway_region,
+    )
+
+
+async def endpoint_credentials(kube: Kube, namespace: str, spec: TopicSpec) -> Credentials | None:
+    endpoint = spec.endpoint
+    ref = None
+    if endpoint.amqp is not None:
+        ref = endpoint.amqp.credentials_ref
+    elif endpoint.kafka is not None and endpoint.kafka.sasl is not None:
+        ref = endpoint.kafka.sasl.credentials_ref
+    if ref is None:
+        return None
+    data = await kube.secret_data(namespace, ref.secret_name)
+    for key in (ref.username_key, ref.password_key):
+        if key not in data:
+            raise SecretMissing(f"Secret {namespace}/{ref.secret_name} has no key {key!r}")
+    return Credentials(data[ref.username_key], data[ref.password_key])
+
+
+def parse_spec(spec: dict[str, Any]) -> TopicSpec:
+    try:
+        return TopicSpec.model_validate(spec)
+    except ValidationError as exc:
+        # The CRD schema should have refused this already; say which fields, not values.
+        fields = ", ".join(".".join(str(p) for p in e["loc"]) for e in exc.errors())
+        raise NotReconcilable("InvalidSpec", f"spec is invalid at: {fields}") from None
+
+
+async def _desired(
+    kube: Kube, name: str, namespace: str, raw_spec: dict[str, Any], settings: OperatorSettings
+) -> tuple[TopicSpec, GatewayConnection, str, dict[str, str]]:
+    spec = parse_spec(raw_spec)
+    try:
+        connection = await gateway_connection(kube, namespace, spec, settings)
+        credentials = await endpoint_credentials(kube, namespace, spec)
+    except SecretMissing as exc:
+        raise NotReconcilable("SecretNotFound", str(exc)) from None
+    try:
+        attributes = gateway_attributes(
+            spec,
+            credentials=credentials,
+            allow_cleartext_secrets=settings.allow_cleartext_secrets,
+            ingest_url=settings.ingest_url,
+        )
+    except TopicBuildError as exc:
+        raise NotReconcilable(exc.reason, str(exc)) from None
+    return spec, connection, gateway_topic_name(name, spec), attributes
+
+
+def _status(
+    current: dict[str, Any],
+    *,
+    generation: int | None,
+    ready: bool,
+    reason: str,
+    message: str,
+    arn: str | None,
+    endpoint_kind: str | None,
+) -> dict[str, Any]:
+    conditions = set_condition(
+        list(current.get("conditions") or []),
+        type="Ready",
+        status="True" if ready else "False",
+        reason=reason,
+        message=message,
+        generation=generation,
+        now=dt.datetime.now(dt.UTC),
+    )
+    status: dict[str, Any] = {"observedGeneration": generation, "conditions": conditions}
+    if arn is not None:
+        status["arn"] = arn
+    if endpoint_kind is not None:
+        status["endpointKind"] = endpoint_kind
+    return status
+
+
+async def reconcile_topic(
+    *,
+    kube: Kube,
+    settings: OperatorSettings,
+    name: str,
+    namespace: str,
+    spec: dict[str, Any],
+    status: dict[str, Any],
+    generation: int | None,
+    only_if_drifted: bool = False,
+) -> Outcome:
+    """Make the gateway topic equal to the spec.
+
+    With ``only_if_drifted`` (the drift timer) the gateway is read first and written only
+    when it differs, so a quiet cluster costs one read per Topic and interval.
+    """
+    arn = status.get("arn")
+    endpoint_kind = None
+    try:
+        parsed, connection, topic_name, attributes = await _desired(
+            kube, name, namespace, spec, settings
+        )
+        endpoint_kind = parsed.endpoint.kind
+        client = TopicClient(connection)
+        repaired: list[str] = []
+        if only_if_drifted and arn:
+            current = await asyncio.to_thread(client.get, arn)
+            if current is None:
+                repaired = ["topic"]
+            else:
+                repaired = differences(attributes, current.endpoint_address, current.endpoint_args)
+            if not repaired:
+                message = f"gateway topic {arn} matches the spec"
+                return Outcome(
+                    _status(
+                        status,
+                        generation=generation,
+                        ready=True,
+                        reason="Synced",
+                        message=message,
+                        arn=arn,
+                        endpoint_kind=endpoint_kind,
+                    ),
+                    ready=True,
+                    reason="Synced",
+                    message=message,
+                )
+        arn = await asyncio.to_thread(client.upsert, topic_name, attributes)
+    except NotReconcilable as exc:
+        return Outcome(
+            _status(
+                status,
+                generation=generation,
+                ready=False,
+                reason=exc.reason,
+                message=str(exc),
+                arn=arn,
+                endpoint_kind=endpoint_kind,
+            ),
+            ready=False,
+            reason=exc.reason,
+            message=str(exc),
+            retry=exc.retry,
+        )
+    except GatewayError as exc:
+        return Outcome(
+            _status(
+                status,
+                generation=generation,
+                ready=False,
+                reason=exc.reason,
+                message=str(exc),
+                arn=arn,
+                endpoint_kind=endpoint_kind,
+            ),
+            ready=False,
+            reason=exc.reason,
+            message=str(exc),
+            retry=True,
+        )
+    message = f"gateway topic {arn} is in sync"
+    return Outcome(
+        _status(
+            status,
+            generation=generation,
+            ready=True,
+            reason="Synced",
+            message=message,
+            arn=arn,
+            endpoint_kind=endpoint_kind,
+        ),
+        ready=True,
+        reason="Synced",
+        message=message,
+        repaired=repaired,
+    )
+
+
+async def delete_topic(
+    *,
+    kube: Kube,
+    settings: OperatorSettings,
+    namespace: str,
+    spec: dict[str, Any],
+    status: dict[str, Any],
+) -> None:
+    """Delete the gateway topic this Topic created; gone already is fine.
+
+    Raises GatewayError (retry) or NotReconcilable (cannot even say which gateway).
+    """
+    arn = status.get("arn")
+    if not arn:
+        return  # never created on the gateway
+    parsed = parse_spec(spec)
+    try:
+        connection = await gateway_connection(kube, namespace, parsed, settings)
+    except SecretMissing as exc:
+        raise NotReconcilable("SecretNotFound", str(exc)) from None
+    await asyncio.to_thread(TopicClient(connection).delete, arn)

@@ -1,0 +1,54 @@
+"""Where the gateway is and whose keys to use; boto3 clients built from that."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import boto3
+from botocore.config import Config
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+    from mypy_boto3_sns import SNSClient
+
+__all__ = ["GatewayConnection"]
+
+# Short timeouts and no silent retries: the operator retries with backoff and reports the
+# failure in the object's status, which a hidden retry loop here would only delay.
+CLIENT_CONFIG = Config(
+    connect_timeout=5,
+    read_timeout=20,
+    retries={"max_attempts": 1, "mode": "standard"},
+    s3={"addressing_style": "path"},
+)
+
+
+@dataclass(frozen=True)
+class GatewayConnection:
+    """One gateway endpoint and one user's keys. The secret key never appears in repr."""
+
+    endpoint: str
+    access_key: str
+    secret_key: str = field(repr=False)
+    region: str = "default"
+
+    def sns(self) -> SNSClient:
+        return boto3.client(
+            "sns",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            region_name=self.region,
+            config=CLIENT_CONFIG,
+        )
+
+    def s3(self) -> S3Client:
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            region_name=self.region,
+            config=CLIENT_CONFIG,
+        )

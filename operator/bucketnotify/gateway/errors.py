@@ -1,0 +1,92 @@
+"""The gateway's failures, mapped from botocore's at the edge.
+
+    GatewayError
+    ├── GatewayUnreachable      no answer: connection refused, timeout, DNS
+    ├── GatewayAccessDenied     wrong keys or no permission
+    ├── GatewayInvalidArgument  the gateway refused what we sent
+    └── GatewayNotFound         the topic or bucket is not there
+
+Messages never carry credentials: botocore's own messages name the operation and the
+gateway's error code, not the keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectionError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    ReadTimeoutError,
+)
+
+__all__ = [
+    "GatewayAccessDenied",
+    "GatewayError",
+    "GatewayInvalidArgument",
+    "GatewayNotFound",
+    "GatewayUnreachable",
+    "mapped_errors",
+]
+
+
+class GatewayError(Exception):
+    """A gateway call failed; ``reason`` is a CamelCase word for conditions."""
+
+    reason = "GatewayError"
+
+
+class GatewayUnreachable(GatewayError):
+    reason = "GatewayUnreachable"
+
+
+class GatewayAccessDenied(GatewayError):
+    reason = "GatewayAccessDenied"
+
+
+class GatewayInvalidArgument(GatewayError):
+    reason = "GatewayRefused"
+
+
+class GatewayNotFound(GatewayError):
+    reason = "NotFound"
+
+
+ACCESS_DENIED = {
+    "AccessDenied",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "AuthorizationError",
+}
+NOT_FOUND = {"NotFound", "NoSuchKey", "NoSuchBucket", "NoSuchEntity", "ResourceNotFoundException"}
+
+
+@contextmanager
+def mapped_errors(operation: str) -> Iterator[None]:
+    """Run a gateway call and raise our error kinds instead of botocore's."""
+    try:
+        yield
+    except ClientError as exc:
+        error = exc.response.get("Error", {})
+        code = str(error.get("Code", ""))
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        message = f"{operation}: the gateway answered {status} {code}".rstrip()
+        if error.get("Message"):
+            message += f": {error['Message']}"
+        if code in ACCESS_DENIED or status == 403:
+            raise GatewayAccessDenied(message) from None
+        if code in NOT_FOUND or status == 404:
+            raise GatewayNotFound(message) from None
+        if 400 <= status < 500:
+            raise GatewayInvalidArgument(message) from None
+        raise GatewayError(message) from None
+    except (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError, ConnectionError) as exc:
+        raise GatewayUnreachable(
+            f"{operation}: the gateway did not answer ({type(exc).__name__})"
+        ) from None
+    except BotoCoreError as exc:
+        raise GatewayError(f"{operation}: {type(exc).__name__}") from None

@@ -1,0 +1,92 @@
+"""Topics on the gateway through its SNS-compatible API.
+
+Attribute names are exactly the reference's (``push-endpoint``, ``amqp-exchange``, ...);
+``GatewayTopic`` is what GetTopicAttributes reports back, parsed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from urllib.parse import parse_qsl
+
+from bucketnotify.gateway.connection import GatewayConnection
+from bucketnotify.gateway.errors import GatewayNotFound, mapped_errors
+
+__all__ = ["GatewayTopic", "TopicClient"]
+
+
+@dataclass(frozen=True)
+class GatewayTopic:
+    """A topic as the gateway reports it."""
+
+    arn: str
+    name: str
+    endpoint_address: str = field(repr=False)
+    endpoint_args: dict[str, str] = field(repr=False)
+    endpoint_topic: str
+    persistent: bool
+    opaque_data: str
+    policy: str
+    has_stored_secret: bool
+
+    @classmethod
+    def from_attributes(cls, attributes: Mapping[str, str]) -> GatewayTopic:
+        endpoint = json.loads(attributes.get("EndPoint") or "{}")
+        # Ceph echoes the raw form fields (Attributes.entry.N.key/value) beside the flattened
+        # attributes; only the flattened ones say what the topic is.
+        args = {
+            key: value
+            for key, value in parse_qsl(endpoint.get("EndpointArgs", ""), keep_blank_values=True)
+            if not key.startswith("Attributes.entry.") and key != "Version"
+        }
+        return cls(
+            arn=attributes["TopicArn"],
+            name=attributes.get("Name", ""),
+            endpoint_address=endpoint.get("EndpointAddress", ""),
+            endpoint_args=args,
+            endpoint_topic=endpoint.get("EndpointTopic", ""),
+            persistent=str(endpoint.get("Persistent", "false")).lower() == "true",
+            opaque_data=attributes.get("OpaqueData", ""),
+            policy=attributes.get("Policy", ""),
+            has_stored_secret=str(endpoint.get("HasStoredSecret", "false")).lower() == "true",
+        )
+
+
+class TopicClient:
+    """CreateTopic, GetTopicAttributes, DeleteTopic and ListTopics for one gateway user.
+
+    Blocking (boto3): call it from a worker thread in async code.
+    """
+
+    def __init__(self, connection: GatewayConnection) -> None:
+        self._sns = connection.sns()
+
+    def upsert(self, name: str, attributes: Mapping[str, str]) -> str:
+        """Create the topic, or replace its attributes when it exists; return its ARN."""
+        with mapped_errors(f"CreateTopic {name}"):
+            response = self._sns.create_topic(Name=name, Attributes=dict(attributes))
+        return response["TopicArn"]
+
+    def get(self, arn: str) -> GatewayTopic | None:
+        """The topic, or None when the gateway has no topic with this ARN."""
+        try:
+            with mapped_errors(f"GetTopicAttributes {arn}"):
+                response = self._sns.get_topic_attributes(TopicArn=arn)
+        except GatewayNotFound:
+            return None
+        return GatewayTopic.from_attributes(response["Attributes"])
+
+    def delete(self, arn: str) -> None:
+        """Delete the topic; a topic already gone is not an error."""
+        try:
+            with mapped_errors(f"DeleteTopic {arn}"):
+                self._sns.delete_topic(TopicArn=arn)
+        except GatewayNotFound:
+            pass
+
+    def list_arns(self) -> list[str]:
+        with mapped_errors("ListTopics"):
+            response = self._sns.list_topics()
+        return [t["TopicArn"] for t in response.get("Topics", [])]

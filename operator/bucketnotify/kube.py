@@ -1,0 +1,61 @@
+"""Kubernetes reads and writes the operator makes besides kopf's own: Secrets, annotations.
+
+An adapter (kubernetes_asyncio): the only module of the operator that calls the API server
+directly.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from typing import Any
+
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from bucketnotify.api.common import GROUP, VERSION
+
+__all__ = ["Kube", "SecretMissing", "connect"]
+
+
+class SecretMissing(Exception):
+    """A referenced Secret or key does not exist (message names which, never a value)."""
+
+
+async def connect() -> client.ApiClient:
+    """An API client from $KUBECONFIG when set, otherwise the pod's service account."""
+    if os.environ.get("KUBECONFIG"):
+        await config.load_kube_config()
+    else:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    return client.ApiClient()
+
+
+class Kube:
+    def __init__(self, api: client.ApiClient) -> None:
+        self._core = client.CoreV1Api(api)
+        self._custom = client.CustomObjectsApi(api)
+
+    async def secret_data(self, namespace: str, name: str) -> dict[str, str]:
+        try:
+            secret = await self._core.read_namespaced_secret(name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise SecretMissing(f"Secret {namespace}/{name} does not exist") from None
+            raise
+        raw: dict[str, str] = secret.data or {}
+        return {k: base64.b64decode(v).decode() for k, v in raw.items()}
+
+    async def secret_key(self, namespace: str, name: str, key: str) -> str:
+        data = await self.secret_data(namespace, name)
+        if key not in data:
+            raise SecretMissing(f"Secret {namespace}/{name} has no key {key!r}")
+        return data[key]
+
+    async def annotate(
+        self, plural: str, namespace: str, name: str, annotations: dict[str, Any]
+    ) -> None:
+        body = {"metadata": {"annotations": annotations}}
+        await self._custom.patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, plural, name, body
+        )

@@ -1,0 +1,54 @@
+"""Operator settings: read from BUCKETNOTIFY_* environment variables (or a .env file)."""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["OperatorSettings"]
+
+
+class OperatorSettings(BaseSettings):
+    """Everything the operator needs to know that is not in a custom resource."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="BUCKETNOTIFY_", use_attribute_docstrings=True, frozen=True
+    )
+
+    gateway_endpoint: str | None = None
+    """Default gateway URL for objects without gatewayRef (Helm: gateway.endpoint)."""
+    gateway_access_key: str | None = None
+    """Access key of the default gateway user."""
+    gateway_secret_key: SecretStr | None = None
+    """Secret key of the default gateway user."""
+    gateway_region: str = "default"
+    """Zonegroup name of the default gateway; RGW signs requests for it."""
+
+    namespaces: list[str] = Field(default_factory=list)
+    """Namespaces to watch (JSON list); empty watches the whole cluster."""
+
+    drift_interval_seconds: float = Field(default=60.0, gt=0)
+    """How often the gateway is compared with the spec and repaired. A minute keeps the
+    gateway calls of a thousand Topics below twenty a second."""
+    allow_cleartext_secrets: bool = False
+    """Allow broker credentials over a transport without TLS (the reference's
+    rgw_allow_notification_secrets_in_cleartext); the gateway must allow it too."""
+    delete_give_up_after_seconds: float = Field(default=300.0, gt=0)
+    """How long a deletion retries against an unreachable gateway before it releases the
+    object and leaves the gateway topic behind (with a Warning event naming it)."""
+    ingest_url: str | None = None
+    """Base URL of the delivery service's ingest, for persistent topics."""
+
+    leader_election: bool = True
+    """Only the replica holding the Lease reconciles."""
+    leader_election_namespace: str = "default"
+    """Namespace of the leader-election Lease."""
+    leader_election_lease: str = "bucketnotify-operator"
+    """Name of the leader-election Lease."""
+    lease_duration_seconds: int = Field(default=15, ge=2)
+    """A leader that stops renewing is replaced after this long."""
+    renew_deadline_seconds: int = Field(default=10, ge=2)
+    """A leader that could not renew for this long stops reconciling (before its Lease
+    can expire, so two leaders never act at once)."""
+    retry_period_seconds: int = Field(default=2, ge=1)
+    """Interval of renewals and of attempts to take the Lease."""

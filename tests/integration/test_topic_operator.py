@@ -1,0 +1,334 @@
+"""The operator keeps gateway topics equal to Topic objects (real apiserver, real RGW)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from bucketnotify.gateway.connection import GatewayConnection
+from bucketnotify.gateway.topics import GatewayTopic, TopicClient
+from tests.kubectl import Kubectl
+from tests.localservices import LocalService
+from tests.processes import Program
+from tests.tcpproxy import TcpProxy
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.usefixtures("crds")
+
+DRIFT_INTERVAL_S = 3
+API = "bucketnotify.io/v1alpha1"
+
+
+@pytest.fixture(scope="module")
+def gateway(rgw: LocalService) -> TopicClient:
+    return TopicClient(
+        GatewayConnection(rgw["RGW_ENDPOINT"], rgw["RGW_ACCESS_KEY"], rgw["RGW_SECRET_KEY"])
+    )
+
+
+StartOperator = Callable[..., Program]
+
+
+@pytest.fixture()
+def start_operator(
+    kube: LocalService, rgw: LocalService, namespace: str
+) -> Iterator[StartOperator]:
+    started: list[Program] = []
+
+    def start(**settings: str) -> Program:
+        env = {
+            "KUBECONFIG": kube["KUBECONFIG_ADMIN"],
+            "BUCKETNOTIFY_GATEWAY_ENDPOINT": rgw["RGW_ENDPOINT"],
+            "BUCKETNOTIFY_GATEWAY_ACCESS_KEY": rgw["RGW_ACCESS_KEY"],
+            "BUCKETNOTIFY_GATEWAY_SECRET_KEY": rgw["RGW_SECRET_KEY"],
+            "BUCKETNOTIFY_NAMESPACES": json.dumps([namespace]),
+            "BUCKETNOTIFY_LEADER_ELECTION_NAMESPACE": namespace,
+            "BUCKETNOTIFY_DRIFT_INTERVAL_SECONDS": str(DRIFT_INTERVAL_S),
+            **{f"BUCKETNOTIFY_{k.upper()}": v for k, v in settings.items()},
+        }
+        program = Program(["operator"], env)
+        started.append(program)
+        return program
+
+    yield start
+    for program in started:
+        program.stop()
+    for program in started:
+        print(f"--- operator log {program.log_path} ---\n{program.log()[-4000:]}")
+
+
+@pytest.fixture()
+def operator(start_operator: StartOperator) -> Program:
+    return start_operator()
+
+
+def topic(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": API, "kind": "Topic", "metadata": {"name": name}, "spec": spec}
+
+
+def ready(kubectl: Kubectl, namespace: str, name: str, status: str = "True") -> dict[str, Any]:
+    def observe() -> dict[str, Any]:
+        obj = kubectl.get("topic", name, namespace)
+        return obj.get("status") or {}
+
+    def done(st: dict[str, Any]) -> bool:
+        conditions = {c["type"]: c for c in st.get("conditions", [])}
+        return conditions.get("Ready", {}).get("status") == status
+
+    return wait_until(observe, done, 30, f"topic {name} Ready={status}")
+
+
+def events(kubectl: Kubectl, namespace: str) -> str:
+    return kubectl.run("get", "events", "-n", namespace, "-o", "json").stdout
+
+
+def gateway_topic(gateway: TopicClient, arn: str) -> GatewayTopic:
+    got = gateway.get(arn)
+    assert got is not None, f"the gateway has no topic {arn}"
+    return got
+
+
+def test_each_endpoint_kind_reaches_the_gateway(
+    kubectl: Kubectl, namespace: str, operator: Program, gateway: TopicClient
+) -> None:
+    """Applied Topics become gateway topics with the reference's attributes, and go Ready."""
+    specs = {
+        f"{namespace}-web": {
+            "endpoint": {"http": {"url": "http://127.0.0.1:9/hook", "cloudEvents": True}},
+            "opaqueData": "team=web",
+            "policy": {"Version": "2012-10-17", "Statement": []},
+        },
+        f"{namespace}-mq": {
+            "endpoint": {
+                "amqp": {
+                    "url": "amqp://127.0.0.1:5672",
+                    "exchange": "events",
+                    "ackLevel": "routable",
+                    "vhost": "prod",
+                }
+            }
+        },
+        f"{namespace}-log": {
+            "endpoint": {
+                "kafka": {
+                    "url": "kafka://127.0.0.1:9092",
+                    "brokers": ["127.0.0.2:9092"],
+                    "ackLevel": "none",
+                }
+            }
+        },
+    }
+    for name, spec in specs.items():
+        kubectl.apply({**topic(name, spec), "metadata": {"name": name, "namespace": namespace}})
+    kubectl.run(
+        "wait", "--for=condition=Ready", "--timeout=30s", "topics", "--all", "-n", namespace
+    )
+
+    arns = {name: ready(kubectl, namespace, name)["arn"] for name in specs}
+    web = gateway_topic(gateway, arns[f"{namespace}-web"])
+    assert web.endpoint_address == "http://127.0.0.1:9/hook"
+    assert web.persistent is False
+    assert web.opaque_data == "team=web"
+    assert web.endpoint_args["cloudevents"] == "true"
+    assert web.endpoint_args["verify-ssl"] == "true"
+    assert json.loads(web.endpoint_args["Policy"]) == {"Statement": [], "Version": "2012-10-17"}
+
+    mq = gateway_topic(gateway, arns[f"{namespace}-mq"])
+    assert mq.endpoint_address == "amqp://127.0.0.1:5672/prod"
+    assert mq.endpoint_args["amqp-exchange"] == "events"
+    assert mq.endpoint_args["amqp-ack-level"] == "routable"
+
+    log = gateway_topic(gateway, arns[f"{namespace}-log"])
+    assert log.endpoint_address == "kafka://127.0.0.1:9092"
+    assert log.endpoint_args["kafka-ack-level"] == "none"
+    assert log.endpoint_args["kafka-brokers"] == "127.0.0.2:9092"
+    assert log.endpoint_args["use-ssl"] == "false"
+
+    listing = kubectl.run("get", "bntopic", "-n", namespace).stdout
+    assert arns[f"{namespace}-mq"] in listing
+    assert "kafka" in listing
+
+
+def test_edit_updates_and_delete_removes_the_gateway_topic(
+    kubectl: Kubectl, namespace: str, operator: Program, gateway: TopicClient
+) -> None:
+    name = f"{namespace}-edit"
+    spec: dict[str, Any] = {"endpoint": {"http": {"url": "http://127.0.0.1:9/a"}}}
+    obj = {**topic(name, spec), "metadata": {"name": name, "namespace": namespace}}
+    kubectl.apply(obj)
+    arn = ready(kubectl, namespace, name)["arn"]
+    assert gateway_topic(gateway, arn).opaque_data == ""
+
+    spec["opaqueData"] = "v2"
+    spec["endpoint"]["http"]["url"] = "http://127.0.0.1:9/b"
+    kubectl.apply(obj)
+    wait_until(
+        lambda: gateway_topic(gateway, arn),
+        lambda t: t.opaque_data == "v2" and t.endpoint_address == "http://127.0.0.1:9/b",
+        30,
+        "the gateway topic to follow the edit",
+    )
+    status = ready(kubectl, namespace, name)
+    generation = kubectl.get("topic", name, namespace)["metadata"]["generation"]
+    wait_until(
+        lambda: kubectl.get("topic", name, namespace)["status"]["observedGeneration"],
+        lambda seen: seen == generation,
+        30,
+        "observedGeneration to follow the edit",
+    )
+    assert status["endpointKind"] == "http"
+
+    kubectl.run("delete", "topic", name, "-n", namespace, "--timeout=30s")
+    assert gateway.get(arn) is None
+
+
+def test_drift_on_the_gateway_is_repaired(
+    kubectl: Kubectl, namespace: str, operator: Program, gateway: TopicClient
+) -> None:
+    """A topic deleted or changed behind the operator's back comes back within the interval."""
+    name = f"{namespace}-drift"
+    spec = {"endpoint": {"http": {"url": "http://127.0.0.1:9/d"}}, "opaqueData": "mine"}
+    kubectl.apply({**topic(name, spec), "metadata": {"name": name, "namespace": namespace}})
+    arn = ready(kubectl, namespace, name)["arn"]
+
+    gateway.delete(arn)
+    wait_until(
+        lambda: gateway.get(arn),
+        lambda t: t is not None,
+        5 * DRIFT_INTERVAL_S,
+        "the deleted gateway topic to be re-created",
+    )
+
+    gateway.upsert(name, {"push-endpoint": "http://127.0.0.1:9/evil", "OpaqueData": "theirs"})
+    repaired = wait_until(
+        lambda: gateway_topic(gateway, arn),
+        lambda t: t.endpoint_address == "http://127.0.0.1:9/d",
+        5 * DRIFT_INTERVAL_S,
+        "the changed gateway topic to be rewritten",
+    )
+    assert repaired.opaque_data == "mine"
+    assert "DriftRepaired" in events(kubectl, namespace)
+
+
+def test_cleartext_credentials_are_refused_without_leaking_them(
+    kubectl: Kubectl, namespace: str, operator: Program, gateway: TopicClient
+) -> None:
+    password = "s3cr3t-do-not-leak"
+    kubectl.run(
+        "create",
+        "secret",
+        "generic",
+        "kafka-creds",
+        "-n",
+        namespace,
+        "--from-literal=username=alice",
+        f"--from-literal=password={password}",
+    )
+    name = f"{namespace}-sasl"
+    spec = {
+        "endpoint": {
+            "kafka": {
+                "url": "kafka://127.0.0.1:9092",
+                "sasl": {
+                    "mechanism": "SCRAM-SHA-256",
+                    "credentialsRef": {"secretName": "kafka-creds"},
+                },
+            }
+        }
+    }
+    kubectl.apply({**topic(name, spec), "metadata": {"name": name, "namespace": namespace}})
+    status = ready(kubectl, namespace, name, status="False")
+    condition = status["conditions"][0]
+    assert condition["reason"] == "CleartextCredentials"
+    assert "useSSL: true" in condition["message"]
+    assert "arn" not in status
+    assert all(not t.endswith(f":{name}") for t in gateway.list_arns())
+
+    seen = json.dumps(kubectl.get("topic", name, namespace)) + events(kubectl, namespace)
+    assert password not in seen
+    assert password not in operator.log()
+
+
+def test_missing_secret_then_created_resyncs_without_waiting(
+    kubectl: Kubectl,
+    namespace: str,
+    start_operator: StartOperator,
+    rgw: LocalService,
+    gateway: TopicClient,
+) -> None:
+    """Creating or rotating a referenced Secret re-syncs its Topic at once, not at drift time."""
+    start_operator(drift_interval_seconds="600")
+    kubectl.run(
+        "create",
+        "secret",
+        "generic",
+        "gw",
+        "-n",
+        namespace,
+        f"--from-literal=endpoint={rgw['RGW_ENDPOINT']}",
+        f"--from-literal=accessKey={rgw['RGW_ACCESS_KEY']}",
+    )
+    name = f"{namespace}-ref"
+    spec = {
+        "endpoint": {"http": {"url": "http://127.0.0.1:9/r"}},
+        "gatewayRef": {"secretName": "gw"},
+    }
+    kubectl.apply({**topic(name, spec), "metadata": {"name": name, "namespace": namespace}})
+    status = ready(kubectl, namespace, name, status="False")
+    assert status["conditions"][0]["reason"] == "SecretNotFound"
+    assert "lacks secretKey" in status["conditions"][0]["message"]
+
+    kubectl.run(
+        "patch",
+        "secret",
+        "gw",
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        json.dumps({"stringData": {"secretKey": rgw["RGW_SECRET_KEY"]}}),
+    )
+    arn = ready(kubectl, namespace, name)["arn"]
+    assert gateway_topic(gateway, arn).endpoint_address == "http://127.0.0.1:9/r"
+
+
+def test_unreachable_gateway_shows_on_the_topic_and_recovers(
+    kubectl: Kubectl,
+    namespace: str,
+    operator: Program,
+    rgw: LocalService,
+    gateway: TopicClient,
+) -> None:
+    target = urlsplit(rgw["RGW_ENDPOINT"])
+    assert target.hostname is not None and target.port is not None
+    proxy = TcpProxy(target.hostname, target.port)
+    kubectl.run(
+        "create",
+        "secret",
+        "generic",
+        "gw-proxy",
+        "-n",
+        namespace,
+        f"--from-literal=endpoint={proxy.url}",
+        f"--from-literal=accessKey={rgw['RGW_ACCESS_KEY']}",
+        f"--from-literal=secretKey={rgw['RGW_SECRET_KEY']}",
+    )
+    name = f"{namespace}-far"
+    spec = {
+        "endpoint": {"http": {"url": "http://127.0.0.1:9/f"}},
+        "gatewayRef": {"secretName": "gw-proxy"},
+    }
+    kubectl.apply({**topic(name, spec), "metadata": {"name": name, "namespace": namespace}})
+    status = ready(kubectl, namespace, name, status="False")
+    assert status["conditions"][0]["reason"] == "GatewayUnreachable"
+
+    proxy.start()
+    try:
+        arn = ready(kubectl, namespace, name)["arn"]
+        assert gateway.get(arn) is not None
+    finally:
+        proxy.stop()

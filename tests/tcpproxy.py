@@ -1,0 +1,67 @@
+"""A TCP forwarder that a test can take down and bring back: a real network outage.
+
+Used to make the real gateway unreachable for the operator without stopping the gateway
+for every other test.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+
+class TcpProxy:
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self._target = (target_host, target_port)
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        self.port: int = probe.getsockname()[1]
+        probe.close()
+        self._server: socket.socket | None = None
+        self._conns: list[socket.socket] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        server = socket.create_server(("127.0.0.1", self.port), reuse_port=True)
+        self._server = server
+        threading.Thread(target=self._accept, args=(server,), daemon=True).start()
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for conn in self._conns:
+            conn.close()
+        self._conns.clear()
+
+    def _accept(self, server: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = server.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self._target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            self._conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
