@@ -24,10 +24,7 @@ install: $(BIN)/.installed ## create .venv with the project and its dev dependen
 
 .PHONY: services-install
 services-install: ## install or build every local service once (apt packages, kube-apiserver, Kafka jars)
-	bash $(LOCAL)/kube-build.sh
-	bash $(LOCAL)/ceph.sh install
-	bash $(LOCAL)/rabbitmq.sh install
-	bash $(LOCAL)/kafka.sh install
+	@for s in $(SERVICES); do bash $(LOCAL)/$$s.sh install; done
 
 .PHONY: services-up
 services-up: services-install ## start the real local services (reuses running ones)

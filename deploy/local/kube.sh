@@ -4,7 +4,7 @@
 # no rights at all. No kubelet, scheduler or controller-manager: nothing here runs pods, and
 # namespace deletion or garbage collection (controller-manager jobs) never completes.
 #
-#   deploy/local/kube.sh start|stop|status
+#   deploy/local/kube.sh install|start|stop|status
 SERVICE=kube
 source "$(dirname "$0")/lib.sh"
 
@@ -119,8 +119,9 @@ stop_quiet() {
 }
 
 case "${1:-}" in
+  install) bash "$(dirname "$0")/kube-build.sh"; apt_ensure openssl ;;
   start) start ;;
   stop) stop_quiet; rm -rf "$dir" ;;
   status) healthy ;;
-  *) die "usage: $0 start|stop|status" ;;
+  *) die "usage: $0 install|start|stop|status" ;;
 esac
