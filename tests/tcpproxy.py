@@ -6,6 +6,7 @@ for every other test.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 
@@ -31,6 +32,9 @@ class TcpProxy:
 
     def stop(self) -> None:
         if self._server is not None:
+            # close() alone leaves a thread blocked in accept() listening; shutdown wakes it.
+            with contextlib.suppress(OSError):
+                self._server.shutdown(socket.SHUT_RDWR)
             self._server.close()
             self._server = None
         for conn in self._conns:
@@ -61,7 +65,5 @@ class TcpProxy:
             pass
         finally:
             for s in (src, dst):
-                try:
+                with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass

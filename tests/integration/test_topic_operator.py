@@ -332,3 +332,76 @@ def test_unreachable_gateway_shows_on_the_topic_and_recovers(
         assert gateway.get(arn) is not None
     finally:
         proxy.stop()
+
+
+def test_delete_is_bounded_when_the_gateway_is_gone_for_good(
+    kubectl: Kubectl,
+    namespace: str,
+    start_operator: StartOperator,
+    rgw: LocalService,
+    gateway: TopicClient,
+) -> None:
+    """A deletion retries, then releases the object with a Warning naming the orphan."""
+    start_operator(delete_give_up_after_seconds="4")
+    target = urlsplit(rgw["RGW_ENDPOINT"])
+    assert target.hostname is not None and target.port is not None
+    proxy = TcpProxy(target.hostname, target.port)
+    kubectl.run(
+        "create",
+        "secret",
+        "generic",
+        "gw-gone",
+        "-n",
+        namespace,
+        f"--from-literal=endpoint={proxy.url}",
+        f"--from-literal=accessKey={rgw['RGW_ACCESS_KEY']}",
+        f"--from-literal=secretKey={rgw['RGW_SECRET_KEY']}",
+    )
+    name = f"{namespace}-gone"
+    spec = {
+        "endpoint": {"http": {"url": "http://127.0.0.1:9/g"}},
+        "gatewayRef": {"secretName": "gw-gone"},
+    }
+    proxy.start()
+    kubectl.apply({**topic(name, spec), "metadata": {"name": name, "namespace": namespace}})
+    arn = ready(kubectl, namespace, name)["arn"]
+    proxy.stop()
+
+    kubectl.run("delete", "topic", name, "-n", namespace, "--timeout=60s")
+    recorded = events(kubectl, namespace)
+    assert "OrphanedOnGateway" in recorded
+    assert "radosgw-admin topic rm" in recorded
+    assert gateway.get(arn) is not None  # the gateway was unreachable: the topic is left
+    gateway.delete(arn)
+
+
+def test_only_the_lease_holder_reconciles_and_a_successor_takes_over(
+    kubectl: Kubectl,
+    namespace: str,
+    start_operator: StartOperator,
+    gateway: TopicClient,
+) -> None:
+    fast = {
+        "lease_duration_seconds": "4",
+        "renew_deadline_seconds": "3",
+        "retry_period_seconds": "1",
+    }
+    first = start_operator(**fast)
+    wait_until(first.log, lambda log: "successfully acquired lease" in log, 30, "a leader")
+    second = start_operator(**fast)
+
+    name = f"{namespace}-one"
+    spec = {"endpoint": {"http": {"url": "http://127.0.0.1:9/one"}}}
+    kubectl.apply({**topic(name, spec), "metadata": {"name": name, "namespace": namespace}})
+    ready(kubectl, namespace, name)
+    assert "Handler 'topic_changed' succeeded" in first.log()
+    assert "Handler 'topic_changed'" not in second.log()
+    assert "successfully acquired lease" not in second.log()
+
+    first.stop()
+    wait_until(second.log, lambda log: "successfully acquired lease" in log, 30, "a successor")
+    name2 = f"{namespace}-two"
+    spec2 = {"endpoint": {"http": {"url": "http://127.0.0.1:9/two"}}}
+    kubectl.apply({**topic(name2, spec2), "metadata": {"name": name2, "namespace": namespace}})
+    arn = ready(kubectl, namespace, name2)["arn"]
+    assert gateway.get(arn) is not None

@@ -19,6 +19,7 @@ __all__ = [
     "differences",
     "gateway_attributes",
     "gateway_topic_name",
+    "ingest_endpoint",
     "referenced_secrets",
 ]
 
@@ -120,6 +121,11 @@ def _kafka(kafka: KafkaEndpoint, credentials: Credentials | None, allow: bool) -
     return attributes
 
 
+def ingest_endpoint(ingest_url: str, namespace: str, name: str) -> str:
+    """The delivery service's ingest URL of one persistent Topic."""
+    return f"{ingest_url.rstrip('/')}/v1/topics/{quote(namespace, safe='')}/{quote(name, safe='')}"
+
+
 def gateway_attributes(
     spec: TopicSpec,
     *,
@@ -127,7 +133,7 @@ def gateway_attributes(
     allow_cleartext_secrets: bool,
     ingest_url: str | None,
 ) -> dict[str, str]:
-    """The CreateTopic attributes for ``spec``."""
+    """The CreateTopic attributes for ``spec``; ``ingest_url`` is the Topic's own ingest."""
     common: dict[str, str] = {}
     if spec.opaque_data is not None:
         common["OpaqueData"] = spec.opaque_data

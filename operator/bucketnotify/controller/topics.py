@@ -21,6 +21,7 @@ from bucketnotify.controller.topic_builder import (
     differences,
     gateway_attributes,
     gateway_topic_name,
+    ingest_endpoint,
 )
 from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.gateway.errors import GatewayError
@@ -119,7 +120,8 @@ async def _desired(
             spec,
             credentials=credentials,
             allow_cleartext_secrets=settings.allow_cleartext_secrets,
-            ingest_url=settings.ingest_url,
+            ingest_url=settings.ingest_url
+            and ingest_endpoint(settings.ingest_url, namespace, name),
         )
     except TopicBuildError as exc:
         raise NotReconcilable(exc.reason, str(exc)) from None

@@ -1,0 +1,201 @@
+"""What the operator sends to the gateway for each kind of Topic (pure functions)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+
+from bucketnotify.api.topic import TopicSpec
+from bucketnotify.controller.conditions import set_condition
+from bucketnotify.controller.topic_builder import (
+    Credentials,
+    TopicBuildError,
+    differences,
+    gateway_attributes,
+    ingest_endpoint,
+    referenced_secrets,
+)
+
+
+def build(
+    spec: dict[str, Any], credentials: Credentials | None = None, **kw: Any
+) -> dict[str, str]:
+    options: dict[str, Any] = {"allow_cleartext_secrets": False, "ingest_url": None, **kw}
+    return gateway_attributes(TopicSpec.model_validate(spec), credentials=credentials, **options)
+
+
+def test_http_topic_carries_the_reference_attributes() -> None:
+    attributes = build(
+        {
+            "endpoint": {
+                "http": {"url": "https://hooks/x", "verifySSL": False, "cloudEvents": True}
+            },
+            "opaqueData": "od",
+            "policy": {"Version": "2012-10-17", "Statement": []},
+        }
+    )
+    assert attributes == {
+        "push-endpoint": "https://hooks/x",
+        "verify-ssl": "false",
+        "cloudevents": "true",
+        "OpaqueData": "od",
+        "Policy": '{"Statement":[],"Version":"2012-10-17"}',
+        "persistent": "false",
+    }
+
+
+def test_amqp_credentials_are_url_encoded_into_the_push_endpoint_over_tls() -> None:
+    attributes = build(
+        {
+            "endpoint": {
+                "amqp": {
+                    "url": "amqps://broker:5671",
+                    "exchange": "ex",
+                    "vhost": "prod/eu",
+                    "credentialsRef": {"secretName": "s"},
+                }
+            }
+        },
+        Credentials("al ice", "p@ss:w/rd"),
+    )
+    assert attributes["push-endpoint"] == "amqps://al%20ice:p%40ss%3Aw%2Frd@broker:5671/prod%2Feu"
+    assert attributes["amqp-exchange"] == "ex"
+    assert attributes["amqp-ack-level"] == "broker"
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "fix"),
+    [
+        (
+            {"amqp": {"url": "amqp://b", "exchange": "e", "credentialsRef": {"secretName": "s"}}},
+            "amqps://",
+        ),
+        (
+            {"kafka": {"url": "kafka://b:9092", "sasl": {"credentialsRef": {"secretName": "s"}}}},
+            "useSSL: true",
+        ),
+    ],
+)
+def test_credentials_without_tls_are_refused_unless_allowed(
+    endpoint: dict[str, Any], fix: str
+) -> None:
+    credentials = Credentials("u", "topsecret")
+    with pytest.raises(TopicBuildError) as refused:
+        build({"endpoint": endpoint}, credentials)
+    assert refused.value.reason == "CleartextCredentials"
+    assert fix in str(refused.value)
+    assert "topsecret" not in str(refused.value)
+    allowed = build({"endpoint": endpoint}, credentials, allow_cleartext_secrets=True)
+    assert "u:topsecret@" in allowed["push-endpoint"]
+
+
+def test_kafka_options_map_to_gateway_names() -> None:
+    attributes = build(
+        {
+            "endpoint": {
+                "kafka": {
+                    "url": "kafka://b1:9092",
+                    "brokers": ["b2:9092", "b3"],
+                    "useSSL": True,
+                    "ackLevel": "none",
+                    "sasl": {"mechanism": "SCRAM-SHA-512", "credentialsRef": {"secretName": "k"}},
+                }
+            }
+        },
+        Credentials("u", "p"),
+    )
+    assert attributes["push-endpoint"] == "kafka://u:p@b1:9092"
+    assert attributes["kafka-brokers"] == "b2:9092,b3"
+    assert attributes["use-ssl"] == "true"
+    assert attributes["kafka-ack-level"] == "none"
+    assert attributes["mechanism"] == "SCRAM-SHA-512"
+
+
+def test_persistent_topic_points_the_gateway_at_the_ingest_and_keeps_credentials_away() -> None:
+    spec = {
+        "endpoint": {
+            "kafka": {
+                "url": "kafka://b:9092",
+                "useSSL": True,
+                "sasl": {"credentialsRef": {"secretName": "k"}},
+            }
+        },
+        "persistent": True,
+        "maxRetries": 5,
+        "delivery": {"handoff": "sync"},
+    }
+    ingest = ingest_endpoint("http://delivery:8080/", "team-a", "orders")
+    attributes = build(spec, Credentials("u", "secret"), ingest_url=ingest)
+    assert attributes == {
+        "push-endpoint": "http://delivery:8080/v1/topics/team-a/orders",
+        "persistent": "false",
+    }
+    spec["delivery"] = {"handoff": "persistent"}
+    assert build(spec, ingest_url=ingest)["persistent"] == "true"
+    with pytest.raises(TopicBuildError) as refused:
+        build(spec)
+    assert refused.value.reason == "DeliveryNotConfigured"
+
+
+def test_gateway_side_ca_is_refused_for_non_persistent_topics() -> None:
+    with pytest.raises(TopicBuildError) as refused:
+        build({"endpoint": {"http": {"url": "https://h", "caRef": {"name": "ca"}}}})
+    assert refused.value.reason == "Unsupported"
+
+
+def test_referenced_secrets_cover_gateway_credentials_and_ca() -> None:
+    spec = TopicSpec.model_validate(
+        {
+            "endpoint": {
+                "amqp": {
+                    "url": "amqps://b",
+                    "exchange": "e",
+                    "credentialsRef": {"secretName": "creds"},
+                    "caRef": {"kind": "Secret", "name": "ca"},
+                }
+            },
+            "gatewayRef": {"secretName": "gw"},
+        }
+    )
+    assert referenced_secrets(spec) == {"creds", "ca", "gw"}
+
+
+def test_differences_name_the_drifted_attributes() -> None:
+    desired = {"push-endpoint": "http://a", "OpaqueData": "x", "verify-ssl": "true"}
+    assert differences(desired, "http://a", {"OpaqueData": "x", "verify-ssl": "true"}) == []
+    assert differences(desired, "http://b", {"OpaqueData": "y"}) == [
+        "push-endpoint",
+        "OpaqueData",
+        "verify-ssl",
+    ]
+
+
+def test_condition_keeps_transition_time_while_status_is_unchanged() -> None:
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    first = set_condition(
+        [], type="Ready", status="False", reason="A", message="m", generation=1, now=t0
+    )
+    later = set_condition(
+        first,
+        type="Ready",
+        status="False",
+        reason="B",
+        message="n",
+        generation=2,
+        now=t0 + dt.timedelta(hours=1),
+    )
+    assert later[0]["lastTransitionTime"] == "2026-01-01T00:00:00Z"
+    assert later[0]["reason"] == "B"
+    flipped = set_condition(
+        later,
+        type="Ready",
+        status="True",
+        reason="Synced",
+        message="",
+        generation=2,
+        now=t0 + dt.timedelta(hours=2),
+    )
+    assert flipped[0]["lastTransitionTime"] == "2026-01-01T02:00:00Z"
+    assert len(flipped) == 1
