@@ -130,6 +130,11 @@ BAD_TOPICS: list[tuple[str, dict[str, Any], str]] = [
         "set the vhost either in the url path or in vhost, not both",
     ),
     (
+        "endpoint-topic-on-non-persistent",
+        {"endpoint": HTTP, "endpointTopic": "other"},
+        "endpointTopic needs persistent: true",
+    ),
+    (
         "bad-handoff",
         {"endpoint": HTTP, "persistent": True, "delivery": {"handoff": "later"}},
         'spec.delivery.handoff: Unsupported value: "later"',

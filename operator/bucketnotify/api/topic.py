@@ -203,6 +203,11 @@ class TopicSpec(Model):
             " only to persistent topics; set persistent: true or remove them",
         },
         {
+            "rule": "self.persistent || !has(self.endpointTopic)",
+            "message": "endpointTopic needs persistent: true; without it the gateway uses the"
+            " topic name (spec.name) as routing key or Kafka topic",
+        },
+        {
             "rule": "!has(oldSelf.name) || (has(self.name) && self.name == oldSelf.name)",
             "message": "name is immutable: create a new Topic to use another gateway name",
         },
