@@ -18,7 +18,9 @@ async def test_rabbitmq_publisher_confirms_and_consume(rabbitmq: LocalService) -
     suffix = uuid.uuid4().hex[:8]
     connection = await aio_pika.connect_robust(rabbitmq["AMQP_URL"])
     async with connection:
-        channel = await connection.channel(publisher_confirms=True)
+        # on_return_raises: a message the broker returns as unroutable is an error, not a
+        # silent success (aio-pika's default).
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         exchange = await channel.declare_exchange(
             f"smoke-{suffix}", aio_pika.ExchangeType.TOPIC, durable=True
         )
