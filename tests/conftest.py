@@ -11,6 +11,9 @@ from tests import localservices
 from tests.kubectl import Kubectl
 from tests.localservices import REPO, LocalService
 
+# The operator fixtures live beside the helpers they use.
+pytest_plugins = ["tests.operator"]
+
 
 def _service(name: str) -> Iterator[LocalService]:
     service = localservices.start(name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,8 @@ class Kubectl:
         return result
 
     def apply(self, obj: dict[str, Any], check: bool = True) -> subprocess.CompletedProcess[str]:
-        return self.run("apply", "-f", "-", stdin=yaml.safe_dump(obj), check=check)
+        # JSON, not YAML: kubectl reads YAML 1.1, where a bare `n` or `no` is a boolean.
+        return self.run("apply", "-f", "-", stdin=json.dumps(obj), check=check)
 
     def apply_path(self, path: Path) -> None:
         self.run("apply", "--server-side", "--force-conflicts", "-f", str(path))

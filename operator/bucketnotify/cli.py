@@ -19,6 +19,7 @@ from kubernetes_asyncio.leaderelection import electionconfig, leaderelection
 from kubernetes_asyncio.leaderelection.resourcelock.leaselock import LeaseLock
 
 from bucketnotify.controller import handlers
+from bucketnotify.controller.notifications import BucketLocks
 from bucketnotify.kube import Kube, connect
 from bucketnotify.settings import OperatorSettings
 
@@ -31,12 +32,14 @@ def _configure_kopf(settings: kopf.OperatorSettings, **_: Any) -> None:
     # Leader election (a Lease) decides who acts, so kopf's own peering objects are not used.
     settings.peering.standalone = True
     settings.posting.level = logging.INFO
-    # Progress annotations keep handler state even while status is owned by our handlers.
+    # Progress annotations keep handler state while status belongs to our handlers. Their own
+    # domain: kopf leaves its annotations out of diffs, and our bucketnotify.io/ resync
+    # markers must trigger update handlers.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
-        prefix="bucketnotify.io"
+        prefix="kopf.bucketnotify.io"
     )
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix="bucketnotify.io", key="last-handled-configuration"
+        prefix="kopf.bucketnotify.io", key="last-handled-configuration"
     )
 
 
@@ -51,7 +54,7 @@ async def run_operator(settings: OperatorSettings) -> None:
         loop.add_signal_handler(sig, stop.set)
     operator = kopf.operator(
         registry=registry,
-        memo=kopf.Memo(settings=settings, kube=Kube(api)),
+        memo=kopf.Memo(settings=settings, kube=Kube(api), bucket_locks=BucketLocks()),
         clusterwide=not settings.namespaces,
         namespaces=settings.namespaces,
         standalone=True,

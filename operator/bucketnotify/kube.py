@@ -52,10 +52,28 @@ class Kube:
             raise SecretMissing(f"Secret {namespace}/{name} has no key {key!r}")
         return data[key]
 
+    async def get_object(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """One of our custom objects, or None when it does not exist."""
+        try:
+            obj: dict[str, Any] = await self._custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, plural, name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return obj
+
     async def annotate(
         self, plural: str, namespace: str, name: str, annotations: dict[str, Any]
     ) -> None:
         body = {"metadata": {"annotations": annotations}}
         await self._custom.patch_namespaced_custom_object(
-            GROUP, VERSION, namespace, plural, name, body
+            GROUP,
+            VERSION,
+            namespace,
+            plural,
+            name,
+            body,
+            _content_type="application/merge-patch+json",  # type: ignore[call-arg]
         )

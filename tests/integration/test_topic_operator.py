@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -13,13 +12,13 @@ from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.gateway.topics import GatewayTopic, TopicClient
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
+from tests.operator import DRIFT_INTERVAL_S, StartOperator
 from tests.processes import Program
 from tests.tcpproxy import TcpProxy
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("crds")
 
-DRIFT_INTERVAL_S = 3
 API = "bucketnotify.io/v1alpha1"
 
 
@@ -28,42 +27,6 @@ def gateway(rgw: LocalService) -> TopicClient:
     return TopicClient(
         GatewayConnection(rgw["RGW_ENDPOINT"], rgw["RGW_ACCESS_KEY"], rgw["RGW_SECRET_KEY"])
     )
-
-
-StartOperator = Callable[..., Program]
-
-
-@pytest.fixture()
-def start_operator(
-    kube: LocalService, rgw: LocalService, namespace: str
-) -> Iterator[StartOperator]:
-    started: list[Program] = []
-
-    def start(**settings: str) -> Program:
-        env = {
-            "KUBECONFIG": kube["KUBECONFIG_ADMIN"],
-            "BUCKETNOTIFY_GATEWAY_ENDPOINT": rgw["RGW_ENDPOINT"],
-            "BUCKETNOTIFY_GATEWAY_ACCESS_KEY": rgw["RGW_ACCESS_KEY"],
-            "BUCKETNOTIFY_GATEWAY_SECRET_KEY": rgw["RGW_SECRET_KEY"],
-            "BUCKETNOTIFY_NAMESPACES": json.dumps([namespace]),
-            "BUCKETNOTIFY_LEADER_ELECTION_NAMESPACE": namespace,
-            "BUCKETNOTIFY_DRIFT_INTERVAL_SECONDS": str(DRIFT_INTERVAL_S),
-            **{f"BUCKETNOTIFY_{k.upper()}": v for k, v in settings.items()},
-        }
-        program = Program(["operator"], env)
-        started.append(program)
-        return program
-
-    yield start
-    for program in started:
-        program.stop()
-    for program in started:
-        print(f"--- operator log {program.log_path} ---\n{program.log()[-4000:]}")
-
-
-@pytest.fixture()
-def operator(start_operator: StartOperator) -> Program:
-    return start_operator()
 
 
 def topic(name: str, spec: dict[str, Any]) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 from pydantic.alias_generators import to_camel
 
 GROUP = "bucketnotify.io"
@@ -85,3 +85,10 @@ class Condition(Model):
     """The metadata.generation this condition was computed from."""
     last_transition_time: dt.datetime
     """When status last changed."""
+
+
+def cel_rules(*rules: dict[str, str]) -> ConfigDict:
+    """CEL validation rules of the API server (x-kubernetes-validations) for one object."""
+    # pydantic merges this with the base model's config.
+    validations: list[JsonValue] = [dict(rule) for rule in rules]
+    return ConfigDict(json_schema_extra={"x-kubernetes-validations": validations})

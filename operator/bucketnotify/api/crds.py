@@ -9,9 +9,10 @@ from typing import Any
 import yaml
 
 from bucketnotify.api.crd import CrdInfo, crd, ready_columns
+from bucketnotify.api.notification import BucketNotificationSpec, BucketNotificationStatus
 from bucketnotify.api.topic import TopicSpec, TopicStatus
 
-__all__ = ["ALL", "TOPIC", "main", "render"]
+__all__ = ["ALL", "BUCKET_NOTIFICATION", "TOPIC", "main", "render"]
 
 TOPIC = CrdInfo(
     kind="Topic",
@@ -28,7 +29,22 @@ TOPIC = CrdInfo(
     ],
 )
 
-ALL = [TOPIC]
+BUCKET_NOTIFICATION = CrdInfo(
+    kind="BucketNotification",
+    plural="bucketnotifications",
+    short_names=["bnn", "bucketnotif"],
+    spec_model=BucketNotificationSpec,
+    status_model=BucketNotificationStatus,
+    description="One notification configuration (one Id) on one bucket.",
+    printer_columns=[
+        {"name": "Bucket", "type": "string", "jsonPath": ".spec.bucket"},
+        {"name": "Topic", "type": "string", "jsonPath": ".spec.topicRef.name"},
+        {"name": "Id", "type": "string", "jsonPath": ".status.applied.id", "priority": 1},
+        *ready_columns(),
+    ],
+)
+
+ALL = [TOPIC, BUCKET_NOTIFICATION]
 
 
 class _PlainDumper(yaml.SafeDumper):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, JsonValue
+from pydantic import Field
 
 from bucketnotify.api.common import (
     CARef,
@@ -17,6 +17,7 @@ from bucketnotify.api.common import (
     CredentialsRef,
     GatewayRef,
     Model,
+    cel_rules,
 )
 
 __all__ = [
@@ -40,13 +41,6 @@ NO_USERINFO = {
     "rule": "!self.url.matches('^[a-zA-Z][a-zA-Z0-9+.-]*://[^/]*@')",
     "message": "url must not contain user:password@; put credentials in credentialsRef (a Secret)",
 }
-
-
-def cel_rules(*rules: dict[str, str]) -> ConfigDict:
-    """CEL validation rules of the API server (x-kubernetes-validations) for one object."""
-    # pydantic merges this with the base model's config.
-    validations: list[JsonValue] = [dict(rule) for rule in rules]
-    return ConfigDict(json_schema_extra={"x-kubernetes-validations": validations})
 
 
 def scheme_rule(*schemes: str) -> dict[str, str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-__all__ = ["ready_condition", "set_condition"]
+__all__ = ["ready_condition", "ready_status", "set_condition"]
 
 
 def set_condition(
@@ -36,3 +36,27 @@ def set_condition(
 
 def ready_condition(conditions: list[dict[str, Any]]) -> dict[str, Any] | None:
     return next((c for c in conditions if c.get("type") == "Ready"), None)
+
+
+def ready_status(
+    current: dict[str, Any],
+    *,
+    generation: int | None,
+    ready: bool,
+    reason: str,
+    message: str,
+    **fields: Any,
+) -> dict[str, Any]:
+    """A status with the Ready condition set and ``fields`` (those not None) beside it."""
+    conditions = set_condition(
+        list(current.get("conditions") or []),
+        type="Ready",
+        status="True" if ready else "False",
+        reason=reason,
+        message=message,
+        generation=generation,
+        now=dt.datetime.now(dt.UTC),
+    )
+    status: dict[str, Any] = {"observedGeneration": generation, "conditions": conditions}
+    status.update({k: v for k, v in fields.items() if v is not None})
+    return status

@@ -7,24 +7,36 @@ creates both before kopf starts.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Coroutine
 from typing import Any
 
 import kopf
 
 from bucketnotify.api.common import GROUP, VERSION
+from bucketnotify.controller.conditions import ready_condition
+from bucketnotify.controller.notifications import (
+    delete_notification,
+    reconcile_notification,
+    send_test_event,
+)
 from bucketnotify.controller.topic_builder import referenced_secrets
 from bucketnotify.controller.topics import (
     NotReconcilable,
+    Outcome,
     delete_topic,
     parse_spec,
     reconcile_topic,
 )
+from bucketnotify.delivery.endpoints.http import EndpointError
 from bucketnotify.gateway.errors import GatewayError
+from bucketnotify.settings import OperatorSettings
 
 __all__ = ["register_drift_timer"]
 
 TOPICS = (GROUP, VERSION, "topics")
 RESYNC_ANNOTATION = f"{GROUP}/secret-resync"
+TOPIC_RESYNC = f"{GROUP}/topic-resync"
+NOTIFICATIONS = (GROUP, VERSION, "bucketnotifications")
 # Backoff for a Topic whose gateway failed: a flapping gateway is not hammered, and a gateway
 # that comes back is noticed within a minute even between drift checks.
 RETRY_DELAY_S = 15
@@ -36,9 +48,18 @@ def _ns(namespace: str | None) -> str:
     return namespace
 
 
-def _write(patch: kopf.Patch, status: dict[str, Any]) -> None:
+def _annotation(body: kopf.BodyEssence | None, key: str) -> str | None:
+    if not body:
+        return None
+    annotations: dict[str, str] = (body.get("metadata") or {}).get("annotations") or {}
+    return annotations.get(key)
+
+
+def _write(patch: kopf.Patch, current: kopf.Status, status: dict[str, Any]) -> None:
+    # Only what changed: a quiet drift check must not write the object every interval.
     for key, value in status.items():
-        patch.status[key] = value
+        if current.get(key) != value:
+            patch.status[key] = value
 
 
 @kopf.on.create(*TOPICS)
@@ -54,7 +75,7 @@ async def topic_changed(
     patch: kopf.Patch,
     memo: kopf.Memo,
     reason: str,
-    **_: Any,
+    **kwargs: Any,
 ) -> None:
     outcome = await reconcile_topic(
         kube=memo.kube,
@@ -65,9 +86,18 @@ async def topic_changed(
         status=dict(status),
         generation=meta.get("generation"),
     )
-    _write(patch, outcome.status)
+    _write(patch, status, outcome.status)
     if outcome.ready:
         kopf.info(body, reason="Synced", message=outcome.message)
+        if reason != "resume":
+            # The gateway applies a topic change only to notifications written after it
+            # (reference tip): re-apply every BucketNotification that uses this Topic.
+            notifications: kopf.Index[Any, str] = kwargs["notifications_by_topic"]
+            marker = f"{outcome.status.get('arn')}@{meta.get('generation')}"
+            for dependent in notifications.get((namespace, name), []):
+                await memo.kube.annotate(
+                    "bucketnotifications", _ns(namespace), dependent, {TOPIC_RESYNC: marker}
+                )
         return
     kopf.warn(body, reason=outcome.reason, message=outcome.message)
     if outcome.retry:
@@ -85,7 +115,8 @@ async def topic_drift(
     memo: kopf.Memo,
     **_: Any,
 ) -> None:
-    was_ready = (status.get("conditions") or [{}])[-1].get("status") == "True"
+    previous = ready_condition(list(status.get("conditions") or []))
+    was_ready = previous is not None and previous.get("status") == "True"
     outcome = await reconcile_topic(
         kube=memo.kube,
         settings=memo.settings,
@@ -96,12 +127,18 @@ async def topic_drift(
         generation=meta.get("generation"),
         only_if_drifted=True,
     )
-    _write(patch, outcome.status)
+    _report_drift(body, patch, status, outcome, was_ready)
+
+
+def _report_drift(
+    body: kopf.Body, patch: kopf.Patch, status: kopf.Status, outcome: Outcome, was_ready: bool
+) -> None:
+    _write(patch, status, outcome.status)
     if outcome.repaired:
         kopf.warn(
             body,
             reason="DriftRepaired",
-            message="the gateway topic differed from the spec and was rewritten: "
+            message="the gateway differed from the spec and was rewritten: "
             + ", ".join(outcome.repaired),
         )
     if outcome.ready and not was_ready:
@@ -111,8 +148,38 @@ async def topic_drift(
 
 
 def register_drift_timer(registry: kopf.OperatorRegistry, interval: float) -> None:
-    """The drift check, at the configured interval (known only once settings are read)."""
-    kopf.timer(*TOPICS, interval=interval, idle=min(5.0, interval), registry=registry)(topic_drift)
+    """The drift checks, at the configured interval (known only once settings are read)."""
+    for resource, handler in ((TOPICS, topic_drift), (NOTIFICATIONS, notification_drift)):
+        kopf.timer(*resource, interval=interval, idle=min(5.0, interval), registry=registry)(
+            handler
+        )
+
+
+async def _bounded_delete(
+    body: kopf.Body,
+    settings: OperatorSettings,
+    started: dt.datetime,
+    *,
+    what: str,
+    escape: str,
+    delete: Coroutine[Any, Any, None],
+) -> None:
+    """Run ``delete``; retry while the gateway fails, give up (with a Warning) past the limit
+    so that a gateway gone for good does not keep the object forever."""
+    try:
+        await delete
+    except (GatewayError, NotReconcilable) as exc:
+        waited = (dt.datetime.now(dt.UTC) - started.replace(tzinfo=dt.UTC)).total_seconds()
+        if waited < settings.delete_give_up_after_seconds:
+            raise kopf.TemporaryError(f"cannot delete the {what} yet: {exc}", delay=5) from None
+        kopf.warn(
+            body,
+            reason="OrphanedOnGateway",
+            message=f"gave up deleting the {what} after {waited:.0f}s ({exc}); {escape}"
+            " if the gateway returns",
+        )
+        return
+    kopf.info(body, reason="Deleted", message=f"{what} deleted")
 
 
 @kopf.on.delete(*TOPICS)
@@ -125,30 +192,20 @@ async def topic_deleted(
     started: dt.datetime,
     **_: Any,
 ) -> None:
-    settings = memo.settings
-    try:
-        await delete_topic(
+    await _bounded_delete(
+        body,
+        memo.settings,
+        started,
+        what=f"gateway topic {status.get('arn')}",
+        escape="remove it with `radosgw-admin topic rm`",
+        delete=delete_topic(
             kube=memo.kube,
-            settings=settings,
+            settings=memo.settings,
             namespace=_ns(namespace),
             spec=dict(spec),
             status=dict(status),
-        )
-    except (GatewayError, NotReconcilable) as exc:
-        waited = (dt.datetime.now(dt.UTC) - started.replace(tzinfo=dt.UTC)).total_seconds()
-        if waited < settings.delete_give_up_after_seconds:
-            raise kopf.TemporaryError(
-                f"cannot delete the gateway topic yet: {exc}", delay=5
-            ) from None
-        # Bounded: a gateway gone for good must not keep the object forever.
-        kopf.warn(
-            body,
-            reason="OrphanedOnGateway",
-            message=f"gave up deleting gateway topic {status.get('arn')} after {waited:.0f}s"
-            f" ({exc}); remove it with `radosgw-admin topic rm` if the gateway returns",
-        )
-        return
-    kopf.info(body, reason="Deleted", message=f"gateway topic {status.get('arn')} deleted")
+        ),
+    )
 
 
 @kopf.index(*TOPICS)
@@ -181,3 +238,118 @@ async def secret_changed(
             topic,
             {RESYNC_ANNOTATION: f"{name}@{meta.get('resourceVersion')}"},
         )
+
+
+@kopf.index(*NOTIFICATIONS)
+def notifications_by_topic(
+    namespace: str | None, name: str, spec: kopf.Spec, **_: Any
+) -> dict[Any, str]:
+    """(namespace, Topic name) → names of the BucketNotifications that use it."""
+    topic = (spec.get("topicRef") or {}).get("name")
+    return {(namespace, topic): name} if topic else {}
+
+
+@kopf.on.create(*NOTIFICATIONS)
+@kopf.on.update(*NOTIFICATIONS)
+@kopf.on.resume(*NOTIFICATIONS)
+async def notification_changed(
+    body: kopf.Body,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    name: str,
+    namespace: str | None,
+    meta: kopf.Meta,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    old: kopf.BodyEssence | None = None,
+    new: kopf.BodyEssence | None = None,
+    **_: Any,
+) -> None:
+    outcome, test_event = await reconcile_notification(
+        kube=memo.kube,
+        settings=memo.settings,
+        locks=memo.bucket_locks,
+        name=name,
+        namespace=_ns(namespace),
+        spec=dict(spec),
+        status=dict(status),
+        generation=meta.get("generation"),
+        # Only an update that changed the marker: a resume must not recreate every Id.
+        recreate=old is not None
+        and new is not None
+        and _annotation(old, TOPIC_RESYNC) != _annotation(new, TOPIC_RESYNC),
+    )
+    new_status = dict(outcome.status)
+    if outcome.ready:
+        kopf.info(body, reason="Synced", message=outcome.message)
+        if test_event is not None:
+            try:
+                sent = await send_test_event(memo.kube, _ns(namespace), dict(spec), test_event)
+            except EndpointError as exc:
+                kopf.warn(body, reason="TestEventNotSent", message=str(exc))
+                new_status["testEventSent"] = False
+            else:
+                kopf.info(body, reason="TestEventSent", message=sent)
+                new_status["testEventSent"] = True
+    _write(patch, status, new_status)
+    if not outcome.ready:
+        kopf.warn(body, reason=outcome.reason, message=outcome.message)
+        if outcome.retry:
+            raise kopf.TemporaryError(outcome.message, delay=RETRY_DELAY_S)
+
+
+async def notification_drift(
+    body: kopf.Body,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    name: str,
+    namespace: str | None,
+    meta: kopf.Meta,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    **_: Any,
+) -> None:
+    previous = ready_condition(list(status.get("conditions") or []))
+    was_ready = previous is not None and previous.get("status") == "True"
+    outcome, _event = await reconcile_notification(
+        kube=memo.kube,
+        settings=memo.settings,
+        locks=memo.bucket_locks,
+        name=name,
+        namespace=_ns(namespace),
+        spec=dict(spec),
+        status=dict(status),
+        generation=meta.get("generation"),
+        only_if_drifted=True,
+    )
+    _report_drift(body, patch, status, outcome, was_ready)
+
+
+@kopf.on.delete(*NOTIFICATIONS)
+async def notification_deleted(
+    body: kopf.Body,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    name: str,
+    namespace: str | None,
+    memo: kopf.Memo,
+    started: dt.datetime,
+    **_: Any,
+) -> None:
+    await _bounded_delete(
+        body,
+        memo.settings,
+        started,
+        what=f"notification Id {(status.get('applied') or {}).get('id')} on bucket"
+        f" {spec.get('bucket')}",
+        escape="remove it with `DELETE /<bucket>?notification=<id>`",
+        delete=delete_notification(
+            kube=memo.kube,
+            settings=memo.settings,
+            locks=memo.bucket_locks,
+            name=name,
+            namespace=_ns(namespace),
+            spec=dict(spec),
+            status=dict(status),
+        ),
+    )

@@ -7,14 +7,14 @@ Blocking gateway calls run in a worker thread so one slow gateway does not stall
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
 
+from bucketnotify.api.common import GatewayRef
 from bucketnotify.api.topic import TopicSpec
-from bucketnotify.controller.conditions import set_condition
+from bucketnotify.controller.conditions import ready_status
 from bucketnotify.controller.topic_builder import (
     Credentials,
     TopicBuildError,
@@ -52,15 +52,15 @@ class NotReconcilable(Exception):
 
 
 async def gateway_connection(
-    kube: Kube, namespace: str, spec: TopicSpec, settings: OperatorSettings
+    kube: Kube, namespace: str, ref: GatewayRef | None, settings: OperatorSettings
 ) -> GatewayConnection:
-    if spec.gateway_ref is not None:
-        data = await kube.secret_data(namespace, spec.gateway_ref.secret_name)
+    """The connection named by ``ref``, or the operator's default one."""
+    if ref is not None:
+        data = await kube.secret_data(namespace, ref.secret_name)
         missing = [k for k in ("endpoint", "accessKey", "secretKey") if not data.get(k)]
         if missing:
             raise SecretMissing(
-                f"gateway Secret {namespace}/{spec.gateway_ref.secret_name} lacks"
-                f" {', '.join(missing)}"
+                f"gateway Secret {namespace}/{ref.secret_name} lacks {', '.join(missing)}"
             )
         return GatewayConnection(
             data["endpoint"], data["accessKey"], data["secretKey"], data.get("region", "default")
@@ -111,7 +111,7 @@ async def _desired(
 ) -> tuple[TopicSpec, GatewayConnection, str, dict[str, str]]:
     spec = parse_spec(raw_spec)
     try:
-        connection = await gateway_connection(kube, namespace, spec, settings)
+        connection = await gateway_connection(kube, namespace, spec.gateway_ref, settings)
         credentials = await endpoint_credentials(kube, namespace, spec)
     except SecretMissing as exc:
         raise NotReconcilable("SecretNotFound", str(exc)) from None
@@ -126,33 +126,6 @@ async def _desired(
     except TopicBuildError as exc:
         raise NotReconcilable(exc.reason, str(exc)) from None
     return spec, connection, gateway_topic_name(name, spec), attributes
-
-
-def _status(
-    current: dict[str, Any],
-    *,
-    generation: int | None,
-    ready: bool,
-    reason: str,
-    message: str,
-    arn: str | None,
-    endpoint_kind: str | None,
-) -> dict[str, Any]:
-    conditions = set_condition(
-        list(current.get("conditions") or []),
-        type="Ready",
-        status="True" if ready else "False",
-        reason=reason,
-        message=message,
-        generation=generation,
-        now=dt.datetime.now(dt.UTC),
-    )
-    status: dict[str, Any] = {"observedGeneration": generation, "conditions": conditions}
-    if arn is not None:
-        status["arn"] = arn
-    if endpoint_kind is not None:
-        status["endpointKind"] = endpoint_kind
-    return status
 
 
 async def reconcile_topic(
@@ -172,7 +145,26 @@ async def reconcile_topic(
     when it differs, so a quiet cluster costs one read per Topic and interval.
     """
     arn = status.get("arn")
-    endpoint_kind = None
+    endpoint_kind: str | None = None
+
+    def outcome(
+        ready: bool,
+        reason: str,
+        message: str,
+        retry: bool = False,
+        repaired: list[str] | None = None,
+    ) -> Outcome:
+        new_status = ready_status(
+            status,
+            generation=generation,
+            ready=ready,
+            reason=reason,
+            message=message,
+            arn=arn,
+            endpointKind=endpoint_kind,
+        )
+        return Outcome(new_status, ready, reason, message, retry, repaired or [])
+
     try:
         parsed, connection, topic_name, attributes = await _desired(
             kube, name, namespace, spec, settings
@@ -187,70 +179,13 @@ async def reconcile_topic(
             else:
                 repaired = differences(attributes, current.endpoint_address, current.endpoint_args)
             if not repaired:
-                message = f"gateway topic {arn} matches the spec"
-                return Outcome(
-                    _status(
-                        status,
-                        generation=generation,
-                        ready=True,
-                        reason="Synced",
-                        message=message,
-                        arn=arn,
-                        endpoint_kind=endpoint_kind,
-                    ),
-                    ready=True,
-                    reason="Synced",
-                    message=message,
-                )
+                return outcome(True, "Synced", f"gateway topic {arn} is in sync")
         arn = await asyncio.to_thread(client.upsert, topic_name, attributes)
     except NotReconcilable as exc:
-        return Outcome(
-            _status(
-                status,
-                generation=generation,
-                ready=False,
-                reason=exc.reason,
-                message=str(exc),
-                arn=arn,
-                endpoint_kind=endpoint_kind,
-            ),
-            ready=False,
-            reason=exc.reason,
-            message=str(exc),
-            retry=exc.retry,
-        )
+        return outcome(False, exc.reason, str(exc), retry=exc.retry)
     except GatewayError as exc:
-        return Outcome(
-            _status(
-                status,
-                generation=generation,
-                ready=False,
-                reason=exc.reason,
-                message=str(exc),
-                arn=arn,
-                endpoint_kind=endpoint_kind,
-            ),
-            ready=False,
-            reason=exc.reason,
-            message=str(exc),
-            retry=True,
-        )
-    message = f"gateway topic {arn} is in sync"
-    return Outcome(
-        _status(
-            status,
-            generation=generation,
-            ready=True,
-            reason="Synced",
-            message=message,
-            arn=arn,
-            endpoint_kind=endpoint_kind,
-        ),
-        ready=True,
-        reason="Synced",
-        message=message,
-        repaired=repaired,
-    )
+        return outcome(False, exc.reason, str(exc), retry=True)
+    return outcome(True, "Synced", f"gateway topic {arn} is in sync", repaired=repaired)
 
 
 async def delete_topic(
@@ -270,7 +205,7 @@ async def delete_topic(
         return  # never created on the gateway
     parsed = parse_spec(spec)
     try:
-        connection = await gateway_connection(kube, namespace, parsed, settings)
+        connection = await gateway_connection(kube, namespace, parsed.gateway_ref, settings)
     except SecretMissing as exc:
         raise NotReconcilable("SecretNotFound", str(exc)) from None
     await asyncio.to_thread(TopicClient(connection).delete, arn)

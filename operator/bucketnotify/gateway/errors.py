@@ -30,6 +30,7 @@ __all__ = [
     "GatewayInvalidArgument",
     "GatewayNotFound",
     "GatewayUnreachable",
+    "error_for_response",
     "mapped_errors",
 ]
 
@@ -63,6 +64,27 @@ ACCESS_DENIED = {
     "AuthorizationError",
 }
 NOT_FOUND = {"NotFound", "NoSuchKey", "NoSuchBucket", "NoSuchEntity", "ResourceNotFoundException"}
+
+
+def error_for_response(operation: str, status: int, code: str, detail: str = "") -> GatewayError:
+    """Our error kind for a gateway's error answer: its HTTP status and S3 error code.
+
+    For clients that speak HTTP themselves rather than through botocore; the same rules as
+    ``mapped_errors``. ``detail`` is the gateway's own message, which names no credentials.
+    """
+    message = f"{operation}: the gateway answered {status} {code}".rstrip()
+    if code == "NoSuchBucket":
+        # Ceph sends no message with it, and a bare code reads like a bug of ours.
+        message += " (the bucket does not exist)"
+    if detail:
+        message += f": {detail}"
+    if code in ACCESS_DENIED or status == 403:
+        return GatewayAccessDenied(message)
+    if code in NOT_FOUND or status == 404:
+        return GatewayNotFound(message)
+    if 400 <= status < 500:
+        return GatewayInvalidArgument(message)
+    return GatewayError(message)
 
 
 @contextmanager

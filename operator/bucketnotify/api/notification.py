@@ -1,0 +1,180 @@
+"""The BucketNotification custom resource: one notification configuration (one Id) on one
+bucket, pointing at a Topic of the same namespace.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+from pydantic import Field, JsonValue
+
+from bucketnotify.api.common import Condition, GatewayRef, Model, cel_rules
+
+__all__ = [
+    "EVENT_TYPES",
+    "BucketNotification",
+    "BucketNotificationSpec",
+    "BucketNotificationStatus",
+    "EventType",
+    "FilterRule",
+    "KeyFilter",
+    "MetadataRule",
+    "NotificationFilter",
+    "TopicRef",
+]
+
+EventType = Literal[
+    "s3:ObjectCreated:*",
+    "s3:ObjectCreated:Put",
+    "s3:ObjectCreated:Post",
+    "s3:ObjectCreated:Copy",
+    "s3:ObjectCreated:CompleteMultipartUpload",
+    "s3:ObjectRemoved:*",
+    "s3:ObjectRemoved:Delete",
+    "s3:ObjectRemoved:DeleteMarkerCreated",
+]
+EVENT_TYPES: tuple[str, ...] = get_args(EventType)
+
+# A wildcard together with one of the events it covers would deliver nothing more, and reads
+# as if it filtered: refuse it so the spec says what it does.
+OVERLAP_RULES: list[JsonValue] = [
+    {
+        "rule": f"!(self.exists(e, e == 's3:{family}:*')"
+        f" && self.exists(e, e.startsWith('s3:{family}:') && e != 's3:{family}:*'))",
+        "message": f"events overlap: s3:{family}:* already covers every s3:{family}: event;"
+        " list either the wildcard or single events",
+    }
+    for family in ("ObjectCreated", "ObjectRemoved")
+]
+
+
+class TopicRef(Model):
+    """A Topic in the same namespace."""
+
+    name: str = Field(min_length=1, max_length=253)
+    """metadata.name of the Topic."""
+
+
+class KeyFilter(Model):
+    """Filters on the object key; each kind at most once, all must match."""
+
+    model_config = cel_rules(
+        {
+            "rule": "has(self.prefix) || has(self.suffix) || has(self.regex)",
+            "message": "filter.key needs at least one of prefix, suffix or regex",
+        }
+    )
+
+    prefix: str | None = Field(default=None, min_length=1, max_length=1024)
+    """The key starts with this."""
+    suffix: str | None = Field(default=None, min_length=1, max_length=1024)
+    """The key ends with this."""
+    regex: str | None = Field(default=None, min_length=1, max_length=1024)
+    """ECMAScript regular expression (the gateway's C++ std::regex) matching the whole key."""
+
+
+class FilterRule(Model):
+    """One name/value rule on object metadata or tags."""
+
+    name: str = Field(min_length=1, max_length=256)
+    """Metadata key (x-amz-meta-...) or tag key."""
+    value: str = Field(max_length=1024)
+    """Value the metadata entry or tag must have."""
+
+
+class MetadataRule(FilterRule):
+    """One rule on object metadata."""
+
+    model_config = cel_rules(
+        {
+            "rule": "self.name.startsWith('x-amz-meta-')",
+            "message": "metadata filter names start with x-amz-meta- (the header the object's"
+            " metadata was sent in)",
+        }
+    )
+
+
+class NotificationFilter(Model):
+    """All given filters must match for an event to be sent."""
+
+    key: KeyFilter | None = None
+    """Rules on the object key."""
+    metadata: list[MetadataRule] = Field(
+        default_factory=list,
+        max_length=16,
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["name"],
+        },
+    )
+    """Object metadata that must be present with the given values."""
+    tags: list[FilterRule] = Field(
+        default_factory=list,
+        max_length=10,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    """Object tags that must be present with the given values."""
+
+
+class BucketNotificationSpec(Model):
+    """Desired notification configuration of one bucket, under one Id."""
+
+    model_config = cel_rules(
+        {
+            "rule": "!has(oldSelf.id) || (has(self.id) && self.id == oldSelf.id)",
+            "message": "id is immutable: create a new BucketNotification instead",
+        },
+        {
+            "rule": "self.bucket == oldSelf.bucket",
+            "message": "bucket is immutable: create a new BucketNotification instead",
+        },
+    )
+
+    bucket: str = Field(min_length=3, max_length=63, pattern=r"^[a-z0-9][a-z0-9.-]*[a-z0-9]$")
+    """Name of the bucket on the gateway."""
+    topic_ref: TopicRef
+    """The Topic the events go to."""
+    id: str | None = Field(default=None, min_length=1, max_length=255)
+    """Notification configuration Id on the bucket; defaults to metadata.name. Immutable."""
+    events: list[EventType] = Field(
+        default_factory=list,
+        max_length=8,
+        json_schema_extra={
+            "x-kubernetes-list-type": "set",
+            "x-kubernetes-validations": OVERLAP_RULES,
+        },
+    )
+    """Event types; empty means every ObjectCreated and ObjectRemoved event."""
+    filter: NotificationFilter | None = None
+    """Key, metadata and tag filters."""
+    test_event: bool = True
+    """Send an s3:TestEvent record through the Topic when the configuration first becomes
+    Ready, so the wiring can be seen working."""
+    gateway_ref: GatewayRef | None = None
+    """Gateway connection; defaults to the Topic's, then the operator's."""
+
+
+class AppliedConfiguration(Model):
+    """What the operator last wrote to the bucket."""
+
+    id: str
+    topic_arn: str
+    events: list[str] = Field(default_factory=list)
+
+
+class BucketNotificationStatus(Model):
+    """Observed state of the notification configuration."""
+
+    observed_generation: int | None = None
+    """The metadata.generation last reconciled."""
+    conditions: list[Condition] = Field(default_factory=list, max_length=16)
+    """Ready and the specific conditions."""
+    applied: AppliedConfiguration | None = None
+    """The configuration last applied to the bucket."""
+    test_event_sent: bool | None = None
+    """Whether the test event went out for the current configuration."""
+
+
+class BucketNotification(Model):
+    spec: BucketNotificationSpec
+    status: BucketNotificationStatus | None = None

@@ -1,0 +1,92 @@
+"""What to put on a bucket for a BucketNotification: pure functions of the spec.
+
+The gateway (C++ std::regex, ECMAScript grammar, whole-key match) accepts an invalid regex and
+then never matches, so the operator checks regexes itself before they reach the gateway.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import uuid
+from typing import Any
+
+from bucketnotify.api.notification import BucketNotificationSpec
+from bucketnotify.gateway.notifications import FilterRule, NotificationConfig
+
+__all__ = ["desired_configuration", "regex_problem", "same_configuration", "test_event"]
+
+# Python's re accepts these, ECMAScript (the gateway's grammar) does not: refuse them rather
+# than install a filter that silently never matches.
+NOT_ECMASCRIPT = [
+    (re.compile(r"\(\?<[=!]"), "lookbehind (?<= / (?<!"),
+    (re.compile(r"\(\?P"), "Python named groups (?P...)"),
+    (re.compile(r"\(\?[aiLmsux-]+[):]"), "inline flags such as (?i)"),
+    (re.compile(r"\\[AZz]"), r"\A, \Z and \z anchors"),
+    (re.compile(r"\(\?#"), "comments (?#...)"),
+]
+
+
+def regex_problem(regex: str) -> str | None:
+    """Why ``regex`` would not work as a gateway key filter, or None when it would."""
+    for pattern, what in NOT_ECMASCRIPT:
+        if pattern.search(regex):
+            return f"filter.key.regex uses {what}, which the gateway's ECMAScript regex lacks"
+    try:
+        re.compile(regex)
+    except re.error as exc:
+        return f"filter.key.regex is not a valid regular expression: {exc}"
+    return None
+
+
+def desired_configuration(
+    spec: BucketNotificationSpec, config_id: str, topic_arn: str
+) -> NotificationConfig:
+    key_rules: list[FilterRule] = []
+    metadata: tuple[FilterRule, ...] = ()
+    tags: tuple[FilterRule, ...] = ()
+    if spec.filter is not None:
+        key = spec.filter.key
+        if key is not None:
+            for kind in ("prefix", "suffix", "regex"):
+                value = getattr(key, kind)
+                if value is not None:
+                    key_rules.append(FilterRule(kind, value))
+        metadata = tuple(FilterRule(r.name, r.value) for r in spec.filter.metadata)
+        tags = tuple(FilterRule(r.name, r.value) for r in spec.filter.tags)
+    return NotificationConfig(
+        id=config_id,
+        topic_arn=topic_arn,
+        events=tuple(spec.events),
+        key_filters=tuple(key_rules),
+        metadata_filters=metadata,
+        tag_filters=tags,
+    )
+
+
+def test_event(bucket: str, now: dt.datetime) -> dict[str, Any]:
+    """The s3:TestEvent message AWS sends when a configuration is set up."""
+    return {
+        "Service": "Amazon S3",
+        "Event": "s3:TestEvent",
+        "Time": now.isoformat().replace("+00:00", "Z"),
+        "Bucket": bucket,
+        "RequestId": uuid.uuid4().hex,
+        "HostId": "bucketnotify-operator",
+    }
+
+
+def _normalised(config: NotificationConfig) -> NotificationConfig:
+    return NotificationConfig(
+        id=config.id,
+        topic_arn=config.topic_arn,
+        events=tuple(sorted(config.events)),
+        key_filters=tuple(sorted(config.key_filters, key=lambda r: (r.name, r.value))),
+        metadata_filters=tuple(sorted(config.metadata_filters, key=lambda r: (r.name, r.value))),
+        tag_filters=tuple(sorted(config.tag_filters, key=lambda r: (r.name, r.value))),
+    )
+
+
+def same_configuration(a: NotificationConfig, b: NotificationConfig) -> bool:
+    """Equal up to the order of events and rules, which the gateway need not keep."""
+    return _normalised(a) == _normalised(b)

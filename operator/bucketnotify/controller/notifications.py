@@ -1,0 +1,233 @@
+"""Reconcile one BucketNotification: its own Id on its bucket, nothing else.
+
+Writes to one bucket's configuration are serialised inside the operator (``BucketLocks``)
+because the client reads, merges and writes the whole configuration: two Ids written at once
+would otherwise race and one would be lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from bucketnotify.api.common import GatewayRef
+from bucketnotify.api.notification import BucketNotificationSpec
+from bucketnotify.api.topic import TopicSpec
+from bucketnotify.controller.conditions import ready_condition, ready_status
+from bucketnotify.controller.notification_builder import (
+    desired_configuration,
+    regex_problem,
+    same_configuration,
+    test_event,
+)
+from bucketnotify.controller.topics import NotReconcilable, Outcome, gateway_connection
+from bucketnotify.delivery.endpoints.http import EndpointError, post_json
+from bucketnotify.gateway.connection import GatewayConnection
+from bucketnotify.gateway.errors import GatewayAccessDenied, GatewayError, GatewayNotFound
+from bucketnotify.gateway.notifications import NotificationClient
+from bucketnotify.kube import Kube, SecretMissing
+from bucketnotify.settings import OperatorSettings
+
+__all__ = ["BucketLocks", "delete_notification", "reconcile_notification"]
+
+
+class BucketLocks:
+    """One asyncio lock per (gateway, bucket)."""
+
+    def __init__(self) -> None:
+        self._locks: defaultdict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
+
+    def __call__(self, connection: GatewayConnection, bucket: str) -> asyncio.Lock:
+        return self._locks[(connection.endpoint, bucket)]
+
+
+@dataclass(frozen=True)
+class Resolved:
+    spec: BucketNotificationSpec
+    config_id: str
+    topic_arn: str
+    topic_spec: TopicSpec
+    connection: GatewayConnection
+
+
+def parse_spec(spec: dict[str, Any]) -> BucketNotificationSpec:
+    try:
+        return BucketNotificationSpec.model_validate(spec)
+    except ValidationError as exc:
+        fields = ", ".join(".".join(str(p) for p in e["loc"]) for e in exc.errors())
+        raise NotReconcilable("InvalidSpec", f"spec is invalid at: {fields}") from None
+
+
+async def resolve(
+    kube: Kube, settings: OperatorSettings, name: str, namespace: str, raw: dict[str, Any]
+) -> Resolved:
+    spec = parse_spec(raw)
+    if spec.filter is not None and spec.filter.key is not None and spec.filter.key.regex:
+        problem = regex_problem(spec.filter.key.regex)
+        if problem:
+            raise NotReconcilable("InvalidFilter", problem)
+    topic = await kube.get_object("topics", namespace, spec.topic_ref.name)
+    if topic is None:
+        raise NotReconcilable(
+            "TopicNotFound", f"Topic {namespace}/{spec.topic_ref.name} does not exist", retry=True
+        )
+    topic_status = topic.get("status") or {}
+    ready = ready_condition(list(topic_status.get("conditions") or []))
+    arn = topic_status.get("arn")
+    if not arn or ready is None or ready.get("status") != "True":
+        raise NotReconcilable(
+            "TopicNotReady", f"Topic {namespace}/{spec.topic_ref.name} is not Ready yet", retry=True
+        )
+    topic_spec = TopicSpec.model_validate(topic["spec"])
+    ref: GatewayRef | None = spec.gateway_ref or topic_spec.gateway_ref
+    try:
+        connection = await gateway_connection(kube, namespace, ref, settings)
+    except SecretMissing as exc:
+        raise NotReconcilable("SecretNotFound", str(exc)) from None
+    return Resolved(spec, spec.id or name, arn, topic_spec, connection)
+
+
+def _gateway_failure(
+    exc: GatewayError, bucket: str, connection: GatewayConnection
+) -> NotReconcilable:
+    if isinstance(exc, GatewayNotFound):
+        return NotReconcilable(
+            "BucketNotFound", f"bucket {bucket} does not exist: {exc}", retry=True
+        )
+    if isinstance(exc, GatewayAccessDenied):
+        return NotReconcilable(
+            "AccessDenied",
+            f"gateway user {connection.access_key} may not configure bucket {bucket}"
+            f" (not its owner?): {exc}",
+            retry=True,
+        )
+    return NotReconcilable(exc.reason, str(exc), retry=True)
+
+
+async def reconcile_notification(
+    *,
+    kube: Kube,
+    settings: OperatorSettings,
+    locks: BucketLocks,
+    name: str,
+    namespace: str,
+    spec: dict[str, Any],
+    status: dict[str, Any],
+    generation: int | None,
+    only_if_drifted: bool = False,
+    recreate: bool = False,
+) -> tuple[Outcome, dict[str, Any] | None]:
+    """Put this notification's Id on its bucket; returns the outcome and, when one should be
+    sent now, the test event to send.
+
+    ``recreate`` deletes the Id before writing it: the gateway keeps a copy of the topic in
+    each notification, refreshed only when the notification is created, so a topic change
+    reaches the bucket only this way. Events in the moment between the two requests are
+    not notified.
+    """
+    applied = status.get("applied")
+
+    def outcome(
+        ready: bool,
+        reason: str,
+        message: str,
+        retry: bool = False,
+        repaired: list[str] | None = None,
+    ) -> Outcome:
+        new_status = ready_status(
+            status,
+            generation=generation,
+            ready=ready,
+            reason=reason,
+            message=message,
+            applied=applied,
+        )
+        return Outcome(new_status, ready, reason, message, retry, repaired or [])
+
+    try:
+        resolved = await resolve(kube, settings, name, namespace, spec)
+        bucket = resolved.spec.bucket
+        desired = desired_configuration(resolved.spec, resolved.config_id, resolved.topic_arn)
+        client = NotificationClient(resolved.connection)
+        repaired: list[str] = []
+        async with locks(resolved.connection, bucket):
+            try:
+                current = await asyncio.to_thread(client.get, bucket, resolved.config_id)
+                if current is not None and same_configuration(current, desired) and only_if_drifted:
+                    return outcome(
+                        True, "Synced", f"Id {desired.id} on bucket {bucket} is in sync"
+                    ), None
+                if only_if_drifted:
+                    repaired = ["configuration" if current else "missing configuration"]
+                if recreate and current is not None:
+                    await asyncio.to_thread(client.delete, bucket, desired.id)
+                await asyncio.to_thread(client.put, bucket, desired)
+            except GatewayError as exc:
+                raise _gateway_failure(exc, bucket, resolved.connection) from None
+    except NotReconcilable as exc:
+        return outcome(False, exc.reason, str(exc), retry=exc.retry), None
+    applied = {"id": desired.id, "topicArn": desired.topic_arn, "events": list(desired.events)}
+    result = outcome(
+        True, "Synced", f"Id {desired.id} on bucket {bucket} is in sync", repaired=repaired
+    )
+    event = None
+    if resolved.spec.test_event and not status.get("testEventSent"):
+        event = test_event(bucket, dt.datetime.now(dt.UTC))
+    return result, event
+
+
+async def send_test_event(
+    kube: Kube, namespace: str, spec: dict[str, Any], event: dict[str, Any]
+) -> str:
+    """Send ``event`` through the notification's Topic; returns what happened, for an Event.
+
+    Only non-persistent HTTP topics can be reached from the operator today; AMQP, Kafka and
+    persistent topics get their test event once the delivery service carries them.
+    """
+    parsed = parse_spec(spec)
+    topic = await kube.get_object("topics", namespace, parsed.topic_ref.name)
+    if topic is None:
+        raise EndpointError("the Topic is gone")
+    topic_spec = TopicSpec.model_validate(topic["spec"])
+    http = topic_spec.endpoint.http
+    if topic_spec.persistent or http is None:
+        raise EndpointError("test events reach only non-persistent HTTP topics for now")
+    await post_json(http.url, event, verify=http.verify_ssl)
+    return f"s3:TestEvent sent to the HTTP endpoint of Topic {parsed.topic_ref.name}"
+
+
+async def delete_notification(
+    *,
+    kube: Kube,
+    settings: OperatorSettings,
+    locks: BucketLocks,
+    name: str,
+    namespace: str,
+    spec: dict[str, Any],
+    status: dict[str, Any],
+) -> None:
+    """Remove this notification's Id (only it) from its bucket; a bucket already gone is fine."""
+    applied = status.get("applied")
+    if not applied:
+        return  # never written to the gateway
+    parsed = parse_spec(spec)
+    ref = parsed.gateway_ref
+    if ref is None:
+        topic = await kube.get_object("topics", namespace, parsed.topic_ref.name)
+        if topic is not None:
+            ref = TopicSpec.model_validate(topic["spec"]).gateway_ref
+    try:
+        connection = await gateway_connection(kube, namespace, ref, settings)
+    except SecretMissing as exc:
+        raise NotReconcilable("SecretNotFound", str(exc)) from None
+    client = NotificationClient(connection)
+    async with locks(connection, parsed.bucket):
+        # A bucket that is gone took its configuration with it.
+        with contextlib.suppress(GatewayNotFound):
+            await asyncio.to_thread(client.delete, parsed.bucket, applied["id"])

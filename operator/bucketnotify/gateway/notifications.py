@@ -1,0 +1,357 @@
+"""Bucket notifications on the gateway through its S3 API (``/<bucket>?notification``).
+
+Raw requests signed with botocore's SigV4 signer: boto3's S3 model knows only the S3Key
+filter and silently drops Ceph's S3Metadata and S3Tags filters, so the XML is built and
+parsed here.
+
+What Ceph 16.2 does, measured on the test gateway (DESIGN.md §9), and what follows:
+
+- It files a notification under its Id *and* its topic: a PUT that gives an existing Id
+  another topic adds a second entry with the same Id beside the old one, ``GET
+  ?notification=<id>`` shows only one of them and a DELETE removes one. ``put`` deletes the
+  old entries first when the topic changes; ``get`` and ``delete`` work from the full list.
+- A PUT keeps the bucket's other Ids (AWS would replace the whole configuration); an empty
+  configuration is refused (400 MalformedXML). ``put`` reads, merges and writes the whole
+  configuration anyway, so it never drops another Id on a gateway that replaces.
+- A PUT naming a topic that does not exist is refused with 404 NoSuchKey, after the entries
+  before it were applied. A notification outlives its topic, so another Id's entry can name
+  a deleted topic: ``put`` sends its own entry first and checks that it landed.
+- ``DELETE ?notification`` without an Id, or with an empty one, deletes every notification
+  of the bucket: ``delete`` refuses an empty Id.
+- Error answers carry a Code and no Message.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable
+from dataclasses import dataclass
+from urllib.parse import quote
+
+import httpx
+from botocore.auth import S3SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+
+from bucketnotify.gateway.connection import GatewayConnection
+from bucketnotify.gateway.errors import (
+    GatewayError,
+    GatewayInvalidArgument,
+    GatewayUnreachable,
+    error_for_response,
+)
+
+__all__ = ["FilterRule", "NotificationClient", "NotificationConfig"]
+
+S3_NAMESPACE = "http://s3.amazonaws.com/doc/2006-03-01/"
+
+# As connection.CLIENT_CONFIG: short, and no retries of our own (the operator backs off).
+TIMEOUT = httpx.Timeout(20.0, connect=5.0)
+
+# What Ceph stores for a configuration without any Event, and reports back.
+DEFAULT_EVENTS = ("s3:ObjectCreated:*", "s3:ObjectRemoved:*")
+
+# Ceph 16 also takes its own event names and reports them back under the S3 name.
+EVENT_ALIASES = {
+    "OBJECT_CREATE": "s3:ObjectCreated:*",
+    "OBJECT_DELETE": "s3:ObjectRemoved:Delete",
+    "DELETE_MARKER_CREATE": "s3:ObjectRemoved:DeleteMarkerCreated",
+}
+
+# The events Ceph 16 knows; newer releases know more. Only used to explain a refusal.
+CEPH16_EVENTS = frozenset(
+    {
+        "s3:ObjectCreated:*",
+        "s3:ObjectCreated:Put",
+        "s3:ObjectCreated:Post",
+        "s3:ObjectCreated:Copy",
+        "s3:ObjectCreated:CompleteMultipartUpload",
+        "s3:ObjectRemoved:*",
+        "s3:ObjectRemoved:Delete",
+        "s3:ObjectRemoved:DeleteMarkerCreated",
+    }
+)
+
+# Ceph keeps one slot per key rule and reports them in this order.
+KEY_RULE_ORDER = ("prefix", "suffix", "regex")
+
+
+@dataclass(frozen=True)
+class FilterRule:
+    """One filter rule.
+
+    ``name`` is ``prefix``, ``suffix`` or ``regex`` in a key filter, the metadata key (with
+    its ``x-amz-meta-`` prefix) in a metadata filter and the tag key in a tag filter.
+    """
+
+    name: str
+    value: str
+
+
+@dataclass(frozen=True)
+class NotificationConfig:
+    """One notification (a TopicConfiguration) of a bucket, in a normal form.
+
+    Normalised on construction, the way Ceph 16 stores it, so that what ``put`` sends
+    compares equal to what ``get`` reads back afterwards:
+
+    - no events, or exactly ``s3:ObjectCreated:*`` and ``s3:ObjectRemoved:*``, become
+      ``()``: Ceph stores an empty list as those two and reports them back.
+    - Ceph's own event names (``OBJECT_CREATE``, ...) become the S3 names it reports.
+      Other events keep their order and repetitions, as Ceph keeps them.
+    - key rules are ordered prefix, suffix, regex, and rules with an empty value dropped
+      (Ceph stores an empty rule as no rule).
+    - metadata and tag rules are sorted by name, then value (Ceph keeps them in a map).
+    """
+
+    id: str
+    topic_arn: str
+    events: tuple[str, ...]
+    key_filters: tuple[FilterRule, ...] = ()
+    metadata_filters: tuple[FilterRule, ...] = ()
+    tag_filters: tuple[FilterRule, ...] = ()
+
+    def __post_init__(self) -> None:
+        events = tuple(EVENT_ALIASES.get(event, event) for event in self.events)
+        if sorted(events) == sorted(DEFAULT_EVENTS):
+            events = ()
+        key_filters = sorted(
+            (rule for rule in self.key_filters if rule.value),
+            key=lambda rule: _key_rule_rank(rule.name),
+        )
+        # Set through object.__setattr__: the class is frozen, and lists given by a caller
+        # must become tuples too, or they would never compare equal to a parsed config.
+        object.__setattr__(self, "events", events)
+        object.__setattr__(self, "key_filters", tuple(key_filters))
+        object.__setattr__(self, "metadata_filters", _sorted_rules(self.metadata_filters))
+        object.__setattr__(self, "tag_filters", _sorted_rules(self.tag_filters))
+
+
+def _key_rule_rank(name: str) -> int:
+    # A name Ceph does not know sorts last; the gateway refuses it anyway.
+    return KEY_RULE_ORDER.index(name) if name in KEY_RULE_ORDER else len(KEY_RULE_ORDER)
+
+
+def _sorted_rules(rules: Iterable[FilterRule]) -> tuple[FilterRule, ...]:
+    return tuple(sorted(rules, key=lambda rule: (rule.name, rule.value)))
+
+
+Configs = list[NotificationConfig]  # `list` is a method name in NotificationClient
+
+
+class NotificationClient:
+    """GET, PUT and DELETE of ``/<bucket>?notification`` for one gateway user.
+
+    Blocking (httpx): call it from a worker thread in async code.
+    """
+
+    def __init__(self, connection: GatewayConnection) -> None:
+        self._endpoint = connection.endpoint.rstrip("/")
+        self._credentials = Credentials(connection.access_key, connection.secret_key)
+        self._region = connection.region
+        self._http = httpx.Client(timeout=TIMEOUT)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def list(self, bucket: str) -> Configs:
+        """Every notification of the bucket, in the gateway's order."""
+        body = self._send("GET", bucket, None, b"", f"GetBucketNotification {bucket}")
+        return parse_configuration(body)
+
+    def get(self, bucket: str, id: str) -> NotificationConfig | None:
+        """The bucket's notification with this Id, or None.
+
+        Should a foreign client have left several entries with this Id (see the module's
+        notes), the first is returned; ``list`` shows them all and ``put`` cleans them up.
+        """
+        for config in self.list(bucket):
+            if config.id == id:
+                return config
+        return None
+
+    def put(self, bucket: str, config: NotificationConfig) -> None:
+        """Create or replace the notification with ``config.id``; the others stay.
+
+        Not atomic: another writer between the read and the write can be overwritten on a
+        gateway that replaces whole configurations (Ceph 16 does not).
+        """
+        _check(config)
+        operation = f"PutBucketNotification {bucket}/{config.id}"
+        current = self.list(bucket)
+        same_id = [c for c in current if c.id == config.id]
+        if len(same_id) > 1 or any(c.topic_arn != config.topic_arn for c in same_id):
+            # A PUT would add an entry beside the old one instead of replacing it, and a
+            # DELETE removes one entry at a time. Events are missed until the PUT below.
+            for _ in same_id:
+                self._delete_one(bucket, config.id)
+        others = [c for c in current if c.id != config.id]
+        # Ours first: Ceph 16 applies the entries in order and stops at the first it cannot,
+        # so a foreign entry that no longer applies cannot keep ours out.
+        body = render_configuration([config, *others])
+        response = self._exchange("PUT", bucket, None, body, operation)
+        if response.is_success:
+            return
+        code, detail = _error_code(response.content)
+        if code == "NoSuchKey":
+            # Ceph 16's answer when a topic of the configuration does not exist. When ours
+            # is in place, it was another entry's (its topic deleted since it was set up):
+            # a gateway that keeps other Ids keeps that one as it was.
+            if others and self.get(bucket, config.id) == config:
+                return
+            detail = detail or f"is there a topic {config.topic_arn}?"
+        elif code == "InvalidArgument" and not detail:
+            # Ceph 16 says no more than the code for an unknown event: name the suspects.
+            unknown = [event for event in config.events if event not in CEPH16_EVENTS]
+            if unknown:
+                detail = "events a Ceph 16 gateway does not know: " + ", ".join(unknown)
+        raise error_for_response(operation, response.status_code, code, detail)
+
+    def delete(self, bucket: str, id: str) -> None:
+        """Delete the notification with this Id; one that is not there is not an error."""
+        if not id:
+            # An empty value deletes all the bucket's notifications.
+            raise ValueError("a notification id must not be empty")
+        entries = sum(1 for config in self.list(bucket) if config.id == id)
+        # At least once even when the read found none, so that a concurrent create loses.
+        for _ in range(max(entries, 1)):
+            self._delete_one(bucket, id)
+
+    def _delete_one(self, bucket: str, id: str) -> None:
+        self._send("DELETE", bucket, id, b"", f"DeleteBucketNotification {bucket}/{id}")
+
+    def _send(self, method: str, bucket: str, id: str | None, body: bytes, operation: str) -> bytes:
+        response = self._exchange(method, bucket, id, body, operation)
+        if response.is_success:
+            return response.content
+        code, detail = _error_code(response.content)
+        raise error_for_response(operation, response.status_code, code, detail)
+
+    def _exchange(
+        self, method: str, bucket: str, id: str | None, body: bytes, operation: str
+    ) -> httpx.Response:
+        """One signed request; the gateway's answer, whatever its status."""
+        # Path style, as connection.CLIENT_CONFIG: bucket names need no DNS records.
+        url = f"{self._endpoint}/{quote(bucket, safe='')}?notification"
+        if id is not None:
+            url += "=" + quote(id, safe="")
+        headers = {"Content-Type": "application/xml"} if body else {}
+        request = AWSRequest(method=method, url=url, data=body, headers=headers)
+        S3SigV4Auth(self._credentials, "s3", self._region).add_auth(request)
+        try:
+            return self._http.request(
+                method, url, content=body, headers=dict(request.headers.items())
+            )
+        except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
+            # The exception's text may carry the URL; the type says enough.
+            raise GatewayUnreachable(
+                f"{operation}: the gateway did not answer ({type(exc).__name__})"
+            ) from None
+        except httpx.HTTPError as exc:
+            raise GatewayError(f"{operation}: {type(exc).__name__}") from None
+
+
+def _check(config: NotificationConfig) -> None:
+    """Refuse what Ceph 16 would store differently from what was sent.
+
+    Such a config would never compare equal to what ``get`` reads back: endless drift.
+    """
+    operation = f"PutBucketNotification {config.id}"
+    if not config.id:
+        raise GatewayInvalidArgument(f"{operation}: not sent: the notification id is empty")
+    for kind, rules in (("metadata", config.metadata_filters), ("tag", config.tag_filters)):
+        names = [rule.name for rule in rules]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            # Ceph keeps only the first rule of a name, silently.
+            raise GatewayInvalidArgument(
+                f"{operation}: not sent: {kind} filter names given more than once: "
+                + ", ".join(repeated)
+            )
+
+
+def _local(tag: str) -> str:
+    return tag.rpartition("}")[2]
+
+
+def _child_text(element: ET.Element, name: str) -> str:
+    for child in element:
+        if _local(child.tag) == name:
+            return (child.text or "").strip()
+    return ""
+
+
+def _error_code(body: bytes) -> tuple[str, str]:
+    """The S3 error's Code and Message; empty when the body is no S3 error document."""
+    try:
+        root = ET.fromstring(body)  # noqa: S314 - the gateway's own answer
+    except ET.ParseError:
+        return "", ""
+    return _child_text(root, "Code"), _child_text(root, "Message")
+
+
+def _rules(filter_element: ET.Element | None, name: str) -> tuple[FilterRule, ...]:
+    if filter_element is None:
+        return ()
+    rules: list[FilterRule] = []
+    for group in filter_element:
+        if _local(group.tag) != name:
+            continue
+        for rule in group:
+            if _local(rule.tag) == "FilterRule":
+                rules.append(FilterRule(_child_text(rule, "Name"), _child_text(rule, "Value")))
+    return tuple(rules)
+
+
+def parse_configuration(body: bytes) -> Configs:
+    """The TopicConfigurations of a NotificationConfiguration document."""
+    if not body.strip():
+        return []
+    try:
+        root = ET.fromstring(body)  # noqa: S314 - the gateway's own answer
+    except ET.ParseError as exc:
+        raise GatewayError(f"the gateway's notification configuration is not XML: {exc}") from None
+    configs: Configs = []
+    for element in root:
+        if _local(element.tag) != "TopicConfiguration":
+            continue
+        filter_element = next((c for c in element if _local(c.tag) == "Filter"), None)
+        configs.append(
+            NotificationConfig(
+                id=_child_text(element, "Id"),
+                topic_arn=_child_text(element, "Topic"),
+                events=tuple((c.text or "").strip() for c in element if _local(c.tag) == "Event"),
+                key_filters=_rules(filter_element, "S3Key"),
+                metadata_filters=_rules(filter_element, "S3Metadata"),
+                tag_filters=_rules(filter_element, "S3Tags"),
+            )
+        )
+    return configs
+
+
+def render_configuration(configs: Iterable[NotificationConfig]) -> bytes:
+    """A NotificationConfiguration document, elements in the order Ceph reports them."""
+    root = ET.Element("NotificationConfiguration", xmlns=S3_NAMESPACE)
+    for config in configs:
+        element = ET.SubElement(root, "TopicConfiguration")
+        ET.SubElement(element, "Id").text = config.id
+        ET.SubElement(element, "Topic").text = config.topic_arn
+        groups = (
+            ("S3Key", config.key_filters),
+            ("S3Metadata", config.metadata_filters),
+            ("S3Tags", config.tag_filters),
+        )
+        if any(rules for _, rules in groups):
+            filter_element = ET.SubElement(element, "Filter")
+            for name, rules in groups:
+                if not rules:
+                    continue
+                group = ET.SubElement(filter_element, name)
+                for rule in rules:
+                    rule_element = ET.SubElement(group, "FilterRule")
+                    ET.SubElement(rule_element, "Name").text = rule.name
+                    ET.SubElement(rule_element, "Value").text = rule.value
+        for event in config.events:
+            ET.SubElement(element, "Event").text = event
+    document: bytes = ET.tostring(root, encoding="utf-8", xml_declaration=True)
+    return document

@@ -1,0 +1,380 @@
+"""NotificationClient against the real gateway: round trips, other Ids, errors, filtering."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from bucketnotify.gateway.connection import GatewayConnection
+from bucketnotify.gateway.errors import (
+    GatewayAccessDenied,
+    GatewayInvalidArgument,
+    GatewayNotFound,
+    GatewayUnreachable,
+)
+from bucketnotify.gateway.notifications import FilterRule, NotificationClient, NotificationConfig
+from bucketnotify.gateway.topics import TopicClient
+from tests.localservices import LocalService
+from tests.receivers import HttpReceiver
+
+# Nothing listens on port 9 (discard): pushes fail at once, which no test here looks at.
+DEAD_ENDPOINT = "http://127.0.0.1:9/x"
+
+
+def connection(rgw: LocalService, *, other: bool = False) -> GatewayConnection:
+    prefix = "RGW_OTHER_" if other else "RGW_"
+    return GatewayConnection(
+        endpoint=rgw["RGW_ENDPOINT"],
+        access_key=rgw[f"{prefix}ACCESS_KEY"],
+        secret_key=rgw[f"{prefix}SECRET_KEY"],
+        region=rgw["RGW_REGION"] or "default",
+    )
+
+
+def unique(kind: str) -> str:
+    return f"{kind}-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture()
+def client(rgw: LocalService) -> Iterator[NotificationClient]:
+    notifications = NotificationClient(connection(rgw))
+    yield notifications
+    notifications.close()
+
+
+@pytest.fixture()
+def s3(rgw: LocalService) -> Any:
+    return connection(rgw).s3()
+
+
+class Topics:
+    """Makes topics and deletes them all at the end of the test."""
+
+    def __init__(self, client: TopicClient) -> None:
+        self.client = client
+        self.made: list[str] = []
+
+    def make(self, endpoint: str = DEAD_ENDPOINT) -> str:
+        arn = self.client.upsert(unique("nt"), {"push-endpoint": endpoint})
+        self.made.append(arn)
+        return arn
+
+
+@pytest.fixture()
+def topics(rgw: LocalService) -> Iterator[Topics]:
+    made = Topics(TopicClient(connection(rgw)))
+    yield made
+    for arn in made.made:
+        made.client.delete(arn)
+
+
+@pytest.fixture()
+def topic_arn(topics: Topics) -> str:
+    return topics.make()
+
+
+@pytest.fixture()
+def bucket(s3: Any, client: NotificationClient) -> Iterator[str]:
+    name = unique("nb")
+    s3.create_bucket(Bucket=name)
+    yield name
+    for config in client.list(name):
+        client.delete(name, config.id)
+    # One object at a time: a multi-object delete aborts this radosgw on a bucket that has
+    # notifications (DESIGN.md §9).
+    for item in s3.list_objects_v2(Bucket=name).get("Contents", []):
+        s3.delete_object(Bucket=name, Key=item["Key"])
+    s3.delete_bucket(Bucket=name)
+
+
+def test_round_trip_with_key_metadata_and_tag_filters(
+    client: NotificationClient, bucket: str, topic_arn: str
+) -> None:
+    config = NotificationConfig(
+        id="all-filters",
+        topic_arn=topic_arn,
+        events=("s3:ObjectCreated:*", "s3:ObjectRemoved:Delete"),
+        key_filters=(
+            FilterRule("regex", r"^images/.*\.png$"),
+            FilterRule("suffix", ".png"),
+            FilterRule("prefix", "images/"),
+        ),
+        metadata_filters=(
+            FilterRule("x-amz-meta-size", "large"),
+            FilterRule("x-amz-meta-color", "blue"),
+        ),
+        tag_filters=(FilterRule("team", "a"), FilterRule("env", "prod")),
+    )
+
+    client.put(bucket, config)
+
+    assert client.get(bucket, "all-filters") == config
+    assert client.list(bucket) == [config]
+
+
+def test_no_events_means_the_gateways_default(
+    client: NotificationClient, s3: Any, bucket: str, topic_arn: str
+) -> None:
+    config = NotificationConfig(id="default-events", topic_arn=topic_arn, events=())
+
+    client.put(bucket, config)
+
+    assert client.get(bucket, "default-events") == config
+    # What the gateway itself reports: all Created and all Removed events.
+    (stored,) = s3.get_bucket_notification_configuration(Bucket=bucket)["TopicConfigurations"]
+    assert stored["Events"] == ["s3:ObjectCreated:*", "s3:ObjectRemoved:*"]
+
+
+def test_what_the_gateway_rewrites_still_compares_equal(
+    client: NotificationClient, s3: Any, bucket: str, topic_arn: str
+) -> None:
+    """Events keep their order and repeats; aliases and empty key rules are normalised."""
+    as_given = NotificationConfig(
+        "kept-order",
+        topic_arn,
+        ("s3:ObjectRemoved:Delete", "s3:ObjectCreated:Put", "s3:ObjectCreated:Put"),
+    )
+    alias = NotificationConfig(
+        "alias", topic_arn, ("OBJECT_CREATE",), key_filters=(FilterRule("prefix", ""),)
+    )
+    assert alias.events == ("s3:ObjectCreated:*",)
+    assert alias.key_filters == ()
+
+    client.put(bucket, as_given)
+    client.put(bucket, alias)
+
+    assert client.get(bucket, "kept-order") == as_given
+    assert client.get(bucket, "alias") == alias
+
+
+def test_repeated_metadata_names_are_refused_before_sending(
+    client: NotificationClient, bucket: str, topic_arn: str
+) -> None:
+    config = NotificationConfig(
+        "twice",
+        topic_arn,
+        (),
+        metadata_filters=(FilterRule("x-amz-meta-a", "1"), FilterRule("x-amz-meta-a", "2")),
+    )
+
+    # The gateway would keep the first rule only: the config would never compare equal.
+    with pytest.raises(GatewayInvalidArgument, match="x-amz-meta-a"):
+        client.put(bucket, config)
+
+    assert client.list(bucket) == []
+
+
+def test_put_keeps_other_ids_and_replaces_its_own(
+    client: NotificationClient, s3: Any, bucket: str, topic_arn: str
+) -> None:
+    s3.put_bucket_notification_configuration(
+        Bucket=bucket,
+        NotificationConfiguration={
+            "TopicConfigurations": [
+                {"Id": "foreign", "TopicArn": topic_arn, "Events": ["s3:ObjectRemoved:*"]}
+            ]
+        },
+    )
+    foreign = client.get(bucket, "foreign")
+    assert foreign == NotificationConfig("foreign", topic_arn, ("s3:ObjectRemoved:*",))
+    first = NotificationConfig("ours-1", topic_arn, ("s3:ObjectCreated:Put",))
+    second = NotificationConfig("ours-2", topic_arn, ("s3:ObjectCreated:Copy",))
+
+    client.put(bucket, first)
+    client.put(bucket, second)
+    changed = NotificationConfig(
+        "ours-1",
+        topic_arn,
+        ("s3:ObjectCreated:Post",),
+        key_filters=(FilterRule("prefix", "in/"),),
+    )
+    client.put(bucket, changed)
+
+    by_id = {config.id: config for config in client.list(bucket)}
+    assert by_id == {"foreign": foreign, "ours-1": changed, "ours-2": second}
+    assert len(client.list(bucket)) == 3
+
+
+def test_put_moves_an_id_to_another_topic(
+    client: NotificationClient, bucket: str, topics: Topics
+) -> None:
+    old_topic, new_topic = topics.make(), topics.make()
+    client.put(bucket, NotificationConfig("moving", old_topic, ("s3:ObjectCreated:*",)))
+
+    moved = NotificationConfig("moving", new_topic, ("s3:ObjectCreated:*",))
+    client.put(bucket, moved)
+
+    # Ceph 16 would keep the entry for the old topic beside the new one.
+    assert client.list(bucket) == [moved]
+
+
+def test_put_succeeds_beside_a_foreign_entry_whose_topic_is_gone(
+    client: NotificationClient, s3: Any, bucket: str, topics: Topics, topic_arn: str
+) -> None:
+    gone = topics.make()
+    s3.put_bucket_notification_configuration(
+        Bucket=bucket,
+        NotificationConfiguration={
+            "TopicConfigurations": [{"Id": "orphan", "TopicArn": gone, "Events": []}]
+        },
+    )
+    topics.client.delete(gone)
+    ours = NotificationConfig("ours", topic_arn, ("s3:ObjectCreated:*",))
+
+    # Re-sending the orphan makes the gateway answer 404 NoSuchKey for its topic.
+    client.put(bucket, ours)
+
+    assert client.get(bucket, "ours") == ours
+    assert client.get(bucket, "orphan") == NotificationConfig("orphan", gone, ())
+
+
+def test_put_on_a_missing_topic_is_not_found(client: NotificationClient, bucket: str) -> None:
+    arn = f"arn:aws:sns:default::{unique('no-topic')}"
+
+    with pytest.raises(GatewayNotFound, match="NoSuchKey") as caught:
+        client.put(bucket, NotificationConfig("lost", arn, ()))
+
+    assert arn in str(caught.value)
+    assert client.list(bucket) == []
+
+
+def test_delete_removes_only_its_id(
+    client: NotificationClient, s3: Any, bucket: str, topic_arn: str
+) -> None:
+    s3.put_bucket_notification_configuration(
+        Bucket=bucket,
+        NotificationConfiguration={
+            "TopicConfigurations": [
+                {"Id": "foreign", "TopicArn": topic_arn, "Events": ["s3:ObjectCreated:*"]}
+            ]
+        },
+    )
+    client.put(bucket, NotificationConfig("ours", topic_arn, ("s3:ObjectCreated:*",)))
+
+    client.delete(bucket, "ours")
+
+    assert [config.id for config in client.list(bucket)] == ["foreign"]
+    assert client.get(bucket, "ours") is None
+    client.delete(bucket, "ours")  # gone already: not an error
+    client.delete(bucket, "never-there")
+    assert [config.id for config in client.list(bucket)] == ["foreign"]
+
+
+def test_delete_refuses_an_empty_id(client: NotificationClient, bucket: str) -> None:
+    # The gateway would take an empty Id for "all of them".
+    with pytest.raises(ValueError, match="empty"):
+        client.delete(bucket, "")
+
+
+def test_a_missing_bucket_is_not_found(client: NotificationClient, topic_arn: str) -> None:
+    missing = unique("missing")
+    config = NotificationConfig("x", topic_arn, ())
+    calls: list[Callable[[], object]] = [
+        lambda: client.list(missing),
+        lambda: client.get(missing, "x"),
+        lambda: client.put(missing, config),
+        lambda: client.delete(missing, "x"),
+    ]
+    for call in calls:
+        with pytest.raises(GatewayNotFound, match="bucket does not exist") as caught:
+            call()
+        assert missing in str(caught.value)
+
+
+def test_an_unknown_event_is_refused(
+    client: NotificationClient, bucket: str, topic_arn: str
+) -> None:
+    config = NotificationConfig("bad-event", topic_arn, ("s3:ObjectCreated:Teleport",))
+
+    with pytest.raises(GatewayInvalidArgument, match="InvalidArgument") as caught:
+        client.put(bucket, config)
+
+    assert "s3:ObjectCreated:Teleport" in str(caught.value)
+    assert caught.value.reason == "GatewayRefused"
+    assert client.list(bucket) == []
+
+
+def test_another_user_is_denied(
+    rgw: LocalService, client: NotificationClient, bucket: str, topic_arn: str
+) -> None:
+    client.put(bucket, NotificationConfig("owned", topic_arn, ()))
+    other = NotificationClient(connection(rgw, other=True))
+    calls: list[Callable[[], object]] = [
+        lambda: other.list(bucket),
+        lambda: other.get(bucket, "owned"),
+        lambda: other.put(bucket, NotificationConfig("intruder", topic_arn, ())),
+        lambda: other.delete(bucket, "owned"),
+    ]
+    for call in calls:
+        with pytest.raises(GatewayAccessDenied) as caught:
+            call()
+        assert rgw["RGW_OTHER_SECRET_KEY"] not in str(caught.value)
+    other.close()
+    assert [config.id for config in client.list(bucket)] == ["owned"]
+
+
+def test_a_wrong_secret_is_denied_without_showing_it(rgw: LocalService, bucket: str) -> None:
+    secret = "wrong" + uuid.uuid4().hex
+    wrong = NotificationClient(
+        GatewayConnection(rgw["RGW_ENDPOINT"], rgw["RGW_ACCESS_KEY"], secret, "default")
+    )
+    with pytest.raises(GatewayAccessDenied) as caught:
+        wrong.list(bucket)
+    wrong.close()
+    assert secret not in str(caught.value)
+    assert "Signature=" not in str(caught.value)
+
+
+def test_an_unreachable_gateway(rgw: LocalService, topic_arn: str) -> None:
+    nowhere = NotificationClient(
+        GatewayConnection("http://127.0.0.1:1", rgw["RGW_ACCESS_KEY"], rgw["RGW_SECRET_KEY"])
+    )
+    with pytest.raises(GatewayUnreachable):
+        nowhere.list("any-bucket")
+    with pytest.raises(GatewayUnreachable):
+        nowhere.put("any-bucket", NotificationConfig("x", topic_arn, ()))
+    with pytest.raises(GatewayUnreachable):
+        nowhere.delete("any-bucket", "x")
+    nowhere.close()
+
+
+@pytest.fixture()
+def receiver() -> Iterator[HttpReceiver]:
+    with HttpReceiver() as r:
+        yield r
+
+
+def test_metadata_and_tag_filters_filter(
+    client: NotificationClient, s3: Any, bucket: str, topics: Topics, receiver: HttpReceiver
+) -> None:
+    """Events reach the endpoint only for objects whose metadata or tags match."""
+    arn = topics.make(receiver.url)
+    created = ("s3:ObjectCreated:*",)
+    client.put(
+        bucket,
+        NotificationConfig(
+            "blue-only", arn, created, metadata_filters=(FilterRule("x-amz-meta-color", "blue"),)
+        ),
+    )
+    client.put(
+        bucket, NotificationConfig("team-a", arn, created, tag_filters=(FilterRule("team", "a"),))
+    )
+
+    # The gateway pushes before it answers the PUT (the topic is not persistent): had it
+    # sent anything for the objects that do not match, it would be queued ahead of the rest.
+    s3.put_object(Bucket=bucket, Key="plain", Body=b"x")
+    s3.put_object(Bucket=bucket, Key="red", Body=b"x", Metadata={"color": "red"})
+    s3.put_object(Bucket=bucket, Key="team-b", Body=b"x", Tagging="team=b")
+    s3.put_object(Bucket=bucket, Key="blue", Body=b"x", Metadata={"color": "blue"})
+    s3.put_object(Bucket=bucket, Key="team-a", Body=b"x", Tagging="team=a")
+
+    (first,) = receiver.next_records()
+    assert (first["s3"]["configurationId"], first["s3"]["object"]["key"]) == ("blue-only", "blue")
+    (second,) = receiver.next_records()
+    assert (second["s3"]["configurationId"], second["s3"]["object"]["key"]) == (
+        "team-a",
+        "team-a",
+    )

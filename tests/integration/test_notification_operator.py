@@ -1,0 +1,318 @@
+"""The operator keeps each BucketNotification's Id on its bucket, and only that Id."""
+
+from __future__ import annotations
+
+import json
+import queue
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+
+from bucketnotify.gateway.connection import GatewayConnection
+from bucketnotify.gateway.notifications import NotificationClient
+from tests.kubectl import Kubectl
+from tests.localservices import LocalService
+from tests.operator import DRIFT_INTERVAL_S
+from tests.processes import Program
+from tests.receivers import HttpReceiver
+from tests.resources import apply, condition
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.usefixtures("crds")
+
+
+@pytest.fixture(scope="module")
+def s3(rgw: LocalService) -> Any:
+    return boto3.client(
+        "s3",
+        endpoint_url=rgw["RGW_ENDPOINT"],
+        aws_access_key_id=rgw["RGW_ACCESS_KEY"],
+        aws_secret_access_key=rgw["RGW_SECRET_KEY"],
+        region_name=rgw["RGW_REGION"],
+    )
+
+
+@pytest.fixture(scope="module")
+def notifications(rgw: LocalService) -> NotificationClient:
+    return NotificationClient(
+        GatewayConnection(rgw["RGW_ENDPOINT"], rgw["RGW_ACCESS_KEY"], rgw["RGW_SECRET_KEY"])
+    )
+
+
+@pytest.fixture()
+def receiver() -> Iterator[HttpReceiver]:
+    with HttpReceiver() as r:
+        yield r
+
+
+@pytest.fixture()
+def bucket(s3: Any) -> str:
+    name = f"bn-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(Bucket=name)
+    return name
+
+
+def http_topic(kubectl: Kubectl, namespace: str, name: str, url: str) -> None:
+    apply(kubectl, namespace, "Topic", name, {"endpoint": {"http": {"url": url}}})
+    condition(kubectl, namespace, "topic", name)
+
+
+def test_notification_is_applied_with_every_filter_and_sends_a_test_event(
+    kubectl: Kubectl,
+    namespace: str,
+    operator: Program,
+    receiver: HttpReceiver,
+    notifications: NotificationClient,
+    bucket: str,
+    s3: Any,
+) -> None:
+    http_topic(kubectl, namespace, "hook", receiver.url)
+    spec = {
+        "bucket": bucket,
+        "topicRef": {"name": "hook"},
+        "events": ["s3:ObjectCreated:*"],
+        "filter": {
+            "key": {"prefix": "img/", "suffix": ".jpg"},
+            "metadata": [{"name": "x-amz-meta-color", "value": "red"}],
+            "tags": [{"name": "env", "value": "prod"}],
+        },
+    }
+    apply(kubectl, namespace, "BucketNotification", "photos", spec)
+    status = condition(kubectl, namespace, "bucketnotification", "photos")
+    assert status["applied"]["id"] == "photos"
+    assert status["applied"]["topicArn"].endswith(":hook")
+
+    test_event = receiver.bodies.get(timeout=20)
+    assert test_event["Event"] == "s3:TestEvent"
+    assert test_event["Bucket"] == bucket
+    wait_until(
+        lambda: kubectl.get("bucketnotification", "photos", namespace)["status"],
+        lambda st: st.get("testEventSent") is True,
+        20,
+        "testEventSent",
+    )
+
+    on_gateway = notifications.get(bucket, "photos")
+    assert on_gateway is not None
+    assert {(r.name, r.value) for r in on_gateway.key_filters} == {
+        ("prefix", "img/"),
+        ("suffix", ".jpg"),
+    }
+    assert [(r.name, r.value) for r in on_gateway.metadata_filters] == [("x-amz-meta-color", "red")]
+    assert [(r.name, r.value) for r in on_gateway.tag_filters] == [("env", "prod")]
+
+    # Filtered out (no metadata), then a match: the first record must be the match.
+    s3.put_object(Bucket=bucket, Key="img/plain.jpg", Body=b"x", Tagging="env=prod")
+    s3.put_object(
+        Bucket=bucket, Key="img/red.jpg", Body=b"x", Metadata={"color": "red"}, Tagging="env=prod"
+    )
+    (record,) = receiver.next_records()
+    assert record["s3"]["object"]["key"] == "img/red.jpg"
+    assert record["s3"]["configurationId"] == "photos"
+
+
+def test_foreign_configuration_survives_reconcile_and_delete(
+    kubectl: Kubectl,
+    namespace: str,
+    operator: Program,
+    receiver: HttpReceiver,
+    notifications: NotificationClient,
+    bucket: str,
+    s3: Any,
+    rgw: LocalService,
+) -> None:
+    """A configuration created directly on the gateway is never touched by the operator."""
+    http_topic(kubectl, namespace, "hook", receiver.url)
+    topic_arn = kubectl.get("topic", "hook", namespace)["status"]["arn"]
+    s3.put_bucket_notification_configuration(
+        Bucket=bucket,
+        NotificationConfiguration={
+            "TopicConfigurations": [
+                {"Id": "foreign", "TopicArn": topic_arn, "Events": ["s3:ObjectRemoved:*"]}
+            ]
+        },
+    )
+    for name in ("mine-a", "mine-b"):
+        apply(
+            kubectl,
+            namespace,
+            "BucketNotification",
+            name,
+            {
+                "bucket": bucket,
+                "topicRef": {"name": "hook"},
+                "testEvent": False,
+                "events": ["s3:ObjectCreated:Put"],
+            },
+        )
+    for name in ("mine-a", "mine-b"):
+        condition(kubectl, namespace, "bucketnotification", name)
+    ids = {c.id for c in notifications.list(bucket)}
+    assert ids == {"foreign", "mine-a", "mine-b"}
+
+    kubectl.run("delete", "bucketnotification", "mine-a", "-n", namespace, "--timeout=30s")
+    assert {c.id for c in notifications.list(bucket)} == {"foreign", "mine-b"}
+
+
+def test_drift_of_the_id_on_the_bucket_is_repaired(
+    kubectl: Kubectl,
+    namespace: str,
+    operator: Program,
+    receiver: HttpReceiver,
+    notifications: NotificationClient,
+    bucket: str,
+) -> None:
+    http_topic(kubectl, namespace, "hook", receiver.url)
+    apply(
+        kubectl,
+        namespace,
+        "BucketNotification",
+        "n",
+        {"bucket": bucket, "topicRef": {"name": "hook"}, "testEvent": False},
+    )
+    condition(kubectl, namespace, "bucketnotification", "n")
+    notifications.delete(bucket, "n")
+    wait_until(
+        lambda: notifications.get(bucket, "n"),
+        lambda c: c is not None,
+        5 * DRIFT_INTERVAL_S,
+        "the deleted Id to be re-applied",
+    )
+
+
+def test_invalid_regex_is_caught_before_the_gateway(
+    kubectl: Kubectl,
+    namespace: str,
+    operator: Program,
+    receiver: HttpReceiver,
+    notifications: NotificationClient,
+    bucket: str,
+) -> None:
+    """The gateway accepts a broken regex and never matches; the operator refuses it."""
+    http_topic(kubectl, namespace, "hook", receiver.url)
+    for name, regex, words in [
+        ("unbalanced", "img/(.*\\.jpg", "not a valid regular expression"),
+        ("lookbehind", "(?<=img/).*", "lookbehind"),
+    ]:
+        apply(
+            kubectl,
+            namespace,
+            "BucketNotification",
+            name,
+            {"bucket": bucket, "topicRef": {"name": "hook"}, "filter": {"key": {"regex": regex}}},
+        )
+        status = condition(kubectl, namespace, "bucketnotification", name, "False", "InvalidFilter")
+        assert words in status["conditions"][0]["message"]
+    assert notifications.list(bucket) == []
+
+
+def test_missing_bucket_and_unready_topic_wait_then_recover(
+    kubectl: Kubectl,
+    namespace: str,
+    operator: Program,
+    receiver: HttpReceiver,
+    s3: Any,
+    notifications: NotificationClient,
+) -> None:
+    later = f"bn-{uuid.uuid4().hex[:12]}"
+    apply(
+        kubectl,
+        namespace,
+        "BucketNotification",
+        "early",
+        {"bucket": later, "topicRef": {"name": "hook"}, "testEvent": False},
+    )
+    condition(kubectl, namespace, "bucketnotification", "early", "False", "TopicNotFound")
+    http_topic(kubectl, namespace, "hook", receiver.url)
+    condition(kubectl, namespace, "bucketnotification", "early", "False", "BucketNotFound")
+    s3.create_bucket(Bucket=later)
+    condition(kubectl, namespace, "bucketnotification", "early")
+    assert notifications.get(later, "early") is not None
+
+
+def test_credentials_that_do_not_own_the_bucket_say_so(
+    kubectl: Kubectl,
+    namespace: str,
+    operator: Program,
+    receiver: HttpReceiver,
+    bucket: str,
+    rgw: LocalService,
+) -> None:
+    http_topic(kubectl, namespace, "hook", receiver.url)
+    kubectl.run(
+        "create",
+        "secret",
+        "generic",
+        "other-user",
+        "-n",
+        namespace,
+        f"--from-literal=endpoint={rgw['RGW_ENDPOINT']}",
+        f"--from-literal=accessKey={rgw['RGW_OTHER_ACCESS_KEY']}",
+        f"--from-literal=secretKey={rgw['RGW_OTHER_SECRET_KEY']}",
+    )
+    apply(
+        kubectl,
+        namespace,
+        "BucketNotification",
+        "not-mine",
+        {
+            "bucket": bucket,
+            "topicRef": {"name": "hook"},
+            "gatewayRef": {"secretName": "other-user"},
+        },
+    )
+    status = condition(
+        kubectl, namespace, "bucketnotification", "not-mine", "False", "AccessDenied"
+    )
+    message = status["conditions"][0]["message"]
+    assert rgw["RGW_OTHER_ACCESS_KEY"] in message and bucket in message
+    assert rgw["RGW_OTHER_SECRET_KEY"] not in json.dumps(status)
+
+
+def test_topic_change_is_carried_to_its_notifications(
+    kubectl: Kubectl,
+    namespace: str,
+    operator: Program,
+    bucket: str,
+    s3: Any,
+) -> None:
+    """The gateway applies a topic change only to re-written notifications: the operator
+    re-writes them, so events follow the Topic to its new endpoint."""
+    with HttpReceiver() as old, HttpReceiver() as new:
+        http_topic(kubectl, namespace, "hook", old.url)
+        apply(
+            kubectl,
+            namespace,
+            "BucketNotification",
+            "n",
+            {"bucket": bucket, "topicRef": {"name": "hook"}, "testEvent": False},
+        )
+        condition(kubectl, namespace, "bucketnotification", "n")
+        s3.put_object(Bucket=bucket, Key="one", Body=b"1")
+        assert old.next_records()[0]["s3"]["object"]["key"] == "one"
+
+        before = kubectl.get("bucketnotification", "n", namespace)["metadata"]["resourceVersion"]
+        apply(kubectl, namespace, "Topic", "hook", {"endpoint": {"http": {"url": new.url}}})
+        wait_until(
+            lambda: kubectl.get("bucketnotification", "n", namespace)["metadata"],
+            lambda meta: (
+                meta["resourceVersion"] != before
+                and "bucketnotify.io/topic-resync" in meta.get("annotations", {})
+            ),
+            30,
+            "the notification to be re-applied",
+        )
+        condition(kubectl, namespace, "bucketnotification", "n")
+
+        def delivered_to_new() -> bool:
+            key = f"probe-{uuid.uuid4().hex[:6]}"
+            s3.put_object(Bucket=bucket, Key=key, Body=b"2")
+            try:
+                return new.next_records(timeout=3)[0]["s3"]["object"]["key"] == key
+            except queue.Empty:
+                return False
+
+        wait_until(delivered_to_new, bool, 30, "events at the Topic's new endpoint")

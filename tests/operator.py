@@ -1,0 +1,48 @@
+"""The operator as a real subprocess against the local apiserver and gateway."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from tests.localservices import LocalService
+from tests.processes import Program
+
+DRIFT_INTERVAL_S = 3
+
+StartOperator = Callable[..., Program]
+
+
+@pytest.fixture()
+def start_operator(
+    kube: LocalService, rgw: LocalService, namespace: str
+) -> Iterator[StartOperator]:
+    started: list[Program] = []
+
+    def start(**settings: str) -> Program:
+        env = {
+            "KUBECONFIG": kube["KUBECONFIG_ADMIN"],
+            "BUCKETNOTIFY_GATEWAY_ENDPOINT": rgw["RGW_ENDPOINT"],
+            "BUCKETNOTIFY_GATEWAY_ACCESS_KEY": rgw["RGW_ACCESS_KEY"],
+            "BUCKETNOTIFY_GATEWAY_SECRET_KEY": rgw["RGW_SECRET_KEY"],
+            "BUCKETNOTIFY_NAMESPACES": json.dumps([namespace]),
+            "BUCKETNOTIFY_LEADER_ELECTION_NAMESPACE": namespace,
+            "BUCKETNOTIFY_DRIFT_INTERVAL_SECONDS": str(DRIFT_INTERVAL_S),
+            **{f"BUCKETNOTIFY_{k.upper()}": v for k, v in settings.items()},
+        }
+        program = Program(["operator"], env)
+        started.append(program)
+        return program
+
+    yield start
+    for program in started:
+        program.stop()
+    for program in started:
+        print(f"--- operator log {program.log_path} ---\n{program.log()[-4000:]}")
+
+
+@pytest.fixture()
+def operator(start_operator: StartOperator) -> Program:
+    return start_operator()
