@@ -1,7 +1,7 @@
 """Every kopf registration of the operator, each delegating to a plain function.
 
-The operator's memo holds ``settings`` (OperatorSettings) and ``kube`` (Kube); ``cli``
-creates both before kopf starts.
+The operator's memo holds ``settings`` (OperatorSettings), ``kube`` (Kube) and
+``bucket_locks`` (BucketLocks); ``cli`` creates them before kopf starts.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from bucketnotify.settings import OperatorSettings
 __all__ = ["register_drift_timer"]
 
 TOPICS = (GROUP, VERSION, "topics")
-RESYNC_ANNOTATION = f"{GROUP}/secret-resync"
+SECRET_RESYNC = f"{GROUP}/secret-resync"
 TOPIC_RESYNC = f"{GROUP}/topic-resync"
 NOTIFICATIONS = (GROUP, VERSION, "bucketnotifications")
 # Backoff for a Topic whose gateway failed: a flapping gateway is not hammered, and a gateway
@@ -236,7 +236,7 @@ async def secret_changed(
             "topics",
             namespace,
             topic,
-            {RESYNC_ANNOTATION: f"{name}@{meta.get('resourceVersion')}"},
+            {SECRET_RESYNC: f"{name}@{meta.get('resourceVersion')}"},
         )
 
 

@@ -14,8 +14,6 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
-
 from bucketnotify.api.common import GatewayRef
 from bucketnotify.api.notification import BucketNotificationSpec
 from bucketnotify.api.topic import TopicSpec
@@ -26,7 +24,12 @@ from bucketnotify.controller.notification_builder import (
     same_configuration,
     test_event,
 )
-from bucketnotify.controller.topics import NotReconcilable, Outcome, gateway_connection
+from bucketnotify.controller.topics import (
+    NotReconcilable,
+    Outcome,
+    gateway_connection,
+    parse_model,
+)
 from bucketnotify.delivery.endpoints.http import EndpointError, post_json
 from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.gateway.errors import GatewayAccessDenied, GatewayError, GatewayNotFound
@@ -57,11 +60,7 @@ class Resolved:
 
 
 def parse_spec(spec: dict[str, Any]) -> BucketNotificationSpec:
-    try:
-        return BucketNotificationSpec.model_validate(spec)
-    except ValidationError as exc:
-        fields = ", ".join(".".join(str(p) for p in e["loc"]) for e in exc.errors())
-        raise NotReconcilable("InvalidSpec", f"spec is invalid at: {fields}") from None
+    return parse_model(BucketNotificationSpec, spec)
 
 
 async def resolve(
@@ -154,22 +153,26 @@ async def reconcile_notification(
         resolved = await resolve(kube, settings, name, namespace, spec)
         bucket = resolved.spec.bucket
         desired = desired_configuration(resolved.spec, resolved.config_id, resolved.topic_arn)
-        client = NotificationClient(resolved.connection)
         repaired: list[str] = []
-        async with locks(resolved.connection, bucket):
-            try:
-                current = await asyncio.to_thread(client.get, bucket, resolved.config_id)
-                if current is not None and same_configuration(current, desired) and only_if_drifted:
-                    return outcome(
-                        True, "Synced", f"Id {desired.id} on bucket {bucket} is in sync"
-                    ), None
-                if only_if_drifted:
-                    repaired = ["configuration" if current else "missing configuration"]
-                if recreate and current is not None:
-                    await asyncio.to_thread(client.delete, bucket, desired.id)
-                await asyncio.to_thread(client.put, bucket, desired)
-            except GatewayError as exc:
-                raise _gateway_failure(exc, bucket, resolved.connection) from None
+        with NotificationClient(resolved.connection) as client:
+            async with locks(resolved.connection, bucket):
+                try:
+                    current = await asyncio.to_thread(client.get, bucket, resolved.config_id)
+                    if (
+                        current is not None
+                        and same_configuration(current, desired)
+                        and only_if_drifted
+                    ):
+                        return outcome(
+                            True, "Synced", f"Id {desired.id} on bucket {bucket} is in sync"
+                        ), None
+                    if only_if_drifted:
+                        repaired = ["configuration" if current else "missing configuration"]
+                    if recreate and current is not None:
+                        await asyncio.to_thread(client.delete, bucket, desired.id)
+                    await asyncio.to_thread(client.put, bucket, desired)
+                except GatewayError as exc:
+                    raise _gateway_failure(exc, bucket, resolved.connection) from None
     except NotReconcilable as exc:
         return outcome(False, exc.reason, str(exc), retry=exc.retry), None
     applied = {"id": desired.id, "topicArn": desired.topic_arn, "events": list(desired.events)}
@@ -226,8 +229,8 @@ async def delete_notification(
         connection = await gateway_connection(kube, namespace, ref, settings)
     except SecretMissing as exc:
         raise NotReconcilable("SecretNotFound", str(exc)) from None
-    client = NotificationClient(connection)
-    async with locks(connection, parsed.bucket):
-        # A bucket that is gone took its configuration with it.
-        with contextlib.suppress(GatewayNotFound):
-            await asyncio.to_thread(client.delete, parsed.bucket, applied["id"])
+    with NotificationClient(connection) as client:
+        async with locks(connection, parsed.bucket):
+            # A bucket that is gone took its configuration with it.
+            with contextlib.suppress(GatewayNotFound):
+                await asyncio.to_thread(client.delete, parsed.bucket, applied["id"])

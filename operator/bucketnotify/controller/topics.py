@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from bucketnotify.api.common import GatewayRef
 from bucketnotify.api.topic import TopicSpec
@@ -29,7 +29,9 @@ from bucketnotify.gateway.topics import TopicClient
 from bucketnotify.kube import Kube, SecretMissing
 from bucketnotify.settings import OperatorSettings
 
-__all__ = ["Outcome", "delete_topic", "reconcile_topic"]
+__all__ = ["Outcome", "delete_topic", "parse_model", "reconcile_topic"]
+
+M = TypeVar("M", bound=BaseModel)
 
 
 @dataclass(frozen=True)
@@ -97,13 +99,18 @@ async def endpoint_credentials(kube: Kube, namespace: str, spec: TopicSpec) -> C
     return Credentials(data[ref.username_key], data[ref.password_key])
 
 
-def parse_spec(spec: dict[str, Any]) -> TopicSpec:
+def parse_model(model: type[M], spec: dict[str, Any]) -> M:
+    """The spec as ``model``; the CRD schema should have refused an invalid one already, so
+    say which fields are wrong, not their values (which may be secrets)."""
     try:
-        return TopicSpec.model_validate(spec)
+        return model.model_validate(spec)
     except ValidationError as exc:
-        # The CRD schema should have refused this already; say which fields, not values.
         fields = ", ".join(".".join(str(p) for p in e["loc"]) for e in exc.errors())
         raise NotReconcilable("InvalidSpec", f"spec is invalid at: {fields}") from None
+
+
+def parse_spec(spec: dict[str, Any]) -> TopicSpec:
+    return parse_model(TopicSpec, spec)
 
 
 async def _desired(

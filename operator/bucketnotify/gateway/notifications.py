@@ -33,6 +33,7 @@ from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
+from bucketnotify.api.notification import EVENT_TYPES
 from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.gateway.errors import (
     GatewayError,
@@ -58,19 +59,9 @@ EVENT_ALIASES = {
     "DELETE_MARKER_CREATE": "s3:ObjectRemoved:DeleteMarkerCreated",
 }
 
-# The events Ceph 16 knows; newer releases know more. Only used to explain a refusal.
-CEPH16_EVENTS = frozenset(
-    {
-        "s3:ObjectCreated:*",
-        "s3:ObjectCreated:Put",
-        "s3:ObjectCreated:Post",
-        "s3:ObjectCreated:Copy",
-        "s3:ObjectCreated:CompleteMultipartUpload",
-        "s3:ObjectRemoved:*",
-        "s3:ObjectRemoved:Delete",
-        "s3:ObjectRemoved:DeleteMarkerCreated",
-    }
-)
+# The events Ceph 16 knows (the API's own list); newer releases know more. Only used to
+# explain a refusal.
+CEPH16_EVENTS = frozenset(EVENT_TYPES)
 
 # Ceph keeps one slot per key rule and reports them in this order.
 KEY_RULE_ORDER = ("prefix", "suffix", "regex")
@@ -153,6 +144,12 @@ class NotificationClient:
 
     def close(self) -> None:
         self._http.close()
+
+    def __enter__(self) -> NotificationClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def list(self, bucket: str) -> Configs:
         """Every notification of the bucket, in the gateway's order."""

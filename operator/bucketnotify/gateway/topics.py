@@ -89,4 +89,5 @@ class TopicClient:
     def list_arns(self) -> list[str]:
         with mapped_errors("ListTopics"):
             response = self._sns.list_topics()
-        return [t["TopicArn"] for t in response.get("Topics", [])]
+        # Ceph lists a topic once more for every notification holding a copy of it.
+        return list(dict.fromkeys(t["TopicArn"] for t in response.get("Topics", [])))
