@@ -1,0 +1,160 @@
+"""The persistent queue of a topic: the contract every queue store keeps.
+
+One queue per persistent Topic, split into shards (``shard_of``: the events of one object
+always land in one shard, so they stay in order). Writing is a two-phase commit as in the
+gateway's 2pc queue: ``reserve`` room (bounded by entries and bytes per queue, counting
+other writers' open reservations), then ``commit`` the events or ``abort``. A reservation
+that is neither committed nor aborted (its writer crashed) stops counting once it expires
+and is removed by ``reclaim``. Reading is done by the shard's single owner: ``list`` in
+commit order, ``remove`` what the endpoint acknowledged, ``update`` what must be retried.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+__all__ = [
+    "Entry",
+    "QueueFull",
+    "QueueLimits",
+    "QueueName",
+    "QueueStats",
+    "QueueStore",
+    "Reservation",
+    "ShardStats",
+    "shard_of",
+]
+
+
+@dataclass(frozen=True, order=True)
+class QueueName:
+    """The queue of Topic ``namespace/topic``."""
+
+    namespace: str
+    topic: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.topic}"
+
+
+def shard_of(bucket: str, key: str, shards: int) -> int:
+    """The shard of an object's events: stable across processes and releases (not hash())."""
+    digest = hashlib.blake2b(f"{bucket}:{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % shards
+
+
+@dataclass(frozen=True)
+class QueueLimits:
+    """Bounds of one queue (all shards together)."""
+
+    max_entries: int = 1_000_000
+    max_bytes: int = 128 * 1024 * 1024
+    """The gateway's own default per persistent queue."""
+    reservation_timeout_s: float = 30.0
+    """A reservation older than this no longer counts and is reclaimed."""
+
+
+@dataclass(frozen=True)
+class Reservation:
+    id: str
+    queue: QueueName
+    shard: int
+    entries: int
+    bytes: int
+    expires_at: float
+    """Epoch seconds."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One committed event."""
+
+    id: str
+    """Store-assigned; sorts in commit order within a shard."""
+    event_id: str
+    """Identity of the event (request id, key, configuration id, event name, sequencer):
+    the same event sent twice by the gateway has the same event_id."""
+    body: bytes = field(repr=False)
+    """The event record as JSON."""
+    ingest_time: float
+    """Epoch seconds when it was committed."""
+    attempts: int = 0
+    """Delivery attempts made so far."""
+    not_before: float = 0.0
+    """Epoch seconds before which it must not be retried."""
+
+
+@dataclass(frozen=True)
+class ShardStats:
+    entries: int
+    bytes: int
+    reservations: int
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    shards: dict[int, ShardStats]
+
+    @property
+    def entries(self) -> int:
+        return sum(s.entries for s in self.shards.values())
+
+    @property
+    def bytes(self) -> int:
+        return sum(s.bytes for s in self.shards.values())
+
+    @property
+    def reservations(self) -> int:
+        return sum(s.reservations for s in self.shards.values())
+
+
+class QueueFull(Exception):
+    """No room for the reservation: the ingest answers 503 and the gateway retries."""
+
+
+Queues = list[QueueName]  # `list` is also a method name of QueueStore
+
+
+class QueueStore(Protocol):
+    """Durable storage of queues. Every method is safe to call from several processes."""
+
+    async def create(self, queue: QueueName, shards: int, limits: QueueLimits) -> None:
+        """Create the queue, or update its shard count and limits; idempotent."""
+
+    async def delete(self, queue: QueueName) -> None:
+        """Remove the queue and everything in it; a missing queue is fine."""
+
+    async def reserve(
+        self, queue: QueueName, shard: int, entries: int, size: int, now: float
+    ) -> Reservation:
+        """Room for ``entries`` events of ``size`` bytes in all; raises QueueFull."""
+
+    async def commit(
+        self, reservation: Reservation, events: Sequence[tuple[str, bytes]], now: float
+    ) -> list[Entry]:
+        """Durably append (event_id, body) pairs and release the reservation. Durable means:
+        once this returns, a crash of any process loses none of them."""
+
+    async def abort(self, reservation: Reservation) -> None:
+        """Release the reservation without writing anything."""
+
+    async def list(self, queue: QueueName, shard: int, max_entries: int = 1024) -> list[Entry]:
+        """The oldest ``max_entries`` entries of the shard, in commit order."""
+
+    async def remove(self, queue: QueueName, shard: int, entry_ids: Sequence[str]) -> None:
+        """Remove these entries (delivered or dropped); unknown ids are ignored."""
+
+    async def update(self, queue: QueueName, shard: int, entries: Sequence[Entry]) -> None:
+        """Persist ``attempts`` and ``not_before`` of these entries (kept in place, in order)."""
+
+    async def stats(self, queue: QueueName, now: float) -> QueueStats:
+        """Entries, bytes and live reservations per shard."""
+
+    async def reclaim(self, queue: QueueName, now: float) -> int:
+        """Drop expired reservations; returns how many."""
+
+    async def queues(self) -> Queues:
+        """Every queue in the store."""
