@@ -1,0 +1,266 @@
+"""Who processes which queue shard: Kubernetes Leases instead of the gateway's cls locks.
+
+The unit a Lease covers is a *partition*: every (queue, shard) pair hashes to one of
+``partitions`` (default 32) partitions, and one Lease per partition says which replica owns
+all the shards in it. So the number of Leases, and the renewal traffic, does not grow with
+the number of topics, while the shards of one hot topic spread over many partitions and so
+over many replicas. With the defaults (32 partitions, renew every 5 s) the whole cluster
+writes (32 + replicas) Leases per 5 s: under 8 writes a second for any number of topics.
+
+Each replica also renews a *member* Lease of its own; the live members tell everyone the
+fair share, ceil(partitions / members). A replica takes free or expired partitions while it
+holds fewer than its share and hands back the excess when it holds more, so ownership
+spreads evenly instead of going to the first comer.
+
+Fencing: a replica counts a partition as its own only until ``renew_deadline`` after its
+last successful renewal, and the deadline is shorter than the lease duration. A replica that
+cannot renew (API server unreachable, process paused) therefore stops removing entries
+before anyone else may take the partition. Clocks: expiry is judged from the Lease's
+renewTime against the local clock, so replicas' clocks must agree to well within a second
+(NTP), as Kubernetes leader election already assumes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import hashlib
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from bucketnotify.delivery.queue import QueueName
+
+__all__ = ["LeaseSettings", "Ownership", "partition_of"]
+
+log = logging.getLogger(__name__)
+
+ROLE_LABEL = "bucketnotify.io/lease-role"
+GROUP_LABEL = "bucketnotify.io/lease-group"
+
+
+def partition_of(queue: QueueName, shard: int, partitions: int) -> int:
+    digest = hashlib.blake2b(f"{queue}/{shard}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % partitions
+
+
+@dataclass(frozen=True)
+class LeaseSettings:
+    namespace: str
+    """Namespace of the Leases (the delivery service's own)."""
+    group: str = "bucketnotify-delivery"
+    """Prefix of the Lease names; replicas of one deployment share it."""
+    partitions: int = 32
+    """Ownership units; more than the replicas you will ever run, so shares stay even."""
+    lease_duration_s: int = 15
+    """A dead replica's partitions are taken over after this long (the gateway: 90 s)."""
+    renew_interval_s: float = 5.0
+    """How often leases are renewed and the spread is rebalanced."""
+    renew_deadline_s: float = 10.0
+    """A replica stops processing a partition this long after its last renewal; shorter
+    than lease_duration_s so two owners never overlap."""
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def _expired(lease: Any, now: dt.datetime) -> bool:
+    spec = lease.spec
+    if not spec.holder_identity or spec.renew_time is None:
+        return True
+    renewed: dt.datetime = spec.renew_time
+    if renewed.tzinfo is None:
+        renewed = renewed.replace(tzinfo=dt.UTC)
+    return renewed + dt.timedelta(seconds=spec.lease_duration_seconds or 0) < now
+
+
+class Ownership:
+    """Holds this replica's member Lease and its share of partition Leases."""
+
+    def __init__(self, api: client.ApiClient, identity: str, settings: LeaseSettings) -> None:
+        self._leases = client.CoordinationV1Api(api)
+        self.identity = identity
+        self.settings = settings
+        # partition -> monotonic time of the last successful renewal
+        self._held: dict[int, float] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.changed = asyncio.Event()
+        """Set whenever the set of owned partitions changes."""
+
+    # --- what the worker asks -------------------------------------------------------------
+
+    def owns(self, partition: int) -> bool:
+        """True while this replica may process (and remove entries of) ``partition``."""
+        renewed = self._held.get(partition)
+        return renewed is not None and time.monotonic() - renewed < self.settings.renew_deadline_s
+
+    def owns_shard(self, queue: QueueName, shard: int) -> bool:
+        return self.owns(partition_of(queue, shard, self.settings.partitions))
+
+    def owned(self) -> set[int]:
+        return {p for p in self._held if self.owns(p)}
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.tick()
+        self._task = asyncio.create_task(self._loop(), name="lease-ownership")
+
+    async def stop(self, release: bool = True) -> None:
+        """Stop renewing; with ``release`` hand every Lease back so others take over at once."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if release:
+            for partition in list(self._held):
+                await self._release(self._partition_name(partition))
+            await self._release(self._member_name(self.identity))
+        self._held.clear()
+        self.changed.set()
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.renew_interval_s)
+            try:
+                await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # The API server may be away for a while; fencing (owns()) keeps us safe,
+                # the next tick tries again.
+                log.exception("lease round failed")
+
+    # --- one round ------------------------------------------------------------------------
+
+    def _member_name(self, identity: str) -> str:
+        return f"{self.settings.group}-member-{identity}"[:253]
+
+    def _partition_name(self, partition: int) -> str:
+        return f"{self.settings.group}-partition-{partition}"
+
+    def _body(self, name: str, role: str, holder: str, now: dt.datetime) -> client.V1Lease:
+        return client.V1Lease(
+            metadata=client.V1ObjectMeta(
+                name=name, labels={ROLE_LABEL: role, GROUP_LABEL: self.settings.group}
+            ),
+            spec=client.V1LeaseSpec(
+                holder_identity=holder,
+                lease_duration_seconds=self.settings.lease_duration_s,
+                acquire_time=now,
+                renew_time=now,
+            ),
+        )
+
+    async def tick(self) -> None:
+        """Renew what we hold, then take or give partitions towards our fair share."""
+        ns = self.settings.namespace
+        now = _now()
+        await self._renew_member(now)
+        selector = f"{GROUP_LABEL}={self.settings.group}"
+        listed = await self._leases.list_namespaced_lease(ns, label_selector=selector)
+        members = [
+            lease
+            for lease in listed.items
+            if lease.metadata.labels.get(ROLE_LABEL) == "member" and not _expired(lease, now)
+        ]
+        live = max(1, len(members))
+        share = math.ceil(self.settings.partitions / live)
+        partitions = {
+            lease.metadata.name: lease
+            for lease in listed.items
+            if lease.metadata.labels.get(ROLE_LABEL) == "partition"
+        }
+        before = set(self._held)
+
+        # Renew ours; drop any the API server says someone else holds now.
+        for partition in list(self._held):
+            lease = partitions.get(self._partition_name(partition))
+            if lease is None or lease.spec.holder_identity != self.identity:
+                self._held.pop(partition, None)
+                continue
+            if not await self._write(lease, self.identity, now, renew=True):
+                self._held.pop(partition, None)
+            else:
+                self._held[partition] = time.monotonic()
+
+        # Give back what exceeds the fair share (a newcomer joined).
+        while len(self._held) > share:
+            partition = max(self._held)
+            self._held.pop(partition)
+            await self._release(self._partition_name(partition))
+
+        # Take free or expired partitions up to the fair share.
+        for partition in range(self.settings.partitions):
+            if len(self._held) >= share:
+                break
+            if partition in self._held:
+                continue
+            name = self._partition_name(partition)
+            lease = partitions.get(name)
+            if lease is None:
+                if await self._create(self._body(name, "partition", self.identity, now)):
+                    self._held[partition] = time.monotonic()
+            elif _expired(lease, now) and await self._write(lease, self.identity, now, renew=False):
+                self._held[partition] = time.monotonic()
+
+        if set(self._held) != before:
+            log.info("%s owns partitions %s", self.identity, sorted(self._held))
+            self.changed.set()
+
+    async def _renew_member(self, now: dt.datetime) -> None:
+        name = self._member_name(self.identity)
+        try:
+            lease = await self._leases.read_namespaced_lease(name, self.settings.namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            await self._create(self._body(name, "member", self.identity, now))
+            return
+        await self._write(lease, self.identity, now, renew=True)
+
+    async def _create(self, body: client.V1Lease) -> bool:
+        try:
+            await self._leases.create_namespaced_lease(self.settings.namespace, body)
+        except ApiException as exc:
+            if exc.status == 409:
+                return False  # someone else was faster
+            raise
+        return True
+
+    async def _write(self, lease: Any, holder: str, now: dt.datetime, *, renew: bool) -> bool:
+        """Replace with optimistic concurrency: a concurrent writer makes this return False."""
+        if not renew:
+            lease.spec.acquire_time = now
+        lease.spec.holder_identity = holder
+        lease.spec.renew_time = now
+        lease.spec.lease_duration_seconds = self.settings.lease_duration_s
+        try:
+            await self._leases.replace_namespaced_lease(
+                lease.metadata.name, self.settings.namespace, lease
+            )
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
+        return True
+
+    async def _release(self, name: str) -> None:
+        try:
+            lease = await self._leases.read_namespaced_lease(name, self.settings.namespace)
+            if lease.spec.holder_identity != self.identity:
+                return
+            # An empty holder is free at once for everyone (see _expired).
+            lease.spec.holder_identity = ""
+            await self._leases.replace_namespaced_lease(name, self.settings.namespace, lease)
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                log.warning("could not release Lease %s: %s", name, exc.reason)

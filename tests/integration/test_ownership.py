@@ -1,0 +1,96 @@
+"""Queue-shard ownership through real Leases: even spread, fencing, fast takeover."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+from kubernetes_asyncio import client, config
+
+from bucketnotify.delivery.ownership import LeaseSettings, Ownership
+from tests.localservices import LocalService
+
+FAST = dict(partitions=12, lease_duration_s=4, renew_interval_s=1.0, renew_deadline_s=2.5)
+
+
+@pytest.fixture()
+async def api(kube: LocalService) -> AsyncIterator[client.ApiClient]:
+    configuration = client.Configuration()
+    await config.load_kube_config(
+        config_file=kube["KUBECONFIG_ADMIN"], client_configuration=configuration
+    )
+    async with client.ApiClient(configuration) as api_client:
+        yield api_client
+
+
+async def settle(replicas: list[Ownership], rounds: int = 4) -> None:
+    for _ in range(rounds):
+        for replica in replicas:
+            await replica.tick()
+
+
+def holders(replicas: list[Ownership]) -> dict[int, list[str]]:
+    seen: dict[int, list[str]] = {}
+    for replica in replicas:
+        for partition in replica.owned():
+            seen.setdefault(partition, []).append(replica.identity)
+    return seen
+
+
+async def test_three_replicas_spread_evenly_and_never_share_a_partition(
+    api: client.ApiClient, namespace: str
+) -> None:
+    settings = LeaseSettings(namespace=namespace, **FAST)  # type: ignore[arg-type]
+    replicas = [Ownership(api, f"r{i}", settings) for i in range(3)]
+    await settle(replicas)
+    owned = holders(replicas)
+    assert sorted(owned) == list(range(12)), "every partition has an owner"
+    assert all(len(who) == 1 for who in owned.values()), f"a partition has two owners: {owned}"
+    assert sorted(len(r.owned()) for r in replicas) == [4, 4, 4]
+
+
+async def test_a_newcomer_gets_its_share_and_a_clean_stop_hands_over_at_once(
+    api: client.ApiClient, namespace: str
+) -> None:
+    settings = LeaseSettings(namespace=namespace, **FAST)  # type: ignore[arg-type]
+    first = Ownership(api, "first", settings)
+    await settle([first])
+    assert len(first.owned()) == 12
+    second = Ownership(api, "second", settings)
+    await settle([first, second])
+    assert sorted(len(r.owned()) for r in (first, second)) == [6, 6]
+    assert all(len(who) == 1 for who in holders([first, second]).values())
+
+    await first.stop(release=True)
+    await second.tick()
+    assert len(second.owned()) == 12, "released leases are taken without waiting for expiry"
+
+
+async def test_a_silent_replica_is_fenced_before_its_partitions_move(
+    api: client.ApiClient, namespace: str
+) -> None:
+    """A replica that stops renewing (crash, SIGSTOP, lost API server) stops owning after
+    the renew deadline, before the lease duration lets another replica take over."""
+    settings = LeaseSettings(namespace=namespace, **FAST)  # type: ignore[arg-type]
+    silent, survivor = Ownership(api, "silent", settings), Ownership(api, "survivor", settings)
+    await settle([silent, survivor])
+    taken = silent.owned()
+    assert len(taken) == 6
+
+    went_silent = time.monotonic()
+    while silent.owned():  # noqa: ASYNC110 - polling the fence is what is measured
+        await asyncio.sleep(0.1)
+    fenced_after = time.monotonic() - went_silent
+    assert fenced_after <= settings.renew_deadline_s + 0.5
+
+    await survivor.tick()
+    assert not (survivor.owned() & taken), "taken over before the silent replica's lease expired"
+
+    deadline = time.monotonic() + settings.lease_duration_s + 3
+    while not taken <= survivor.owned():
+        assert time.monotonic() < deadline, "the survivor never took over the silent partitions"
+        await asyncio.sleep(0.5)
+        await survivor.tick()
+    assert len(survivor.owned()) == 12
