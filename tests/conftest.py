@@ -43,7 +43,9 @@ def rabbitmq() -> Iterator[LocalService]:
 
 @pytest.fixture(scope="session")
 def kafka() -> Iterator[LocalService]:
-    """A single KRaft Kafka broker; ``KAFKA_BOOTSTRAP``."""
+    """A single KRaft Kafka broker; ``KAFKA_BOOTSTRAP`` (PLAINTEXT), ``KAFKA_SASL_BOOTSTRAP``
+    (SASL_PLAINTEXT: ``KAFKA_SCRAM_USER``/``KAFKA_SCRAM_PASSWORD``), ``KAFKA_SSL_BOOTSTRAP``
+    (SSL, its CA in the file ``KAFKA_CA_PEM``)."""
     yield from _service("kafka")
 
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import queue
+import ssl
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -51,3 +53,94 @@ class HttpReceiver:
         body = self.bodies.get(timeout=timeout)
         records: list[dict[str, Any]] = body["Records"]
         return records
+
+
+class ReceivedRequest:
+    """One request a ``RecordingHttpServer`` answered."""
+
+    def __init__(self, path: str, headers: list[tuple[str, str]], body: bytes, port: int) -> None:
+        self.path = path
+        self.headers = headers
+        """(name, value) as sent, names lower-cased."""
+        self.body = body
+        self.client_port = port
+        """The client's source port: one per connection, so it shows connection reuse."""
+
+    def header(self, name: str) -> str | None:
+        values = [v for k, v in self.headers if k == name.lower()]
+        return values[0] if values else None
+
+
+class RecordingHttpServer:
+    """An HTTP(S) endpoint on 127.0.0.1 that records every POST.
+
+    HTTP/1.1 with keep-alive (a client may reuse its connection); answers ``status`` after
+    ``delay_s`` (both can be changed while it runs) and counts the requests it serves at once.
+    With ``ssl_context`` it speaks HTTPS; a client that fails the handshake gets nothing.
+    """
+
+    def __init__(
+        self, *, ssl_context: ssl.SSLContext | None = None, status: int = 200, delay_s: float = 0
+    ) -> None:
+        self.requests: queue.Queue[ReceivedRequest] = queue.Queue()
+        self.status = status
+        self.delay_s = delay_s
+        self.max_concurrent = 0
+        self._concurrent = 0
+        lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                with lock:
+                    outer._concurrent += 1
+                    outer.max_concurrent = max(outer.max_concurrent, outer._concurrent)
+                try:
+                    length = int(self.headers.get("Content-Length", "0"))
+                    body = self.rfile.read(length)
+                    if outer.delay_s:
+                        time.sleep(outer.delay_s)
+                    headers = [(k.lower(), v) for k, v in self.headers.items()]
+                    outer.requests.put(
+                        ReceivedRequest(self.path, headers, body, self.client_address[1])
+                    )
+                    self.send_response(outer.status)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                finally:
+                    with lock:
+                        outer._concurrent -= 1
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        if ssl_context is not None:
+            self._server.socket = ssl_context.wrap_socket(self._server.socket, server_side=True)
+        self._tls = ssl_context is not None
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"{'https' if self._tls else 'http'}://{host!s}:{port}"
+
+    def __enter__(self) -> RecordingHttpServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def received(self) -> list[ReceivedRequest]:
+        """Every request recorded so far (and not taken before)."""
+        taken = []
+        while True:
+            try:
+                taken.append(self.requests.get_nowait())
+            except queue.Empty:
+                return taken

@@ -1,29 +1,43 @@
 #!/usr/bin/env bash
 # Start, stop or check the Kafka broker that the Kafka tests produce to.
 #
-#   deploy/local/kafka.sh start|stop|status
+#   deploy/local/kafka.sh start|stop|status   (and restart: same data, for reconnection tests)
 #
 # Apache Kafka has no Debian package and no download site is reachable here, so the broker's
 # jars come from Maven Central (kafka/pom.xml) into $BN_CACHE/kafka/<version>/libs once, and
 # later starts reuse them. It runs as one KRaft node (broker + controller, no ZooKeeper) on
 # 127.0.0.1 with its state under $BN_RUN/kafka; each start is a fresh, empty cluster (stop
 # deletes the state). Topics are auto-created with one partition.
-# $BN_RUN/kafka/env holds KAFKA_BOOTSTRAP KAFKA_LOG KAFKA_VERSION KAFKA_LIBS.
+#
+# Three client listeners, all on 127.0.0.1:
+#   PLAINTEXT       KAFKA_PORT       no TLS, no authentication
+#   SASL_PLAINTEXT  KAFKA_SASL_PORT  SASL PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 (one user,
+#                                    $KAFKA_SCRAM_USER/$KAFKA_SCRAM_PASSWORD, for all three) and
+#                                    OAUTHBEARER with the broker's default validator of
+#                                    unsecured (unsigned) JWTs
+#   SSL             KAFKA_SSL_PORT   TLS with a server certificate for 127.0.0.1/localhost signed
+#                                    by a CA generated at each start; no client certificate
+# The SCRAM credentials go into the metadata log when the storage is formatted
+# (`StorageTool format --add-scram`), so they exist before the broker takes its first request.
+# $BN_RUN/kafka/env holds KAFKA_BOOTSTRAP KAFKA_SASL_BOOTSTRAP KAFKA_SSL_BOOTSTRAP KAFKA_CA_PEM
+# (the CA that signed the SSL listener's certificate) KAFKA_SCRAM_USER KAFKA_SCRAM_PASSWORD
+# KAFKA_LOG KAFKA_VERSION KAFKA_LIBS.
 #
 # Overrides: KAFKA_VERSION (3.9.x; 4.x drops the log4j 1.x setup used here), KAFKA_PORT (19092),
-# KAFKA_CONTROLLER_PORT (19093), KAFKA_HEAP_OPTS (-Xmx512m), KAFKA_START_TIMEOUT (90).
+# KAFKA_CONTROLLER_PORT (19093), KAFKA_SASL_PORT (19094), KAFKA_SSL_PORT (19095),
+# KAFKA_SCRAM_USER, KAFKA_SCRAM_PASSWORD, KAFKA_HEAP_OPTS (-Xmx512m), KAFKA_START_TIMEOUT (90).
 SERVICE=kafka
 source "$(dirname "$0")/lib.sh"
 
 KAFKA_VERSION=${KAFKA_VERSION:-3.9.2}
 KAFKA_PORT=${KAFKA_PORT:-19092}
 KAFKA_CONTROLLER_PORT=${KAFKA_CONTROLLER_PORT:-19093}
-# ---- Reserved for a later issue, not started yet --------------------------------------------
-# SASL_PLAINTEXT on KAFKA_SASL_PORT (19094) and SSL on KAFKA_SSL_PORT (19095): they will be
-# appended to LISTENERS/ADVERTISED_LISTENERS/PROTOCOL_MAP in write_config, get their settings
-# in the reserved block of kafka/server.properties.tmpl, and their own keys in the env file
-# (e.g. KAFKA_SASL_BOOTSTRAP, KAFKA_SSL_BOOTSTRAP, KAFKA_SSL_CAFILE).
-# ---------------------------------------------------------------------------------------------
+KAFKA_SASL_PORT=${KAFKA_SASL_PORT:-19094}
+KAFKA_SSL_PORT=${KAFKA_SSL_PORT:-19095}
+# Test credentials (this broker listens on loopback only). They end up in a sed replacement and
+# in a JAAS string, so they are restricted to characters that need no quoting in either.
+KAFKA_SCRAM_USER=${KAFKA_SCRAM_USER:-bntest}
+KAFKA_SCRAM_PASSWORD=${KAFKA_SCRAM_PASSWORD:-bntest-scram-secret-1}
 KAFKA_HEAP_OPTS=${KAFKA_HEAP_OPTS:--Xmx512m -Xms128m}
 START_TIMEOUT=${KAFKA_START_TIMEOUT:-90}
 
@@ -63,18 +77,62 @@ ensure_libs() {
   log "resolved ${#jars[@]} jars into $libs in $((SECONDS - began))s"
 }
 
+check_credentials() {
+  local v
+  for v in "$KAFKA_SCRAM_USER" "$KAFKA_SCRAM_PASSWORD"; do
+    [[ $v =~ ^[A-Za-z0-9._-]+$ ]] ||
+      die "KAFKA_SCRAM_USER and KAFKA_SCRAM_PASSWORD may hold only letters, digits, '.', '_' and '-'"
+  done
+}
+
+# A CA and a server certificate for 127.0.0.1 and localhost, new at each start (the state dir
+# is fresh each time), with the server key and chain in a PKCS#12 keystore for the broker.
+# The CA's key is deleted once it has signed: nothing else is ever signed with it.
+make_tls() {
+  command -v openssl >/dev/null || apt_ensure openssl
+  local tls=$dir/tls
+  mkdir -p "$tls"
+  (
+    umask 077
+    cd "$tls"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=bucketnotify local Kafka CA" \
+      -keyout ca.key -out ca.crt -addext basicConstraints=critical,CA:TRUE \
+      -addext keyUsage=critical,keyCertSign,cRLSign
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=127.0.0.1" -keyout server.key -out server.csr
+    printf '%s\n' "subjectAltName=IP:127.0.0.1,DNS:localhost" "extendedKeyUsage=serverAuth" \
+      "basicConstraints=CA:FALSE" >server.ext
+    openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 30 \
+      -extfile server.ext -out server.crt
+    od -An -tx1 -N16 /dev/urandom | tr -d ' \n' >keystore.password
+    openssl pkcs12 -export -name kafka -inkey server.key -in server.crt -certfile ca.crt \
+      -passout file:keystore.password -out server.p12
+    rm -f ca.key ca.srl server.key server.csr server.ext
+  ) >"$dir/tls.log" 2>&1 || die_with_log "making the SSL listener's certificates failed" "$dir/tls.log"
+  chmod 644 "$tls/ca.crt"
+}
+
 write_config() {
   mkdir -p "$dir/data"
   local listeners="PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT"
+  listeners+=",SASL_PLAINTEXT://127.0.0.1:$KAFKA_SASL_PORT,SSL://127.0.0.1:$KAFKA_SSL_PORT"
   local advertised="PLAINTEXT://127.0.0.1:$KAFKA_PORT"
+  advertised+=",SASL_PLAINTEXT://127.0.0.1:$KAFKA_SASL_PORT,SSL://127.0.0.1:$KAFKA_SSL_PORT"
   local protocol_map="PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
-  # (SASL_PLAINTEXT and SSL listeners get appended here; see the reserved block at the top.)
-  sed -e "s|@LISTENERS@|$listeners|" \
-    -e "s|@ADVERTISED_LISTENERS@|$advertised|" \
-    -e "s|@PROTOCOL_MAP@|$protocol_map|" \
-    -e "s|@CONTROLLER_PORT@|$KAFKA_CONTROLLER_PORT|" \
-    -e "s|@DATA_DIR@|$dir/data|" \
-    "$TEMPLATES/server.properties.tmpl" >"$dir/server.properties"
+  protocol_map+=",SASL_PLAINTEXT:SASL_PLAINTEXT,SSL:SSL"
+  # The file holds the PLAIN password and the keystore password: readable by us only.
+  (
+    umask 077
+    sed -e "s|@LISTENERS@|$listeners|" \
+      -e "s|@ADVERTISED_LISTENERS@|$advertised|" \
+      -e "s|@PROTOCOL_MAP@|$protocol_map|" \
+      -e "s|@CONTROLLER_PORT@|$KAFKA_CONTROLLER_PORT|" \
+      -e "s|@DATA_DIR@|$dir/data|" \
+      -e "s|@SASL_USER@|$KAFKA_SCRAM_USER|g" \
+      -e "s|@SASL_PASSWORD@|$KAFKA_SCRAM_PASSWORD|g" \
+      -e "s|@KEYSTORE@|$dir/tls/server.p12|" \
+      -e "s|@KEYSTORE_PASSWORD@|$(cat "$dir/tls/keystore.password")|g" \
+      "$TEMPLATES/server.properties.tmpl" >"$dir/server.properties"
+  )
 }
 
 # A cluster id is 16 random bytes in unpadded URL-safe base64, which is what
@@ -87,6 +145,34 @@ cluster_id() {
     [[ $id == -* ]] || break
   done
   echo "$id"
+}
+
+jvm_command() {
+  local heap
+  read -ra heap <<<"$KAFKA_HEAP_OPTS"
+  JVM=(java "${heap[@]}" -Djava.awt.headless=true
+    "-Dlog4j.configuration=file:$TEMPLATES/log4j.properties" -cp "$libs/*")
+}
+
+# Run the broker on the formatted storage in $dir and wait until it takes requests.
+launch() {
+  # Only what this launch logs counts: a restart appends to the log of the earlier run.
+  local from
+  from=$(($(stat -c %s "$logfile" 2>/dev/null || echo 0) + 1))
+  (
+    cd "$dir"
+    setsid nohup "${JVM[@]}" kafka.Kafka "$dir/server.properties" >>"$logfile" 2>&1 </dev/null 9>&- &
+    echo $! >"$pidfile"
+  )
+  # KafkaRaftServer logs this only once the broker has caught up with the metadata log and is
+  # unfenced, i.e. it can take produce and metadata requests.
+  local deadline=$((SECONDS + START_TIMEOUT))
+  until tail -c "+$from" "$logfile" | grep -q 'Kafka Server started' && port_open "$KAFKA_PORT" &&
+    port_open "$KAFKA_SASL_PORT" && port_open "$KAFKA_SSL_PORT"; do
+    pid_alive "$pidfile" || fail "Kafka exited during startup"
+    ((SECONDS < deadline)) || fail "Kafka did not become ready within ${START_TIMEOUT}s"
+    sleep 0.3
+  done
 }
 
 stop_broker() {
@@ -109,41 +195,49 @@ start() {
     log "cleaning up after an earlier start that did not finish"
     stop_broker
   fi
+  check_credentials
   ensure_libs
   local port
-  for port in "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT"; do
+  for port in "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT" "$KAFKA_SASL_PORT" "$KAFKA_SSL_PORT"; do
     port_open "$port" && die "port $port is already in use (ss -ltnp 'sport = :$port')"
   done
 
+  mkdir -p "$dir"
+  make_tls
   write_config
-  local began=$SECONDS heap
-  read -ra heap <<<"$KAFKA_HEAP_OPTS"
-  local -a jvm=(java "${heap[@]}" -Djava.awt.headless=true
-    "-Dlog4j.configuration=file:$TEMPLATES/log4j.properties" -cp "$libs/*")
+  jvm_command
+  local began=$SECONDS
   log "starting Kafka $KAFKA_VERSION (KRaft) on 127.0.0.1:$KAFKA_PORT"
-  "${jvm[@]}" kafka.tools.StorageTool format -t "$(cluster_id)" -c "$dir/server.properties" \
+  local scram="name=$KAFKA_SCRAM_USER,password=$KAFKA_SCRAM_PASSWORD"
+  "${JVM[@]}" kafka.tools.StorageTool format -t "$(cluster_id)" -c "$dir/server.properties" \
+    --add-scram "SCRAM-SHA-256=[$scram]" --add-scram "SCRAM-SHA-512=[$scram]" \
     >"$logfile" 2>&1 || die_with_log "formatting the Kafka storage failed" "$logfile"
-  (
-    cd "$dir"
-    setsid nohup "${jvm[@]}" kafka.Kafka "$dir/server.properties" >>"$logfile" 2>&1 </dev/null 9>&- &
-    echo $! >"$pidfile"
-  )
-
-  # KafkaRaftServer logs this only once the broker has caught up with the metadata log and is
-  # unfenced, i.e. it can take produce and metadata requests.
-  local deadline=$((SECONDS + START_TIMEOUT))
-  until grep -q 'Kafka Server started' "$logfile" && port_open "$KAFKA_PORT"; do
-    pid_alive "$pidfile" || fail "Kafka exited during startup"
-    ((SECONDS < deadline)) || fail "Kafka did not become ready within ${START_TIMEOUT}s"
-    sleep 0.3
-  done
-
+  launch
   write_env "$envfile" \
     "KAFKA_BOOTSTRAP=127.0.0.1:$KAFKA_PORT" \
+    "KAFKA_SASL_BOOTSTRAP=127.0.0.1:$KAFKA_SASL_PORT" \
+    "KAFKA_SSL_BOOTSTRAP=127.0.0.1:$KAFKA_SSL_PORT" \
+    "KAFKA_CA_PEM=$dir/tls/ca.crt" \
+    "KAFKA_SCRAM_USER=$KAFKA_SCRAM_USER" \
+    "KAFKA_SCRAM_PASSWORD=$KAFKA_SCRAM_PASSWORD" \
     "KAFKA_LOG=$logfile" \
     "KAFKA_VERSION=$KAFKA_VERSION" \
     "KAFKA_LIBS=$libs"
   log "ready on 127.0.0.1:$KAFKA_PORT after $((SECONDS - began))s (details in $envfile)"
+}
+
+# Stop the broker cleanly and start it again on the same data, ports and certificates: what a
+# test of reconnection after a real broker restart needs (start/stop always begin afresh).
+# Never run it against a broker that others are using.
+restart() {
+  lock
+  [[ -f $dir/server.properties && -f $envfile ]] || die "not started: nothing to restart"
+  local began=$SECONDS
+  stop_pidfile "$pidfile"
+  jvm_command
+  log "restarting Kafka on 127.0.0.1:$KAFKA_PORT with its data"
+  launch
+  log "ready again after $((SECONDS - began))s"
 }
 
 stop() {
@@ -165,7 +259,8 @@ status() {
 case ${1:-} in
   install) ensure_libs ;;
   start) start ;;
+  restart) restart ;;
   stop) stop ;;
   status) status ;;
-  *) die "usage: $0 install|start|stop|status" ;;
+  *) die "usage: $0 install|start|restart|stop|status" ;;
 esac

@@ -21,6 +21,7 @@ __all__ = [
     "QueueFull",
     "QueueLimits",
     "QueueName",
+    "QueueNotFound",
     "QueueStats",
     "QueueStore",
     "Reservation",
@@ -115,6 +116,16 @@ class QueueFull(Exception):
     """No room for the reservation: the ingest answers 503 and the gateway retries."""
 
 
+class QueueNotFound(LookupError):
+    """The queue was never created or has been deleted.
+
+    ``reserve`` and ``stats`` raise it, and ``commit`` may (a queue deleted since its
+    reservation: the events go with the queue, as the gateway's go with a deleted topic).
+    Reading treats a missing queue as empty: ``list`` gives nothing, ``remove``, ``update``
+    and ``reclaim`` do nothing.
+    """
+
+
 Queues = list[QueueName]  # `list` is also a method name of QueueStore
 
 
@@ -136,13 +147,23 @@ class QueueStore(Protocol):
         self, reservation: Reservation, events: Sequence[tuple[str, bytes]], now: float
     ) -> list[Entry]:
         """Durably append (event_id, body) pairs and release the reservation. Durable means:
-        once this returns, a crash of any process loses none of them."""
+        once this returns, a crash of any process loses none of them.
+
+        The events must fit the reservation (ValueError otherwise: more would break the
+        bound every other writer relies on); fewer is fine. A reservation that expired or
+        was reclaimed meanwhile is still committed: the events matter more than the bound.
+        """
 
     async def abort(self, reservation: Reservation) -> None:
         """Release the reservation without writing anything."""
 
     async def list(self, queue: QueueName, shard: int, max_entries: int = 1024) -> list[Entry]:
-        """The oldest ``max_entries`` entries of the shard, in commit order."""
+        """The oldest ``max_entries`` entries of the shard, in commit order.
+
+        Commit order is the order of entry ids. Commits that overlap in time may become
+        visible out of that order: a later ``list`` can show an entry before one an earlier
+        ``list`` returned (never skip one).
+        """
 
     async def remove(self, queue: QueueName, shard: int, entry_ids: Sequence[str]) -> None:
         """Remove these entries (delivered or dropped); unknown ids are ignored."""

@@ -1,0 +1,148 @@
+"""The ingest: where the gateway pushes a persistent Topic's events.
+
+``POST /v1/topics/<namespace>/<topic>/<token>`` with the gateway's ``{"Records": [...]}``.
+The answer is 2xx only after every record is durably committed to the Topic's queue; the
+gateway (or, for hand-off ``sync``, the S3 client) sees any other answer as a failure:
+
+- 400 the body is not the gateway's JSON; 413 it is larger than ``max_body_bytes``;
+- 404 no such persistent Topic; 403 the token is wrong (compared in constant time);
+- 503 the queue is full (the gateway retries, or counts the event lost, as for its own
+  full persistent queues).
+
+Nothing is enqueued for any of them: a request reserves room in every shard it touches
+before it commits to any. Each request costs one reservation and one commit per shard it
+touches; grouping concurrent requests into one store write (for the S3 store's request
+count) is not done yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from bucketnotify.delivery.queue import QueueFull, QueueName, QueueStore, Reservation, shard_of
+
+__all__ = ["MAX_BODY_BYTES", "Ingest", "IngestTopic", "build_app", "event_id"]
+
+MAX_BODY_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class IngestTopic:
+    """What the ingest needs to know about one persistent Topic."""
+
+    queue: QueueName
+    token: str = field(repr=False)
+    shards: int
+
+
+def event_id(record: Mapping[str, Any]) -> str:
+    """The identity of an event: the gateway sends some events twice, with equal fields."""
+    s3 = record.get("s3") or {}
+    parts = [
+        str((record.get("responseElements") or {}).get("x-amz-request-id", "")),
+        str((s3.get("bucket") or {}).get("name", "")),
+        str((s3.get("object") or {}).get("key", "")),
+        str(s3.get("configurationId", "")),
+        str(record.get("eventName", "")),
+        str((s3.get("object") or {}).get("sequencer", "")),
+    ]
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
+
+
+class Ingest:
+    def __init__(self, store: QueueStore, topics: Mapping[tuple[str, str], IngestTopic]) -> None:
+        self.store = store
+        self.topics = topics
+        """(namespace, topic) → IngestTopic; kept current by whoever watches the Topics."""
+
+    async def _commit(self, queue: QueueName, by_shard: dict[int, list[tuple[str, bytes]]]) -> None:
+        """All shards or none: every reservation is taken before anything is committed."""
+        now = time.time()
+        reserved = await asyncio.gather(
+            *(
+                self.store.reserve(queue, shard, len(events), sum(len(b) for _, b in events), now)
+                for shard, events in by_shard.items()
+            ),
+            return_exceptions=True,
+        )
+        failure = next((r for r in reserved if isinstance(r, BaseException)), None)
+        if failure is not None:
+            await asyncio.gather(
+                *(self.store.abort(r) for r in reserved if isinstance(r, Reservation))
+            )
+            raise failure
+        reservations = [r for r in reserved if isinstance(r, Reservation)]
+        # A commit that fails after another succeeded leaves those events queued; the
+        # gateway then sends the whole body again and the duplicates are recognised by
+        # their identity when delivered: a duplicate, never a loss.
+        await asyncio.gather(
+            *(self.store.commit(r, by_shard[r.shard], time.time()) for r in reservations)
+        )
+
+    async def handle(self, request: web.Request) -> web.Response:
+        namespace = request.match_info["namespace"]
+        name = request.match_info["topic"]
+        topic = self.topics.get((namespace, name))
+        if topic is None:
+            return web.json_response({"error": "no such persistent topic"}, status=404)
+        if not hmac.compare_digest(request.match_info["token"].encode(), topic.token.encode()):
+            return web.json_response({"error": "wrong token"}, status=403)
+        if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+            return web.json_response({"error": "body too large"}, status=413)
+        try:
+            raw = await request.read()  # bounded by the app's client_max_size
+        except web.HTTPRequestEntityTooLarge:
+            return web.json_response({"error": "body too large"}, status=413)
+        records = _records(raw)
+        if records is None:
+            return web.json_response(
+                {"error": 'expected JSON {"Records": [...]} with an s3 bucket and key per record'},
+                status=400,
+            )
+        by_shard: dict[int, list[tuple[str, bytes]]] = {}
+        for record in records:
+            s3 = record["s3"]
+            shard = shard_of(s3["bucket"]["name"], s3["object"]["key"], topic.shards)
+            body = json.dumps(record, separators=(",", ":")).encode()
+            by_shard.setdefault(shard, []).append((event_id(record), body))
+        try:
+            await self._commit(topic.queue, by_shard)
+        except QueueFull:
+            return web.json_response({"error": "queue full"}, status=503)
+        return web.json_response({"committed": len(records)}, status=200)
+
+
+def _records(raw: bytes) -> Sequence[dict[str, Any]] | None:
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(body, dict) or not isinstance(body.get("Records"), list):
+        return None
+    records: list[dict[str, Any]] = body["Records"]
+    for record in records:
+        try:
+            if not (
+                isinstance(record, dict)
+                and isinstance(record["s3"]["bucket"]["name"], str)
+                and isinstance(record["s3"]["object"]["key"], str)
+            ):
+                return None
+        except (KeyError, TypeError):
+            return None
+    return records
+
+
+def build_app(ingest: Ingest) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app.router.add_post("/v1/topics/{namespace}/{topic}/{token}", ingest.handle)
+    return app

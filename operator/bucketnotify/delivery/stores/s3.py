@@ -1,0 +1,498 @@
+"""Queues in an S3 bucket on the gateway itself: the cluster default, shared by all replicas.
+
+As the gateway keeps its own queues as objects in its log pool, we keep ours as objects in
+a bucket. Layout (names as in ``_format``: a LIST answers ``stats`` and ``reserve``)::
+
+    <prefix>meta/<namespace>/<topic>                          shards and limits (JSON)
+    <prefix>data/<namespace>/<topic>/reservations/<name>      one marker per reservation
+    <prefix>data/<namespace>/<topic>/shard-<n>/<batch name>   one object per commit,
+                                                              JSON lines
+
+Meta objects have a prefix of their own so that ``queues`` is one LIST, whatever the queues
+hold, and no namespace name can collide with it.
+
+Requests:
+
+- ``reserve``: LIST of the reservations, LIST of the shards (one per 1000 batch objects in
+  the queue), PUT of the marker; the meta object is cached for ``meta_cache_s``. So a
+  committed batch of any size costs 5 requests (plus a LIST per 1000 objects of backlog).
+- ``commit`` of N events: one PUT of the batch and one DELETE of the marker, whatever N is,
+  so the ingest's group commit makes the cost per event small.
+- ``list``: one LIST per 1000 batch objects up to ``max_entries``, and a GET per batch object,
+  in parallel. ``remove``: a DELETE per batch object emptied, or a PUT and a DELETE for one
+  that keeps entries. ``update``: one PUT per batch object. Both use what ``list`` read
+  (the owner's cache) and otherwise LIST and GET the batch first. So a delivered batch
+  object costs a GET and a DELETE, and 1/1000 of a LIST.
+- ``stats``: LIST of the reservations and of the shards; a queue of B batch objects costs
+  1 + ceil(B / 1000) LISTs. That is the price of ``reserve`` too, so it grows with the
+  backlog: a full queue whose events came in one at a time is slow to reserve in. As the
+  reserves of one queue take turns in a process, a replica runs one such scan per queue
+  at a time, which bounds the LIST load the ingest puts on the gateway.
+
+Crash safety: a batch becomes visible in one PUT, complete or not at all. Shrinking a batch
+PUTs the rest under a new name before it deletes the old one; emptying one deletes any
+stale names first and the current last; updating PUTs over the same key, which S3 replaces
+atomically. A crash between two steps leaves a stale superset that the smallest-count rule
+of ``_format`` ignores: a crash never loses an entry, and never brings back one whose
+removal returned. The cache assumes the contract's single owner per shard. If another
+replica changed a batch while this one still cached it, a rewrite from the cache holds
+entries the other removed: duplicates, never losses.
+
+Reservations across replicas: ``reserve`` LISTs the markers, then the batches, checks,
+and PUTs its marker. Within a process the reserves of one queue take turns, so a replica
+alone never overshoots. A check misses only the markers other replicas PUT while its own
+LISTs run; each of them reserves one at a time too, and needs the same LISTs for it, so
+that is about one reservation per other replica (strictly: the reserves they complete
+during this one's LISTs). The queue can thus exceed its limits by about (replicas - 1)
+reservations, each at most one ingest group commit of one shard. A commit cannot hide
+from a check either: it PUTs its batch before it deletes its marker, and the markers are
+listed first (in a LIST of their own: one LIST of both would not do, since the gateway
+reads its bucket index shards one after another). A commit after its reservation expired
+is still written (the events matter more than the bound); that overshoots by its size.
+
+``list`` orders by batch id, which is the commit's start time: commits that overlap may
+appear out of that order (one with an earlier id lands later). Events of one object are
+ordered whenever their commits do not overlap, and nothing that lands late is skipped,
+because every ``list`` starts from the oldest entry.
+
+The bucket must never get a notification configuration: Ceph 16 aborts radosgw on a
+multi-object delete in a bucket with one, and our own writes would notify themselves.
+This store sends single DeleteObject calls only, to be safe even so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
+
+from botocore.exceptions import ClientError
+
+from bucketnotify.delivery.queue import (
+    Entry,
+    QueueLimits,
+    QueueName,
+    QueueNotFound,
+    Queues,
+    QueueStats,
+    Reservation,
+)
+from bucketnotify.delivery.stores._format import (
+    Batch,
+    BatchName,
+    batch_of,
+    batches,
+    check_commit,
+    check_queue_name,
+    check_request,
+    check_room,
+    decode_batch,
+    decode_meta,
+    encode_batch,
+    encode_meta,
+    new_batch_id,
+    new_entries,
+    new_reservation,
+    parse_reservation,
+    reservation_name,
+    updated,
+    usage,
+)
+from bucketnotify.gateway.connection import GatewayConnection
+from bucketnotify.gateway.errors import mapped_errors
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+__all__ = ["S3Store"]
+
+T = TypeVar("T")
+
+LIST_PAGE = 1000
+
+
+@dataclass
+class _Cached:
+    """A batch as the owner last read or wrote it."""
+
+    batch: Batch
+    entries: list[Entry]
+
+
+class S3Store:
+    """A ``QueueStore`` in ``bucket`` under ``prefix``; call ``ensure_bucket`` once first."""
+
+    def __init__(
+        self,
+        connection: GatewayConnection,
+        bucket: str,
+        prefix: str = "queues/",
+        *,
+        meta_cache_s: float = 5.0,
+        max_requests: int = 10,
+    ) -> None:
+        """``meta_cache_s``: how long a queue's shards and limits are reused, so a change
+        made through another replica applies here that much later. ``max_requests``: at
+        most this many requests in flight (botocore's connection pool holds 10)."""
+        if prefix and not prefix.endswith("/"):
+            prefix += "/"
+        self.bucket = bucket
+        self.prefix = prefix
+        self._s3: S3Client = connection.s3()
+        self._meta_cache_s = meta_cache_s
+        self._requests = asyncio.Semaphore(max_requests)
+        self._meta: dict[QueueName, tuple[float, int, QueueLimits]] = {}
+        self._reserving: dict[QueueName, asyncio.Lock] = {}
+        self._owning: dict[tuple[QueueName, int], asyncio.Lock] = {}
+        self._cache: dict[tuple[QueueName, int], dict[str, _Cached]] = {}
+
+    async def ensure_bucket(self) -> None:
+        """Create the bucket unless it exists; idempotent."""
+        await self._call(f"CreateBucket {self.bucket}", self._ensure_bucket)
+
+    def _ensure_bucket(self) -> None:
+        try:
+            self._s3.head_bucket(Bucket=self.bucket)
+            return
+        except ClientError as exc:
+            if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") != 404:
+                raise
+        try:
+            self._s3.create_bucket(Bucket=self.bucket)
+        except ClientError as exc:
+            # Another replica won the race.
+            if exc.response.get("Error", {}).get("Code") != "BucketAlreadyOwnedByYou":
+                raise
+
+    # Keys
+
+    def _meta_key(self, queue: QueueName) -> str:
+        check_queue_name(queue)
+        return f"{self.prefix}meta/{queue.namespace}/{queue.topic}"
+
+    def _data(self, queue: QueueName) -> str:
+        check_queue_name(queue)
+        return f"{self.prefix}data/{queue.namespace}/{queue.topic}/"
+
+    def _marker(self, reservation: Reservation) -> str:
+        return f"{self._data(reservation.queue)}reservations/{reservation_name(reservation)}"
+
+    def _shard(self, queue: QueueName, shard: int) -> str:
+        return f"{self._data(queue)}shard-{shard}/"
+
+    # Queues
+
+    async def create(self, queue: QueueName, shards: int, limits: QueueLimits) -> None:
+        if shards < 1:
+            raise ValueError(f"a queue needs at least one shard, not {shards}")
+        await self._put(self._meta_key(queue), encode_meta(shards, limits), "application/json")
+        self._meta[queue] = (time.monotonic(), shards, limits)
+
+    async def delete(self, queue: QueueName) -> None:
+        # The meta object first: from then on the queue is not listed and takes no
+        # reservations; then everything under it, until a LIST finds nothing. A commit
+        # racing with this can still land afterwards (reserved through a replica's cached
+        # meta): it stays until the queue is created and deleted again.
+        await self._delete_key(self._meta_key(queue))
+        self._meta.pop(queue, None)
+        for key in list(self._cache):
+            if key[0] == queue:
+                del self._cache[key]
+        while keys := await self._list_keys(self._data(queue)):
+            await _all(*(self._delete_key(k) for k in keys))
+
+    async def queues(self) -> Queues:
+        start = f"{self.prefix}meta/"
+        found = []
+        for key in await self._list_keys(start):
+            namespace, _, topic = key[len(start) :].partition("/")
+            if namespace and topic and "/" not in topic:
+                found.append(QueueName(namespace, topic))
+        return found
+
+    async def _get_meta(self, queue: QueueName, *, fresh: bool = False) -> tuple[int, QueueLimits]:
+        cached = self._meta.get(queue)
+        if cached and not fresh and time.monotonic() - cached[0] < self._meta_cache_s:
+            return cached[1], cached[2]
+        data = await self._get(self._meta_key(queue))
+        if data is None:
+            self._meta.pop(queue, None)
+            raise QueueNotFound(f"queue {queue} does not exist")
+        shards, limits = decode_meta(data)
+        self._meta[queue] = (time.monotonic(), shards, limits)
+        return shards, limits
+
+    # Writing
+
+    async def reserve(
+        self, queue: QueueName, shard: int, entries: int, size: int, now: float
+    ) -> Reservation:
+        async with self._reserving.setdefault(queue, asyncio.Lock()):
+            shards, limits = await self._get_meta(queue)
+            if shard >= shards:  # perhaps more shards since the meta was cached
+                shards, limits = await self._get_meta(queue, fresh=True)
+            check_request(shards, shard, entries, size)
+            stats, reservations = await self._usage(queue, shards, now)
+            check_room(stats, reservations, limits, entries, size, now)
+            reservation = new_reservation(queue, shard, entries, size, now, limits)
+            # The name says it all; the body is for people looking at the bucket.
+            body = json.dumps(
+                {
+                    "shard": shard,
+                    "entries": entries,
+                    "bytes": size,
+                    "expires_at": reservation.expires_at,
+                }
+            )
+            await self._put(self._marker(reservation), body.encode(), "application/json")
+        return reservation
+
+    async def commit(
+        self, reservation: Reservation, events: Sequence[tuple[str, bytes]], now: float
+    ) -> list[Entry]:
+        check_commit(reservation, events)
+        if events:
+            batch, _ = new_batch_id()
+            entries = new_entries(batch, events, now)
+            key = self._shard(reservation.queue, reservation.shard) + str(
+                BatchName.of(batch, entries)
+            )
+            await self._put(key, encode_batch(entries), "application/x-ndjson")
+        else:
+            entries = []
+        # After the batch, never before: see "Reservations across replicas" above.
+        await self._delete_key(self._marker(reservation))
+        return entries
+
+    async def abort(self, reservation: Reservation) -> None:
+        await self._delete_key(self._marker(reservation))
+
+    async def reclaim(self, queue: QueueName, now: float) -> int:
+        # Counts what it found expired: two replicas reclaiming at once both count a marker.
+        expired = [r for r in await self._reservations(queue) if r.expires_at <= now]
+        await _all(*(self._delete_key(self._marker(r)) for r in expired))
+        return len(expired)
+
+    async def stats(self, queue: QueueName, now: float) -> QueueStats:
+        shards, _ = await self._get_meta(queue)
+        stats, _ = await self._usage(queue, shards, now)
+        return stats
+
+    async def _reservations(self, queue: QueueName) -> list[Reservation]:
+        start = f"{self._data(queue)}reservations/"
+        found = (parse_reservation(queue, k[len(start) :]) for k in await self._list_keys(start))
+        return [r for r in found if r is not None]
+
+    async def _usage(
+        self, queue: QueueName, shards: int, now: float
+    ) -> tuple[QueueStats, list[Reservation]]:
+        # Markers first, in a LIST of their own: a commit PUTs its batch before it deletes
+        # its marker, so a marker missing here means the batch is in the LIST that follows.
+        reservations = await self._reservations(queue)
+        start = f"{self._data(queue)}shard-"
+        names: dict[int, list[str]] = {}
+        for key in await self._list_keys(start):
+            shard, _, name = key[len(start) :].partition("/")
+            if shard.isdigit():
+                names.setdefault(int(shard), []).append(name)
+        found = {shard: list(batches(sorted(n))) for shard, n in names.items()}
+        return usage(shards, found, reservations, now), reservations
+
+    # Reading, by the shard's owner
+
+    async def remove(self, queue: QueueName, shard: int, entry_ids: Sequence[str]) -> None:
+        removed = set(entry_ids)
+        async with self._owner(queue, shard):
+            wanted = {b for b in map(batch_of, removed) if b is not None}
+            current = await self._cached(queue, shard, wanted)
+            changes = {}
+            for batch_id, cached in current.items():
+                kept = [e for e in cached.entries if e.id not in removed]
+                if len(kept) < len(cached.entries):
+                    changes[batch_id] = kept
+            await self._rewrite(queue, shard, changes)
+
+    async def update(self, queue: QueueName, shard: int, entries: Sequence[Entry]) -> None:
+        by_id = {e.id: e for e in entries}
+        async with self._owner(queue, shard):
+            wanted = {b for b in map(batch_of, by_id) if b is not None}
+            current = await self._cached(queue, shard, wanted)
+            changes = {}
+            for batch_id, cached in current.items():
+                new = [updated(e, by_id.get(e.id)) for e in cached.entries]
+                if new != cached.entries:
+                    changes[batch_id] = new
+            await self._rewrite(queue, shard, changes)
+
+    def _owner(self, queue: QueueName, shard: int) -> asyncio.Lock:
+        """Turns for list, remove and update of one shard: each reads what the last wrote."""
+        return self._owning.setdefault((queue, shard), asyncio.Lock())
+
+    async def _cached(self, queue: QueueName, shard: int, wanted: set[str]) -> dict[str, _Cached]:
+        """These batches as they are now: from the cache, or LIST and GET the rest."""
+        cache = self._cache.setdefault((queue, shard), {})
+        missing = [b for b in wanted if b not in cache]
+        loaded = await _all(*(self._load(queue, shard, b) for b in missing))
+        for batch_id, cached in zip(missing, loaded, strict=True):
+            if cached is not None:
+                cache[batch_id] = cached
+        return {b: cache[b] for b in wanted if b in cache}
+
+    async def _load(self, queue: QueueName, shard: int, batch_id: str) -> _Cached | None:
+        start = self._shard(queue, shard)
+        names = [k[len(start) :] for k in await self._list_keys(f"{start}{batch_id}.")]
+        for batch in batches(names):
+            data = await self._get(start + str(batch.current))
+            if data is not None:
+                return _Cached(batch, decode_batch(batch_id, data))
+        return None
+
+    async def _rewrite(self, queue: QueueName, shard: int, changes: dict[str, list[Entry]]) -> None:
+        cache = self._cache.setdefault((queue, shard), {})
+        start = self._shard(queue, shard)
+
+        async def one(batch_id: str, entries: list[Entry]) -> None:
+            old = cache[batch_id].batch
+            if entries:
+                name = BatchName.of(batch_id, entries)
+                await self._put(start + str(name), encode_batch(entries), "application/x-ndjson")
+                # The old names stay known until they are gone: a stale name forgotten here
+                # would outlive the batch's last removal and bring its entries back.
+                drop = tuple(n for n in (old.current, *old.stale) if n != name)
+                cache[batch_id] = _Cached(Batch(name, drop), entries)
+                await _all(*(self._delete_key(start + str(n)) for n in drop))
+                cache[batch_id] = _Cached(Batch(name), entries)
+            else:
+                # Stale supersets first: until the current name goes, it is the one that wins.
+                await _all(*(self._delete_key(start + str(n)) for n in old.stale))
+                await self._delete_key(start + str(old.current))
+                cache.pop(batch_id, None)
+
+        await _all(*(one(b, e) for b, e in changes.items()))
+
+    # Requests: blocking boto3 calls in worker threads, errors mapped, a bounded number
+
+    async def _call(self, operation: str, request: Callable[[], T]) -> T:
+        def mapped() -> T:
+            with mapped_errors(operation):
+                return request()
+
+        async with self._requests:
+            return await asyncio.to_thread(mapped)
+
+    async def _put(self, key: str, body: bytes, content_type: str) -> None:
+        await self._call(
+            f"PutObject {key}",
+            lambda: self._s3.put_object(
+                Bucket=self.bucket, Key=key, Body=body, ContentType=content_type
+            ),
+        )
+
+    async def _get(self, key: str) -> bytes | None:
+        """The object's body; None when there is no such key."""
+
+        def get() -> bytes | None:
+            try:
+                return self._s3.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") == "NoSuchKey":
+                    return None
+                raise
+
+        return await self._call(f"GetObject {key}", get)
+
+    async def _delete_key(self, key: str) -> None:
+        # DeleteObject of a missing key succeeds, so a second try or a lost race is fine.
+        await self._call(
+            f"DeleteObject {key}",
+            lambda: self._s3.delete_object(Bucket=self.bucket, Key=key),
+        )
+
+    async def _list_page(self, prefix: str, token: str | None) -> tuple[list[str], str | None]:
+        """One page of keys under ``prefix``, in key order, and the token of the next."""
+
+        def page() -> tuple[list[str], str | None]:
+            if token:
+                response = self._s3.list_objects_v2(
+                    Bucket=self.bucket, Prefix=prefix, MaxKeys=LIST_PAGE, ContinuationToken=token
+                )
+            else:
+                response = self._s3.list_objects_v2(
+                    Bucket=self.bucket, Prefix=prefix, MaxKeys=LIST_PAGE
+                )
+            keys = [o["Key"] for o in response.get("Contents", []) if "Key" in o]
+            more = response.get("IsTruncated") and response.get("NextContinuationToken")
+            return keys, more or None
+
+        return await self._call(f"ListObjectsV2 {prefix}", page)
+
+    async def _list_keys(self, prefix: str) -> list[str]:
+        keys: list[str] = []
+        token: str | None = None
+        while True:
+            page, token = await self._list_page(prefix, token)
+            keys += page
+            if token is None:
+                return keys
+
+    async def _oldest(self, queue: QueueName, shard: int, max_entries: int) -> list[Batch]:
+        """The oldest batches holding ``max_entries``, each with all its names.
+
+        Paging stops only past the last batch's names: a stale name that stayed unknown
+        would outlive the current one and bring its removed entries back.
+        """
+        start = self._shard(queue, shard)
+        chosen: list[Batch] = []
+        held = 0
+        token: str | None = None
+        while True:
+            keys, token = await self._list_page(start, token)
+            for key in keys:
+                name = key[len(start) :]
+                parsed = BatchName.parse(name)
+                if parsed is None:
+                    continue
+                if chosen and parsed.batch == chosen[-1].current.batch:
+                    last = chosen[-1]
+                    chosen[-1] = Batch(last.current, (*last.stale, parsed))
+                    continue
+                if held >= max_entries:
+                    return chosen
+                chosen.append(Batch(parsed))
+                held += parsed.count
+            if token is None:
+                return chosen
+
+    # Last in the class: below this, `list` would name the method, not the builtin.
+    async def list(self, queue: QueueName, shard: int, max_entries: int = 1024) -> list[Entry]:
+        async with self._owner(queue, shard):
+            chosen = await self._oldest(queue, shard, max_entries)
+            bodies = await _all(
+                *(self._get(self._shard(queue, shard) + str(b.current)) for b in chosen)
+            )
+            cache: dict[str, _Cached] = {}
+            entries: list[Entry] = []
+            for batch, data in zip(chosen, bodies, strict=True):
+                if data is None:
+                    # Gone since the LIST (the queue was deleted, or another owner removed
+                    # it): its entries are not listed now, and not lost.
+                    continue
+                found = decode_batch(batch.current.batch, data)
+                cache[batch.current.batch] = _Cached(batch, found)
+                entries += found
+            self._cache[(queue, shard)] = cache
+            return entries[:max_entries]
+
+
+async def _all(*calls: Awaitable[T]) -> list[T]:
+    """Like gather, but every call has ended when it returns or raises: none runs on
+    unseen after a failure (and into the next owner's turn), and the error is the first
+    call's own, not an ExceptionGroup."""
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results  # type: ignore[return-value]

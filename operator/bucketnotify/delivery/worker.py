@@ -1,0 +1,173 @@
+"""One processing round of one queue shard: list, push, remove what was acknowledged.
+
+Decisions are made here; the store and the endpoint are adapters behind their interfaces.
+
+- Order: entries of one object (bucket and key) go out one after another; a key whose entry
+  failed sends nothing more this round, so a later event never overtakes an earlier one.
+  Different keys go out together, bounded by the endpoint's own in-flight limit.
+- Retries: a failed entry is kept with ``attempts`` + 1 and is not retried before
+  ``retry_sleep_s`` has passed.
+- Expiry: ``max_retries`` counts retries, so an entry gets 1 + max_retries attempts in all
+  (the gateway's check drops it one attempt early); ``time_to_live_s`` counts from the
+  ingest. 0 means unlimited for both, as in the reference. Expired entries are removed and
+  counted lost.
+- Undeliverable: an outcome that retrying cannot change is dropped and counted lost.
+- Duplicates: an entry whose event identity was already delivered (the gateway re-sends
+  some events) is removed without being pushed.
+- Fencing: nothing is removed or updated once this replica no longer owns the shard; the
+  new owner sends those entries again (a duplicate, never a loss).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from bucketnotify.delivery.endpoints.base import Delivery, Endpoint, PushOutcome
+from bucketnotify.delivery.queue import Entry, QueueName, QueueStore
+
+__all__ = ["DeliveredCache", "DeliveryPolicy", "RoundResult", "process_shard"]
+
+LIST_BATCH = 1024
+
+
+@dataclass(frozen=True)
+class DeliveryPolicy:
+    time_to_live_s: int = 0
+    max_retries: int = 0
+    retry_sleep_s: int = 0
+
+
+@dataclass
+class RoundResult:
+    delivered: int = 0
+    failed: int = 0
+    expired: int = 0
+    duplicates: int = 0
+    fenced: bool = False
+    errors: list[str] = field(default_factory=list)
+
+
+class DeliveredCache:
+    """Event identities recently delivered from one shard (bounded, oldest forgotten)."""
+
+    def __init__(self, size: int = 100_000) -> None:
+        self._ids: OrderedDict[str, None] = OrderedDict()
+        self._size = size
+
+    def __contains__(self, event_id: object) -> bool:
+        return event_id in self._ids
+
+    def add(self, event_id: str) -> None:
+        self._ids[event_id] = None
+        self._ids.move_to_end(event_id)
+        while len(self._ids) > self._size:
+            self._ids.popitem(last=False)
+
+
+def _object_of(record: dict[str, Any]) -> tuple[str, str]:
+    s3 = record.get("s3") or {}
+    return (
+        str((s3.get("bucket") or {}).get("name", "")),
+        str((s3.get("object") or {}).get("key", "")),
+    )
+
+
+def _expired(entry: Entry, policy: DeliveryPolicy, now: float) -> bool:
+    if policy.time_to_live_s and now - entry.ingest_time > policy.time_to_live_s:
+        return True
+    return bool(policy.max_retries) and entry.attempts > policy.max_retries
+
+
+async def process_shard(
+    *,
+    store: QueueStore,
+    queue: QueueName,
+    shard: int,
+    endpoint: Endpoint,
+    policy: DeliveryPolicy,
+    delivered: DeliveredCache,
+    still_owned: Callable[[], bool],
+    now: float,
+) -> RoundResult:
+    result = RoundResult()
+    entries = await store.list(queue, shard, LIST_BATCH)
+    remove: list[str] = []
+    retry: list[Entry] = []
+    chains: OrderedDict[tuple[str, str], list[tuple[Entry, dict[str, Any]]]] = OrderedDict()
+    blocked: set[tuple[str, str]] = set()
+
+    for entry in entries:
+        record: dict[str, Any] = json.loads(entry.body)
+        obj = _object_of(record)
+        if entry.event_id in delivered:
+            result.duplicates += 1
+            remove.append(entry.id)
+        elif _expired(entry, policy, now):
+            result.expired += 1
+            remove.append(entry.id)
+        elif entry.not_before > now or obj in blocked:
+            # Waiting for its retry time, and everything after it for the same object waits too.
+            blocked.add(obj)
+        else:
+            chains.setdefault(obj, []).append((entry, record))
+
+    # Wave i sends the i-th pending entry of every object whose earlier entries succeeded.
+    wave = 0
+    while True:
+        batch = [(chain[wave][0], chain[wave][1]) for chain in chains.values() if len(chain) > wave]
+        batch = [(e, r) for e, r in batch if _object_of(r) not in blocked]
+        if not batch:
+            break
+        seen_in_wave: dict[str, Entry] = {}
+        deliveries: list[Delivery] = []
+        for entry, record in batch:
+            if entry.event_id in delivered or entry.event_id in seen_in_wave:
+                result.duplicates += 1
+                remove.append(entry.id)
+                continue
+            seen_in_wave[entry.event_id] = entry
+            deliveries.append(Delivery(entry.id, record))
+        outcomes: Sequence[PushOutcome] = await endpoint.send(deliveries) if deliveries else []
+        by_id = {e.id: (e, r) for e, r in batch}
+        for outcome in outcomes:
+            entry, record = by_id[outcome.id]
+            if outcome.ok:
+                result.delivered += 1
+                remove.append(entry.id)
+                delivered.add(entry.event_id)
+            elif not outcome.retryable:
+                # Retrying cannot help (e.g. too large for the broker): drop it as lost, and
+                # keep the object's later events waiting no longer.
+                result.expired += 1
+                remove.append(entry.id)
+                if outcome.error:
+                    result.errors.append(outcome.error)
+            else:
+                result.failed += 1
+                if outcome.error:
+                    result.errors.append(outcome.error)
+                blocked.add(_object_of(record))
+                retry.append(
+                    Entry(
+                        id=entry.id,
+                        event_id=entry.event_id,
+                        body=entry.body,
+                        ingest_time=entry.ingest_time,
+                        attempts=entry.attempts + 1,
+                        not_before=now + policy.retry_sleep_s,
+                    )
+                )
+        wave += 1
+
+    if not still_owned():
+        result.fenced = True
+        return result
+    if remove:
+        await store.remove(queue, shard, remove)
+    if retry:
+        await store.update(queue, shard, retry)
+    return result

@@ -1,0 +1,313 @@
+"""The Kafka endpoint against the real broker's three listeners (PLAINTEXT, SASL_PLAINTEXT,
+SSL): ack levels, message keys, every SASL mechanism but GSSAPI, TLS with the broker's CA,
+refused credentials, unreachable brokers, and a real restart of a broker of the test's own."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import os
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import ConsumerRecord
+
+from bucketnotify.api.topic import Endpoint as EndpointSpec
+from bucketnotify.delivery.endpoints import (
+    Delivery,
+    Endpoint,
+    EndpointSettings,
+    PushOutcome,
+    open_endpoint,
+)
+from bucketnotify.delivery.endpoints.base import event_body
+from tests.localservices import LOCAL, LocalService, read_env
+from tests.records import s3_record
+from tests.tls import make_ca
+
+
+def kafka_endpoint(
+    url: str,
+    topic: str,
+    *,
+    credentials: tuple[str, str] | None = None,
+    ca_pem: str | None = None,
+    settings: EndpointSettings | None = None,
+    **fields: Any,
+) -> Endpoint:
+    spec = EndpointSpec.model_validate({"kafka": {"url": url, **fields}})
+    return open_endpoint(
+        spec,
+        endpoint_topic=topic,
+        credentials=credentials,
+        ca_pem=ca_pem,
+        settings=settings or EndpointSettings(),
+    )
+
+
+def new_topic() -> str:
+    return f"bn-ep-{uuid.uuid4().hex[:10]}"
+
+
+async def consume(bootstrap: str, topic: str, count: int, timeout_s: float = 30) -> list[Any]:
+    """``count`` records of ``topic`` from the start, read over the PLAINTEXT listener."""
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
+    )
+    await consumer.start()
+    try:
+        records: list[ConsumerRecord[bytes, bytes]] = []
+        while len(records) < count:
+            records.append(await asyncio.wait_for(consumer.getone(), timeout=timeout_s))
+        return records
+    finally:
+        await consumer.stop()
+
+
+def deliveries(n: int, prefix: str = "e") -> list[Delivery]:
+    return [Delivery(f"{prefix}{i}", s3_record(key=f"obj-{prefix}{i}")) for i in range(n)]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@pytest.mark.parametrize("ack_level", ["none", "broker"])
+async def test_produces_the_gateway_body_keyed_by_bucket_and_key(
+    kafka: LocalService, ack_level: str
+) -> None:
+    """Topic = the endpoint topic, value = {"Records":[record]}, key = bucket/key; with
+    acks=0 (none) and acks=all (broker)."""
+    topic = new_topic()
+    batch = [Delivery(f"e{i}", s3_record(bucket="photos", key=f"dir/k{i}")) for i in range(3)]
+    async with kafka_endpoint(
+        f"kafka://{kafka['KAFKA_BOOTSTRAP']}", topic, ackLevel=ack_level
+    ) as endpoint:
+        outcomes = await endpoint.send(batch)
+    assert [(o.id, o.ok) for o in outcomes] == [(d.id, True) for d in batch], outcomes
+    records = await consume(kafka["KAFKA_BOOTSTRAP"], topic, 3)
+    assert sorted(r.value for r in records) == sorted(event_body(d.record) for d in batch)
+    assert sorted(r.key for r in records) == [b"photos/dir/k0", b"photos/dir/k1", b"photos/dir/k2"]
+    assert json.loads(records[0].value)["Records"][0]["s3"]["bucket"]["name"] == "photos"
+
+
+def unsecured_jwt(subject: str) -> str:
+    """An unsigned JWT, which the broker's default OAUTHBEARER validator accepts."""
+
+    def part(data: dict[str, Any]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(data).encode()).rstrip(b"=").decode()
+
+    now = int(time.time())
+    return f"{part({'alg': 'none'})}.{part({'sub': subject, 'iat': now, 'exp': now + 3600})}."
+
+
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN", "OAUTHBEARER"])
+async def test_sasl_delivers(kafka: LocalService, mechanism: str) -> None:
+    """SASL over the SASL_PLAINTEXT listener: SCRAM and PLAIN with the Secret's user and
+    password, OAUTHBEARER with the Secret's password as the bearer token."""
+    topic = new_topic()
+    credentials = (kafka["KAFKA_SCRAM_USER"], kafka["KAFKA_SCRAM_PASSWORD"])
+    if mechanism == "OAUTHBEARER":
+        credentials = ("unused", unsecured_jwt("bucketnotify-test"))
+    sasl = {"mechanism": mechanism, "credentialsRef": {"secretName": "s"}}
+    async with kafka_endpoint(
+        f"kafka://{kafka['KAFKA_SASL_BOOTSTRAP']}", topic, credentials=credentials, sasl=sasl
+    ) as endpoint:
+        outcomes = await endpoint.send(deliveries(2))
+    assert all(o.ok for o in outcomes), outcomes
+    assert len(await consume(kafka["KAFKA_BOOTSTRAP"], topic, 2)) == 2
+
+
+async def test_wrong_sasl_credentials_are_reported_without_printing_them(
+    kafka: LocalService, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A refused SCRAM login is a retryable authentication error; the password shows
+    nowhere (outcome or log, DEBUG included) and the user name not in the outcome."""
+    caplog.set_level(logging.DEBUG)
+    user, password = kafka["KAFKA_SCRAM_USER"], "Wr0ng-k4fka-p4ss-5d21"
+    sasl = {"mechanism": "SCRAM-SHA-512", "credentialsRef": {"secretName": "s"}}
+    async with kafka_endpoint(
+        f"kafka://{kafka['KAFKA_SASL_BOOTSTRAP']}",
+        new_topic(),
+        credentials=(user, password),
+        sasl=sasl,
+    ) as endpoint:
+        outcomes = await endpoint.send(deliveries(2))
+    assert [(o.ok, o.retryable) for o in outcomes] == [(False, True)] * 2
+    error = outcomes[0].error
+    assert error == (
+        f"{kafka['KAFKA_SASL_BOOTSTRAP']} refused the credentials from the Secret"
+        " (SASL SCRAM-SHA-512)"
+    )
+    assert user not in error and password not in error
+    assert password not in caplog.text
+
+
+async def test_ssl_verifies_the_broker_with_the_topics_ca(
+    kafka: LocalService, tmp_path: Path
+) -> None:
+    """useSSL with the broker's CA delivers; another CA is refused (retryably) with the
+    reason; verifySSL: false delivers anyway."""
+    topic = new_topic()
+    url = f"kafka://{kafka['KAFKA_SSL_BOOTSTRAP']}"
+    broker_ca = await asyncio.to_thread(Path(kafka["KAFKA_CA_PEM"]).read_text)
+    async with kafka_endpoint(url, topic, ca_pem=broker_ca, useSSL=True) as endpoint:
+        [outcome] = await endpoint.send([Delivery("right-ca", s3_record())])
+    assert outcome.ok, outcome
+
+    other = make_ca(tmp_path, "not-the-brokers-ca")
+    async with kafka_endpoint(url, topic, ca_pem=other.pem, useSSL=True) as endpoint:
+        [outcome] = await endpoint.send([Delivery("wrong-ca", s3_record())])
+    assert not outcome.ok and outcome.retryable
+    assert outcome.error is not None and "certificate verification failed" in outcome.error
+
+    async with kafka_endpoint(url, topic, useSSL=True, verifySSL=False) as endpoint:
+        [outcome] = await endpoint.send([Delivery("no-verify", s3_record())])
+    assert outcome.ok, outcome
+    assert len(await consume(kafka["KAFKA_BOOTSTRAP"], topic, 2)) == 2
+
+
+async def test_unreachable_brokers_fail_pushes_retryably() -> None:
+    """No broker listens: the batch fails at once, retryably, naming the brokers."""
+    port = free_port()
+    settings = EndpointSettings(connect_timeout_s=2)
+    async with kafka_endpoint(
+        f"kafka://127.0.0.1:{port}", new_topic(), settings=settings
+    ) as endpoint:
+        outcomes = await endpoint.send(deliveries(2))
+    assert [(o.ok, o.retryable) for o in outcomes] == [(False, True)] * 2
+    assert outcomes[0].error is not None and f"127.0.0.1:{port}" in outcomes[0].error
+
+
+async def test_the_extra_broker_list_is_used(kafka: LocalService) -> None:
+    """The URL's broker is down, one of kafka-brokers is up: the events are delivered."""
+    topic = new_topic()
+    url = f"kafka://127.0.0.1:{free_port()}"
+    async with kafka_endpoint(url, topic, brokers=[kafka["KAFKA_BOOTSTRAP"]]) as endpoint:
+        [outcome] = await endpoint.send([Delivery("e1", s3_record())])
+    assert outcome.ok, outcome
+    assert len(await consume(kafka["KAFKA_BOOTSTRAP"], topic, 1)) == 1
+
+
+async def test_an_event_too_large_is_not_retried(kafka: LocalService) -> None:
+    """An event over the producer's request size can never be delivered: not retryable."""
+    record = s3_record()
+    record["opaqueData"] = "x" * (1024 * 1024 + 1)
+    async with kafka_endpoint(f"kafka://{kafka['KAFKA_BOOTSTRAP']}", new_topic()) as endpoint:
+        outcomes = await endpoint.send([Delivery("big", record), Delivery("small", s3_record())])
+    assert [(o.ok, o.retryable) for o in outcomes] == [(False, False), (True, False)]
+    assert outcomes[0].error is not None and "too large" in outcomes[0].error
+
+
+class OwnKafka:
+    """A Kafka broker of a test's own (own state dir and ports), started by kafka.sh: one
+    it may restart without disturbing anyone else's tests."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self._env = {
+            **os.environ,
+            "BN_RUN": str(run_dir),
+            "KAFKA_PORT": str(free_port()),
+            "KAFKA_CONTROLLER_PORT": str(free_port()),
+            "KAFKA_SASL_PORT": str(free_port()),
+            "KAFKA_SSL_PORT": str(free_port()),
+        }
+        self._run_dir = run_dir
+
+    def script(self, action: str) -> None:
+        result = subprocess.run(
+            ["bash", str(LOCAL / "kafka.sh"), action],
+            env=self._env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert result.returncode == 0, f"kafka.sh {action} failed:\n{result.stderr[-3000:]}"
+
+    @property
+    def bootstrap(self) -> str:
+        return read_env(self._run_dir / "kafka" / "env")["KAFKA_BOOTSTRAP"]
+
+
+@pytest.fixture()
+def own_kafka(tmp_path: Path) -> Iterator[OwnKafka]:
+    broker = OwnKafka(tmp_path / "run")
+    broker.script("start")
+    try:
+        yield broker
+    finally:
+        broker.script("stop")
+
+
+async def send_until_acked(
+    endpoint: Endpoint, batch: list[Delivery], *, within_s: float
+) -> list[PushOutcome]:
+    """What the delivery worker does: resend what was not acknowledged until all is."""
+    deadline = asyncio.get_running_loop().time() + within_s
+    pending = {d.id: d for d in batch}
+    failed: list[PushOutcome] = []
+    while pending:
+        for outcome in await endpoint.send(list(pending.values())):
+            assert outcome.ok or outcome.retryable, outcome
+            if outcome.ok:
+                del pending[outcome.id]
+            else:
+                failed.append(outcome)
+        if pending:
+            assert asyncio.get_running_loop().time() < deadline, f"still failing: {failed[-1]}"
+            await asyncio.sleep(0.2)
+    return failed
+
+
+async def test_a_broker_restart_under_a_steady_stream_loses_nothing(own_kafka: OwnKafka) -> None:
+    """The broker stops and starts again (same data) in the middle of a stream: pushes fail
+    retryably meanwhile, nothing raises, the producer reconnects by itself, and with the
+    worker's retries every event is in the topic afterwards."""
+    topic = new_topic()
+    settings = EndpointSettings(connect_timeout_s=2, message_timeout_s=3)
+    failures: list[PushOutcome] = []
+    async with kafka_endpoint(
+        f"kafka://{own_kafka.bootstrap}", topic, settings=settings
+    ) as endpoint:
+
+        async def stream() -> None:
+            for n in range(40):
+                failures.extend(
+                    await send_until_acked(endpoint, deliveries(5, f"s{n}-"), within_s=90)
+                )
+                await asyncio.sleep(0.1)
+
+        streaming = asyncio.create_task(stream())
+        await asyncio.sleep(1)
+        await asyncio.to_thread(own_kafka.script, "restart")
+        await streaming
+    assert failures, "the restart did not hit the stream"
+    assert all(o.retryable for o in failures)
+    # At least once: a push whose acknowledgement the restart swallowed was sent again.
+    expected = {f"obj-s{n}-{i}".encode() for n in range(40) for i in range(5)}
+    seen: set[bytes] = set()
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=own_kafka.bootstrap, auto_offset_reset="earliest"
+    )
+    await consumer.start()
+    try:
+        while not expected <= seen:
+            record = await asyncio.wait_for(consumer.getone(), timeout=30)
+            assert record.key is not None
+            seen.add(record.key.split(b"/", 1)[1])
+    finally:
+        await consumer.stop()
+    assert seen == expected

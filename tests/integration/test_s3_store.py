@@ -1,0 +1,176 @@
+"""S3Store keeps the queue contract on the real gateway; one bucket for the module.
+
+Every test gets a prefix of its own in the bucket. The contract runs twice: with the
+gateway's page size and with pages of three keys, so that paging (and a batch's names
+split over two pages) is exercised without writing thousands of objects.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from bucketnotify.delivery.queue import QueueLimits, QueueName
+from bucketnotify.delivery.stores import s3 as s3_module
+from bucketnotify.delivery.stores.s3 import S3Store
+from bucketnotify.gateway.connection import GatewayConnection
+from bucketnotify.gateway.errors import GatewayNotFound, GatewayUnreachable
+from tests.localservices import LocalService
+from tests.queue_contract import NOW, QUEUE, QueueStoreContract, Reopen, bodies, put
+
+pytestmark = pytest.mark.integration
+
+
+def connection(rgw: LocalService) -> GatewayConnection:
+    return GatewayConnection(
+        endpoint=rgw["RGW_ENDPOINT"],
+        access_key=rgw["RGW_ACCESS_KEY"],
+        secret_key=rgw["RGW_SECRET_KEY"],
+        region=rgw["RGW_REGION"] or "default",
+    )
+
+
+@pytest.fixture(scope="module")
+def bucket(rgw: LocalService) -> Iterator[str]:
+    name = f"queues-{uuid.uuid4().hex[:10]}"
+    s3 = connection(rgw).s3()
+    s3.create_bucket(Bucket=name)
+    yield name
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=name):
+        for obj in page.get("Contents", []):
+            s3.delete_object(Bucket=name, Key=obj["Key"])
+    s3.delete_bucket(Bucket=name)
+
+
+class BucketRaw:
+    def __init__(self, s3: Any, bucket: str, prefix: str) -> None:
+        self.s3, self.bucket, self.prefix = s3, bucket, prefix
+
+    def _start(self, queue: QueueName, shard: int) -> str:
+        return f"{self.prefix}data/{queue.namespace}/{queue.topic}/shard-{shard}/"
+
+    def names(self, queue: QueueName, shard: int) -> list[str]:
+        start = self._start(queue, shard)
+        response = self.s3.list_objects_v2(Bucket=self.bucket, Prefix=start)
+        return [o["Key"][len(start) :] for o in response.get("Contents", [])]
+
+    def read(self, queue: QueueName, shard: int, name: str) -> bytes:
+        key = self._start(queue, shard) + name
+        data: bytes = self.s3.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+        return data
+
+    def write(self, queue: QueueName, shard: int, name: str, data: bytes) -> None:
+        self.s3.put_object(Bucket=self.bucket, Key=self._start(queue, shard) + name, Body=data)
+
+
+class TestS3Store(QueueStoreContract):
+    @pytest.fixture(params=[1000, 3], ids=["pages-1000", "pages-3"])
+    def page(self, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+        monkeypatch.setattr(s3_module, "LIST_PAGE", request.param)
+        return int(request.param)
+
+    @pytest.fixture()
+    def prefix(self, page: int) -> str:
+        return f"t-{uuid.uuid4().hex[:10]}/"
+
+    @pytest.fixture()
+    async def store(self, rgw: LocalService, bucket: str, prefix: str) -> S3Store:
+        store = S3Store(connection(rgw), bucket, prefix)
+        await store.ensure_bucket()
+        return store
+
+    @pytest.fixture()
+    def reopen(self, rgw: LocalService, bucket: str, prefix: str) -> Reopen:
+        return lambda: S3Store(connection(rgw), bucket, prefix)
+
+    @pytest.fixture()
+    def raw(self, rgw: LocalService, bucket: str, prefix: str) -> BucketRaw:
+        return BucketRaw(connection(rgw).s3(), bucket, prefix)
+
+
+async def test_ensure_bucket_is_idempotent(rgw: LocalService) -> None:
+    name = f"queues-{uuid.uuid4().hex[:10]}"
+    store = S3Store(connection(rgw), name)
+    with pytest.raises(GatewayNotFound):
+        await store.queues()  # no bucket yet: an error, not an empty store
+    try:
+        await store.ensure_bucket()
+        await store.ensure_bucket()
+        assert await S3Store(connection(rgw), name).queues() == []
+    finally:
+        connection(rgw).s3().delete_bucket(Bucket=name)
+
+
+async def test_commit_is_one_put_and_one_delete(
+    rgw: LocalService, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = S3Store(connection(rgw), bucket, f"t-{uuid.uuid4().hex[:10]}/")
+    await store.create(QUEUE, 2, QueueLimits())
+    reservation = await store.reserve(QUEUE, 0, 100, 100 * 20, NOW)
+    calls: list[str] = []
+    real = store._call
+
+    async def counted(operation: str, request: Any) -> Any:
+        calls.append(operation.split()[0])
+        return await real(operation, request)
+
+    monkeypatch.setattr(store, "_call", counted)
+    events = [(f"e{n}", f"body-{n:03d}".encode()) for n in range(100)]
+    await store.commit(reservation, events, NOW)
+    assert calls == ["PutObject", "DeleteObject"]
+
+    calls.clear()
+    listed = await store.list(QUEUE, 0)
+    assert bodies(listed) == [b for _, b in events]
+    assert calls == ["ListObjectsV2", "GetObject"]
+
+    calls.clear()
+    await store.remove(QUEUE, 0, [e.id for e in listed[:50]])
+    assert calls == ["PutObject", "DeleteObject"]
+    calls.clear()
+    await store.remove(QUEUE, 0, [e.id for e in listed[50:]])
+    assert calls == ["DeleteObject"]
+    assert await store.list(QUEUE, 0) == []
+
+
+async def test_a_rewrite_cut_short_is_finished_by_the_next_removal(
+    rgw: LocalService, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = S3Store(connection(rgw), bucket, f"t-{uuid.uuid4().hex[:10]}/")
+    await store.create(QUEUE, 1, QueueLimits())
+    entries = await put(store, 0, b"1", b"2", b"3")
+    await store.list(QUEUE, 0)
+
+    async def unreachable(key: str) -> None:
+        raise GatewayUnreachable("DeleteObject: the gateway did not answer")
+
+    # The rest is written under its new name, the old name's delete fails.
+    monkeypatch.setattr(store, "_delete_key", unreachable)
+    with pytest.raises(GatewayUnreachable):
+        await store.remove(QUEUE, 0, [entries[0].id])
+    monkeypatch.undo()
+
+    # Straight on, without a list: the old name must go with the batch, or it comes back.
+    await store.remove(QUEUE, 0, [entries[1].id, entries[2].id])
+    assert await store.list(QUEUE, 0) == []
+    assert await S3Store(connection(rgw), bucket, store.prefix).list(QUEUE, 0) == []
+
+
+async def test_the_bucket_holds_the_documented_layout(rgw: LocalService, bucket: str) -> None:
+    prefix = f"t-{uuid.uuid4().hex[:10]}/"
+    store = S3Store(connection(rgw), bucket, prefix)
+    await store.create(QUEUE, 2, QueueLimits())
+    (entry,) = await put(store, 1, b"{}")
+    reservation = await store.reserve(QUEUE, 0, 1, 1, NOW)
+    s3 = connection(rgw).s3()
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"]]
+    batch = entry.id.rpartition(".")[0]
+    assert sorted(keys) == [
+        f"{prefix}data/team-a/orders/reservations/{reservation.id}.s0.n1.b1"
+        f".e{round(reservation.expires_at * 1000)}",
+        f"{prefix}data/team-a/orders/shard-1/{batch}.n000001.b2",
+        f"{prefix}meta/team-a/orders",
+    ]

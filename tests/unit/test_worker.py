@@ -1,0 +1,158 @@
+"""One processing round of a shard: order per object, retries, expiry, duplicates, fencing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bucketnotify.delivery.endpoints.base import Delivery
+from bucketnotify.delivery.endpoints.errors import RejectedError, UndeliverableError
+from bucketnotify.delivery.endpoints.testing import MockEndpoint
+from bucketnotify.delivery.queue import QueueLimits, QueueName
+from bucketnotify.delivery.stores.localdir import LocalDirStore
+from bucketnotify.delivery.worker import DeliveredCache, DeliveryPolicy, process_shard
+
+QUEUE = QueueName("ns", "topic")
+T0 = 1_000_000.0
+DEFAULT_POLICY = DeliveryPolicy()
+
+
+def record(key: str, n: int) -> dict[str, Any]:
+    return {
+        "eventName": "ObjectCreated:Put",
+        "n": n,
+        "s3": {"bucket": {"name": "b"}, "object": {"key": key, "sequencer": str(n)}},
+    }
+
+
+@pytest.fixture()
+async def store(tmp_path: Path) -> LocalDirStore:
+    s = LocalDirStore(tmp_path)
+    await s.create(QUEUE, 1, QueueLimits())
+    return s
+
+
+async def enqueue(store: LocalDirStore, events: list[tuple[str, dict[str, Any]]]) -> None:
+    reservation = await store.reserve(QUEUE, 0, len(events), 10_000, T0)
+    await store.commit(reservation, [(eid, json.dumps(r).encode()) for eid, r in events], T0)
+
+
+async def round_(
+    store: LocalDirStore,
+    endpoint: MockEndpoint,
+    now: float,
+    policy: DeliveryPolicy = DEFAULT_POLICY,
+    owned: bool = True,
+    cache: DeliveredCache | None = None,
+) -> Any:
+    return await process_shard(
+        store=store,
+        queue=QUEUE,
+        shard=0,
+        endpoint=endpoint,
+        policy=policy,
+        delivered=cache or DeliveredCache(),
+        still_owned=lambda: owned,
+        now=now,
+    )
+
+
+def numbers(deliveries: list[Delivery]) -> list[int]:
+    return [d.record["n"] for d in deliveries]
+
+
+async def test_everything_delivered_is_removed_and_order_per_object_holds(
+    store: LocalDirStore,
+) -> None:
+    await enqueue(store, [(f"e{i}", record("k1" if i % 2 else "k2", i)) for i in range(6)])
+    endpoint = MockEndpoint()
+    result = await round_(store, endpoint, T0)
+    assert result.delivered == 6
+    assert await store.list(QUEUE, 0) == []
+    k1 = [d.record["n"] for d in endpoint.delivered if d.record["s3"]["object"]["key"] == "k1"]
+    assert k1 == [1, 3, 5]
+    # Each wave carries at most one event per object.
+    for batch in endpoint.batches:
+        keys = [d.record["s3"]["object"]["key"] for d in batch]
+        assert len(keys) == len(set(keys))
+
+
+async def test_a_failed_event_holds_back_later_events_of_its_object_only(
+    store: LocalDirStore,
+) -> None:
+    await enqueue(store, [("a1", record("a", 1)), ("b1", record("b", 1)), ("a2", record("a", 2))])
+
+    def handler(delivery: Delivery) -> None:
+        if delivery.record["s3"]["object"]["key"] == "a":
+            raise RejectedError("503 from endpoint")
+
+    policy = DeliveryPolicy(retry_sleep_s=30)
+    result = await round_(store, MockEndpoint(handler), T0, policy)
+    assert (result.delivered, result.failed) == (1, 1)
+    left = await store.list(QUEUE, 0)
+    assert [e.event_id for e in left] == ["a1", "a2"]
+    assert left[0].attempts == 1 and left[0].not_before == T0 + 30
+
+    ok = MockEndpoint()
+    early = await round_(store, ok, T0 + 10, policy)
+    assert early.delivered == 0, "retried before retrySleepDuration"
+    await round_(store, ok, T0 + 31, policy)
+    assert numbers(ok.delivered) == [1, 2]
+    assert await store.list(QUEUE, 0) == []
+
+
+async def test_max_retries_allows_one_plus_max_retries_attempts(store: LocalDirStore) -> None:
+    await enqueue(store, [("x", record("x", 1))])
+    endpoint = MockEndpoint.failing(RejectedError("down"))
+    policy = DeliveryPolicy(max_retries=2)
+    for i in range(3):
+        result = await round_(store, endpoint, T0 + i, policy)
+        assert result.failed == 1
+    result = await round_(store, endpoint, T0 + 3, policy)
+    assert result.expired == 1
+    assert len(endpoint.batches) == 3
+    assert await store.list(QUEUE, 0) == []
+
+
+async def test_time_to_live_expires_and_zero_means_forever(store: LocalDirStore) -> None:
+    await enqueue(store, [("x", record("x", 1))])
+    down = MockEndpoint.failing(RejectedError("down"))
+    assert (await round_(store, down, T0 + 10**6, DeliveryPolicy())).failed == 1
+    result = await round_(store, down, T0 + 61, DeliveryPolicy(time_to_live_s=60))
+    assert result.expired == 1 and await store.list(QUEUE, 0) == []
+
+
+async def test_undeliverable_is_dropped_not_retried(store: LocalDirStore) -> None:
+    await enqueue(store, [("x", record("x", 1)), ("y", record("x", 2))])
+
+    def handler(delivery: Delivery) -> None:
+        if delivery.record["n"] == 1:
+            raise UndeliverableError("message too large")
+
+    endpoint = MockEndpoint(handler)
+    result = await round_(store, endpoint, T0)
+    assert result.expired == 1
+    await round_(store, endpoint, T0 + 1)
+    assert numbers(endpoint.delivered) == [2]
+
+
+async def test_duplicates_from_the_gateway_are_delivered_once(store: LocalDirStore) -> None:
+    cache = DeliveredCache()
+    await enqueue(store, [("same", record("k", 1)), ("same", record("k", 1))])
+    endpoint = MockEndpoint()
+    result = await round_(store, endpoint, T0, cache=cache)
+    await enqueue(store, [("same", record("k", 1))])
+    again = await round_(store, endpoint, T0 + 1, cache=cache)
+    assert len(endpoint.delivered) == 1
+    assert result.duplicates + again.duplicates == 2
+    assert await store.list(QUEUE, 0) == []
+
+
+async def test_a_fenced_replica_removes_nothing(store: LocalDirStore) -> None:
+    await enqueue(store, [("x", record("x", 1))])
+    result = await round_(store, MockEndpoint(), T0, owned=False)
+    assert result.fenced
+    assert [e.event_id for e in await store.list(QUEUE, 0)] == ["x"]
