@@ -10,9 +10,11 @@ import os
 import signal
 import socket
 import sys
+from pathlib import Path
 from typing import Any
 
 import kopf
+from aiohttp import web
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.leaderelection import electionconfig, leaderelection
@@ -20,8 +22,14 @@ from kubernetes_asyncio.leaderelection.resourcelock.leaselock import LeaseLock
 
 from bucketnotify.controller import handlers
 from bucketnotify.controller.notifications import BucketLocks
+from bucketnotify.delivery.ownership import LeaseSettings, Ownership
+from bucketnotify.delivery.queue import QueueStore
+from bucketnotify.delivery.service import DeliveryService
+from bucketnotify.delivery.stores.localdir import LocalDirStore
+from bucketnotify.delivery.stores.s3 import S3Store
+from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.kube import Kube, connect
-from bucketnotify.settings import OperatorSettings
+from bucketnotify.settings import DeliveryServiceSettings, OperatorSettings
 
 __all__ = ["main"]
 
@@ -134,11 +142,77 @@ async def _release(api: client.ApiClient, settings: OperatorSettings, identity: 
         log.warning("could not release the leader Lease: %s", exc.reason)
 
 
+async def run_delivery(settings: DeliveryServiceSettings, operator: OperatorSettings) -> None:
+    api = await connect()
+    identity = settings.identity or f"{socket.gethostname()}-{os.getpid()}"
+    store = await _store(settings, operator)
+    ownership = Ownership(
+        api,
+        identity,
+        LeaseSettings(
+            namespace=settings.lease_namespace,
+            partitions=settings.partitions,
+            lease_duration_s=settings.lease_duration_seconds,
+            renew_interval_s=settings.renew_interval_seconds,
+            renew_deadline_s=settings.renew_deadline_seconds,
+        ),
+    )
+    service = DeliveryService(
+        api=api, store=store, ownership=ownership, namespaces=settings.namespaces
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    runner = web.AppRunner(service.app())
+    await runner.setup()
+    await web.TCPSite(runner, settings.listen_host, settings.listen_port).start()
+    log.info(
+        "delivery replica %s: ingest on %s:%d", identity, settings.listen_host, settings.listen_port
+    )
+    try:
+        await service.run(stop)
+    finally:
+        await runner.cleanup()
+        await api.close()
+
+
+async def _store(settings: DeliveryServiceSettings, operator: OperatorSettings) -> QueueStore:
+    scheme, _, rest = settings.store.partition("://")
+    if scheme == "dir" and rest.startswith("/"):
+        return LocalDirStore(Path(rest))
+    if scheme == "s3" and rest:
+        if not (
+            operator.gateway_endpoint
+            and operator.gateway_access_key
+            and operator.gateway_secret_key
+        ):
+            raise SystemExit(
+                "an s3:// store needs BUCKETNOTIFY_GATEWAY_ENDPOINT, _ACCESS_KEY, _SECRET_KEY"
+            )
+        connection = GatewayConnection(
+            operator.gateway_endpoint,
+            operator.gateway_access_key,
+            operator.gateway_secret_key.get_secret_value(),
+            operator.gateway_region,
+        )
+        store = S3Store(connection, rest)
+        await store.ensure_bucket()
+        return store
+    raise SystemExit(
+        f"BUCKETNOTIFY_DELIVERY_STORE={settings.store!r}: use dir:///absolute/path or s3://bucket"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bucketnotify")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser(
         "operator", help="reconcile Topics into the gateway (settings: BUCKETNOTIFY_* env)"
+    )
+    commands.add_parser(
+        "delivery",
+        help="serve the ingest and deliver persistent Topics (BUCKETNOTIFY_DELIVERY_* env)",
     )
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -146,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.command == "operator":
         asyncio.run(run_operator(OperatorSettings()))
+    elif args.command == "delivery":
+        asyncio.run(run_delivery(DeliveryServiceSettings(), OperatorSettings()))
     return 0
 
 

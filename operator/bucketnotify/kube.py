@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import os
+import secrets
 from typing import Any
 
 from kubernetes_asyncio import client, config
@@ -51,6 +52,36 @@ class Kube:
         if key not in data:
             raise SecretMissing(f"Secret {namespace}/{name} has no key {key!r}")
         return data[key]
+
+    async def ensure_token_secret(
+        self, namespace: str, name: str, key: str, owner: dict[str, Any]
+    ) -> str:
+        """The token in Secret ``name``, creating the Secret (owned by ``owner``) if needed."""
+        try:
+            return await self.secret_key(namespace, name, key)
+        except SecretMissing:
+            pass
+        body = client.V1Secret(
+            metadata=client.V1ObjectMeta(
+                name=name,
+                labels={"app.kubernetes.io/managed-by": "bucketnotify"},
+                owner_references=[
+                    client.V1OwnerReference(
+                        api_version=owner["apiVersion"],
+                        kind=owner["kind"],
+                        name=owner["metadata"]["name"],
+                        uid=owner["metadata"]["uid"],
+                    )
+                ],
+            ),
+            string_data={key: secrets.token_urlsafe(32)},
+        )
+        try:
+            await self._core.create_namespaced_secret(namespace, body)
+        except ApiException as exc:
+            if exc.status != 409:  # another writer was first: use theirs
+                raise
+        return await self.secret_key(namespace, name, key)
 
     async def get_object(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         """One of our custom objects, or None when it does not exist."""

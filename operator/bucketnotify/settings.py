@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["OperatorSettings"]
+__all__ = ["DeliveryServiceSettings", "OperatorSettings"]
 
 
 class OperatorSettings(BaseSettings):
@@ -52,3 +52,33 @@ class OperatorSettings(BaseSettings):
     can expire, so two leaders never act at once)."""
     retry_period_seconds: int = Field(default=2, ge=1)
     """Interval of renewals and of attempts to take the Lease."""
+
+
+class DeliveryServiceSettings(BaseSettings):
+    """Settings of one delivery replica (BUCKETNOTIFY_DELIVERY_* environment variables)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="BUCKETNOTIFY_DELIVERY_", use_attribute_docstrings=True, frozen=True
+    )
+
+    listen_host: str = "127.0.0.1"
+    """Address of the ingest server (0.0.0.0 in a pod)."""
+    listen_port: int = Field(default=8085, ge=1, le=65535)
+    """Port of the ingest server."""
+    identity: str | None = None
+    """Replica name in Leases; defaults to host name and process id (set it to the pod name)."""
+    store: str = "dir:///var/lib/bucketnotify/queues"
+    """Queue store: dir://<absolute path> (one replica) or s3://<bucket> on the default
+    gateway (BUCKETNOTIFY_GATEWAY_*), shared by all replicas."""
+    lease_namespace: str = "default"
+    """Namespace of the ownership Leases."""
+    partitions: int = Field(default=32, ge=1, le=1024)
+    """Ownership units (see delivery/ownership.py)."""
+    lease_duration_seconds: int = Field(default=15, ge=2)
+    """A dead replica's shards move after this long."""
+    renew_interval_seconds: float = Field(default=5.0, gt=0)
+    """Lease renewal and rebalancing interval."""
+    renew_deadline_seconds: float = Field(default=10.0, gt=0)
+    """Processing stops this long after the last renewal; below the lease duration."""
+    namespaces: list[str] = Field(default_factory=list)
+    """Namespaces whose persistent Topics to serve (JSON list); empty: all."""

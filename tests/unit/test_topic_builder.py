@@ -126,10 +126,10 @@ def test_persistent_topic_points_the_gateway_at_the_ingest_and_keeps_credentials
         "maxRetries": 5,
         "delivery": {"handoff": "sync"},
     }
-    ingest = ingest_endpoint("http://delivery:8080/", "team-a", "orders")
+    ingest = ingest_endpoint("http://delivery:8080/", "team-a", "orders", "tok")
     attributes = build(spec, Credentials("u", "secret"), ingest_url=ingest)
     assert attributes == {
-        "push-endpoint": "http://delivery:8080/v1/topics/team-a/orders",
+        "push-endpoint": "http://delivery:8080/v1/topics/team-a/orders/tok",
         "persistent": "false",
     }
     spec["delivery"] = {"handoff": "persistent"}

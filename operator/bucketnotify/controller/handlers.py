@@ -85,6 +85,7 @@ async def topic_changed(
         spec=dict(spec),
         status=dict(status),
         generation=meta.get("generation"),
+        owner=dict(body),
     )
     _write(patch, status, outcome.status)
     if outcome.ready:
@@ -125,6 +126,7 @@ async def topic_drift(
         spec=dict(spec),
         status=dict(status),
         generation=meta.get("generation"),
+        owner=dict(body),
         only_if_drifted=True,
     )
     _report_drift(body, patch, status, outcome, was_ready)

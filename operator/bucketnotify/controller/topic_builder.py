@@ -20,6 +20,7 @@ __all__ = [
     "gateway_attributes",
     "gateway_topic_name",
     "ingest_endpoint",
+    "ingest_token_secret",
     "referenced_secrets",
 ]
 
@@ -121,9 +122,19 @@ def _kafka(kafka: KafkaEndpoint, credentials: Credentials | None, allow: bool) -
     return attributes
 
 
-def ingest_endpoint(ingest_url: str, namespace: str, name: str) -> str:
-    """The delivery service's ingest URL of one persistent Topic."""
-    return f"{ingest_url.rstrip('/')}/v1/topics/{quote(namespace, safe='')}/{quote(name, safe='')}"
+INGEST_TOKEN_KEY = "token"  # noqa: S105 - the key name in the Secret, not a secret
+
+
+def ingest_token_secret(name: str) -> str:
+    """The Secret holding the ingest token of persistent Topic ``name``."""
+    return f"{name}-ingest-token"
+
+
+def ingest_endpoint(ingest_url: str, namespace: str, name: str, token: str) -> str:
+    """The delivery service's ingest URL of one persistent Topic (the token is its last
+    path segment: the gateway keeps the push-endpoint URL whole, query strings included)."""
+    base = ingest_url.rstrip("/")
+    return f"{base}/v1/topics/{quote(namespace, safe='')}/{quote(name, safe='')}/{token}"
 
 
 def gateway_attributes(

@@ -16,12 +16,14 @@ from bucketnotify.api.common import GatewayRef
 from bucketnotify.api.topic import TopicSpec
 from bucketnotify.controller.conditions import ready_status
 from bucketnotify.controller.topic_builder import (
+    INGEST_TOKEN_KEY,
     Credentials,
     TopicBuildError,
     differences,
     gateway_attributes,
     gateway_topic_name,
     ingest_endpoint,
+    ingest_token_secret,
 )
 from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.gateway.errors import GatewayError
@@ -114,7 +116,12 @@ def parse_spec(spec: dict[str, Any]) -> TopicSpec:
 
 
 async def _desired(
-    kube: Kube, name: str, namespace: str, raw_spec: dict[str, Any], settings: OperatorSettings
+    kube: Kube,
+    name: str,
+    namespace: str,
+    raw_spec: dict[str, Any],
+    settings: OperatorSettings,
+    owner: dict[str, Any] | None,
 ) -> tuple[TopicSpec, GatewayConnection, str, dict[str, str]]:
     spec = parse_spec(raw_spec)
     try:
@@ -122,13 +129,19 @@ async def _desired(
         credentials = await endpoint_credentials(kube, namespace, spec)
     except SecretMissing as exc:
         raise NotReconcilable("SecretNotFound", str(exc)) from None
+    ingest = None
+    if spec.persistent and settings.ingest_url and owner is not None:
+        # The token Secret belongs to the Topic: deleting the Topic deletes it.
+        token = await kube.ensure_token_secret(
+            namespace, ingest_token_secret(name), INGEST_TOKEN_KEY, owner
+        )
+        ingest = ingest_endpoint(settings.ingest_url, namespace, name, token)
     try:
         attributes = gateway_attributes(
             spec,
             credentials=credentials,
             allow_cleartext_secrets=settings.allow_cleartext_secrets,
-            ingest_url=settings.ingest_url
-            and ingest_endpoint(settings.ingest_url, namespace, name),
+            ingest_url=ingest,
         )
     except TopicBuildError as exc:
         raise NotReconcilable(exc.reason, str(exc)) from None
@@ -144,9 +157,11 @@ async def reconcile_topic(
     spec: dict[str, Any],
     status: dict[str, Any],
     generation: int | None,
+    owner: dict[str, Any] | None = None,
     only_if_drifted: bool = False,
 ) -> Outcome:
-    """Make the gateway topic equal to the spec.
+    """Make the gateway topic equal to the spec (``owner``: the Topic object, which owns the
+    ingest token Secret of a persistent Topic).
 
     With ``only_if_drifted`` (the drift timer) the gateway is read first and written only
     when it differs, so a quiet cluster costs one read per Topic and interval.
@@ -174,7 +189,7 @@ async def reconcile_topic(
 
     try:
         parsed, connection, topic_name, attributes = await _desired(
-            kube, name, namespace, spec, settings
+            kube, name, namespace, spec, settings, owner
         )
         endpoint_kind = parsed.endpoint.kind
         client = TopicClient(connection)

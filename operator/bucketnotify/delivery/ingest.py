@@ -22,7 +22,7 @@ import hashlib
 import hmac
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,11 +58,22 @@ def event_id(record: Mapping[str, Any]) -> str:
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
 
 
+Resolver = Callable[[str, str], Awaitable[IngestTopic | None]]
+
+
 class Ingest:
-    def __init__(self, store: QueueStore, topics: Mapping[tuple[str, str], IngestTopic]) -> None:
+    def __init__(
+        self,
+        store: QueueStore,
+        topics: Mapping[tuple[str, str], IngestTopic],
+        resolve: Resolver | None = None,
+    ) -> None:
         self.store = store
         self.topics = topics
         """(namespace, topic) → IngestTopic; kept current by whoever watches the Topics."""
+        self._resolve = resolve
+        """Asked about a Topic not (yet) in ``topics``: the gateway may push before the
+        next refresh has seen a Topic that just became Ready."""
 
     async def _commit(self, queue: QueueName, by_shard: dict[int, list[tuple[str, bytes]]]) -> None:
         """All shards or none: every reservation is taken before anything is committed."""
@@ -92,6 +103,8 @@ class Ingest:
         namespace = request.match_info["namespace"]
         name = request.match_info["topic"]
         topic = self.topics.get((namespace, name))
+        if topic is None and self._resolve is not None:
+            topic = await self._resolve(namespace, name)
         if topic is None:
             return web.json_response({"error": "no such persistent topic"}, status=404)
         if not hmac.compare_digest(request.match_info["token"].encode(), topic.token.encode()):
