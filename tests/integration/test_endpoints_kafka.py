@@ -272,6 +272,16 @@ async def send_until_acked(
     return failed
 
 
+async def broker_answers(bootstrap: str) -> bool:
+    host, _, port = bootstrap.rpartition(":")
+    try:
+        _, writer = await asyncio.open_connection(host, int(port))
+    except OSError:
+        return False
+    writer.close()
+    return True
+
+
 async def test_a_broker_restart_under_a_steady_stream_loses_nothing(own_kafka: OwnKafka) -> None:
     """The broker stops and starts again (same data) in the middle of a stream: pushes fail
     retryably meanwhile, nothing raises, the producer reconnects by itself, and with the
@@ -282,18 +292,19 @@ async def test_a_broker_restart_under_a_steady_stream_loses_nothing(own_kafka: O
     async with kafka_endpoint(
         f"kafka://{own_kafka.bootstrap}", topic, settings=settings
     ) as endpoint:
-
-        async def stream() -> None:
-            for n in range(40):
-                failures.extend(
-                    await send_until_acked(endpoint, deliveries(5, f"s{n}-"), within_s=90)
-                )
-                await asyncio.sleep(0.1)
-
-        streaming = asyncio.create_task(stream())
-        await asyncio.sleep(1)
-        await asyncio.to_thread(own_kafka.script, "restart")
-        await streaming
+        # The restart starts at a fixed point of the stream and the stream goes on while
+        # the broker is away: on a busy machine a restart after a sleep can miss it.
+        restarting: asyncio.Task[None] | None = None
+        for n in range(40):
+            if n == 10:
+                restarting = asyncio.create_task(asyncio.to_thread(own_kafka.script, "restart"))
+                # Wait for the broker to go away, so the next sends meet the outage.
+                while not restarting.done() and await broker_answers(own_kafka.bootstrap):  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)
+            failures.extend(await send_until_acked(endpoint, deliveries(5, f"s{n}-"), within_s=90))
+            await asyncio.sleep(0.1)
+        assert restarting is not None
+        await restarting
     assert failures, "the restart did not hit the stream"
     assert all(o.retryable for o in failures)
     # At least once: a push whose acknowledgement the restart swallowed was sent again.
