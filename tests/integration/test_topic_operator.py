@@ -45,6 +45,26 @@ def ready(kubectl: Kubectl, namespace: str, name: str, status: str = "True") -> 
     return wait_until(observe, done, 30, f"topic {name} Ready={status}")
 
 
+def proxied_gateway(kubectl: Kubectl, namespace: str, secret: str, rgw: LocalService) -> TcpProxy:
+    """A gateway Secret whose endpoint is a TCP proxy to the real gateway (not started):
+    the test takes the gateway away and brings it back with the proxy."""
+    target = urlsplit(rgw["RGW_ENDPOINT"])
+    assert target.hostname is not None and target.port is not None
+    proxy = TcpProxy(target.hostname, target.port)
+    kubectl.run(
+        "create",
+        "secret",
+        "generic",
+        secret,
+        "-n",
+        namespace,
+        f"--from-literal=endpoint={proxy.url}",
+        f"--from-literal=accessKey={rgw['RGW_ACCESS_KEY']}",
+        f"--from-literal=secretKey={rgw['RGW_SECRET_KEY']}",
+    )
+    return proxy
+
+
 def events(kubectl: Kubectl, namespace: str) -> str:
     return kubectl.run("get", "events", "-n", namespace, "-o", "json").stdout
 
@@ -266,20 +286,7 @@ def test_unreachable_gateway_shows_on_the_topic_and_recovers(
     rgw: LocalService,
     gateway: TopicClient,
 ) -> None:
-    target = urlsplit(rgw["RGW_ENDPOINT"])
-    assert target.hostname is not None and target.port is not None
-    proxy = TcpProxy(target.hostname, target.port)
-    kubectl.run(
-        "create",
-        "secret",
-        "generic",
-        "gw-proxy",
-        "-n",
-        namespace,
-        f"--from-literal=endpoint={proxy.url}",
-        f"--from-literal=accessKey={rgw['RGW_ACCESS_KEY']}",
-        f"--from-literal=secretKey={rgw['RGW_SECRET_KEY']}",
-    )
+    proxy = proxied_gateway(kubectl, namespace, "gw-proxy", rgw)
     name = f"{namespace}-far"
     spec = {
         "endpoint": {"http": {"url": "http://127.0.0.1:9/f"}},
@@ -306,20 +313,7 @@ def test_delete_is_bounded_when_the_gateway_is_gone_for_good(
 ) -> None:
     """A deletion retries, then releases the object with a Warning naming the orphan."""
     start_operator(delete_give_up_after_seconds="4")
-    target = urlsplit(rgw["RGW_ENDPOINT"])
-    assert target.hostname is not None and target.port is not None
-    proxy = TcpProxy(target.hostname, target.port)
-    kubectl.run(
-        "create",
-        "secret",
-        "generic",
-        "gw-gone",
-        "-n",
-        namespace,
-        f"--from-literal=endpoint={proxy.url}",
-        f"--from-literal=accessKey={rgw['RGW_ACCESS_KEY']}",
-        f"--from-literal=secretKey={rgw['RGW_SECRET_KEY']}",
-    )
+    proxy = proxied_gateway(kubectl, namespace, "gw-gone", rgw)
     name = f"{namespace}-gone"
     spec = {
         "endpoint": {"http": {"url": "http://127.0.0.1:9/g"}},

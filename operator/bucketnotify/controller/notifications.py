@@ -17,7 +17,7 @@ from typing import Any
 from bucketnotify.api.common import GatewayRef
 from bucketnotify.api.notification import BucketNotificationSpec
 from bucketnotify.api.topic import TopicSpec
-from bucketnotify.controller.conditions import ready_condition, ready_status
+from bucketnotify.controller.conditions import ready_condition
 from bucketnotify.controller.notification_builder import (
     desired_configuration,
     regex_problem,
@@ -139,15 +139,16 @@ async def reconcile_notification(
         retry: bool = False,
         repaired: list[str] | None = None,
     ) -> Outcome:
-        new_status = ready_status(
+        return Outcome.of(
             status,
             generation=generation,
             ready=ready,
             reason=reason,
             message=message,
+            retry=retry,
+            repaired=repaired,
             applied=applied,
         )
-        return Outcome(new_status, ready, reason, message, retry, repaired or [])
 
     try:
         resolved = await resolve(kube, settings, name, namespace, spec)
@@ -157,7 +158,11 @@ async def reconcile_notification(
         with NotificationClient(resolved.connection) as client:
             async with locks(resolved.connection, bucket):
                 try:
-                    current = await asyncio.to_thread(client.get, bucket, resolved.config_id)
+                    # put() reads the bucket's configuration itself; a read here only serves
+                    # the drift check and re-creation.
+                    current = None
+                    if only_if_drifted or recreate:
+                        current = await asyncio.to_thread(client.get, bucket, resolved.config_id)
                     if (
                         current is not None
                         and same_configuration(current, desired)

@@ -47,6 +47,25 @@ class Outcome:
     retry: bool = False
     repaired: list[str] = field(default_factory=list)
 
+    @classmethod
+    def of(
+        cls,
+        current: dict[str, Any],
+        *,
+        generation: int | None,
+        ready: bool,
+        reason: str,
+        message: str,
+        retry: bool = False,
+        repaired: list[str] | None = None,
+        **fields: Any,
+    ) -> Outcome:
+        """The outcome and the status it writes: ``current`` with Ready set and ``fields``."""
+        status = ready_status(
+            current, generation=generation, ready=ready, reason=reason, message=message, **fields
+        )
+        return cls(status, ready, reason, message, retry, repaired or [])
+
 
 class NotReconcilable(Exception):
     def __init__(self, reason: str, message: str, retry: bool = False) -> None:
@@ -176,16 +195,17 @@ async def reconcile_topic(
         retry: bool = False,
         repaired: list[str] | None = None,
     ) -> Outcome:
-        new_status = ready_status(
+        return Outcome.of(
             status,
             generation=generation,
             ready=ready,
             reason=reason,
             message=message,
+            retry=retry,
+            repaired=repaired,
             arn=arn,
             endpointKind=endpoint_kind,
         )
-        return Outcome(new_status, ready, reason, message, retry, repaired or [])
 
     try:
         parsed, connection, topic_name, attributes = await _desired(
