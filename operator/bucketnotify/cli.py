@@ -24,7 +24,7 @@ from bucketnotify.controller import handlers
 from bucketnotify.controller.notifications import BucketLocks
 from bucketnotify.delivery.ownership import LeaseSettings, Ownership
 from bucketnotify.delivery.queue import QueueStore
-from bucketnotify.delivery.service import DeliveryService
+from bucketnotify.delivery.service import DeliveryService, ServiceTimings
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from bucketnotify.delivery.stores.s3 import S3Store
 from bucketnotify.gateway.connection import GatewayConnection
@@ -158,7 +158,17 @@ async def run_delivery(settings: DeliveryServiceSettings, operator: OperatorSett
         ),
     )
     service = DeliveryService(
-        api=api, store=store, ownership=ownership, namespaces=settings.namespaces
+        api=api,
+        store=store,
+        ownership=ownership,
+        namespaces=settings.namespaces,
+        timings=ServiceTimings(
+            refresh_interval_s=settings.refresh_interval_seconds,
+            secret_refresh_s=settings.secret_refresh_seconds,
+            idle_max_s=settings.idle_poll_max_seconds,
+            sweep_interval_s=settings.sweep_interval_seconds,
+            reservation_timeout_s=settings.reservation_timeout_seconds,
+        ),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -9,27 +9,56 @@ from __future__ import annotations
 import base64
 import os
 import secrets
+from pathlib import Path
 from typing import Any
 
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from bucketnotify.api.common import GROUP, VERSION
+from bucketnotify.api.common import GROUP, VERSION, CARef
 
-__all__ = ["Kube", "SecretMissing", "connect"]
+__all__ = ["Kube", "SecretMissing", "connect", "current_namespace"]
+
+POD_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
 class SecretMissing(Exception):
     """A referenced Secret or key does not exist (message names which, never a value)."""
 
 
+def _kubeconfig() -> str | None:
+    """The kubeconfig file to use; None in a pod without $KUBECONFIG (its service account).
+
+    Outside a pod ~/.kube/config, as kubectl does, so the CLI works on a workstation.
+    """
+    if os.environ.get("KUBECONFIG"):
+        return os.environ["KUBECONFIG"]
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return None
+    return str(Path.home() / ".kube" / "config")
+
+
 async def connect() -> client.ApiClient:
     """An API client from $KUBECONFIG when set, otherwise the pod's service account."""
-    if os.environ.get("KUBECONFIG"):
-        await config.load_kube_config()
-    else:
+    path = _kubeconfig()
+    if path is None:
         config.load_incluster_config()  # type: ignore[no-untyped-call]
+    else:
+        await config.load_kube_config(config_file=path)
     return client.ApiClient()
+
+
+def current_namespace() -> str:
+    """The namespace kubectl would use: the kubeconfig context's, the pod's, else default."""
+    path = _kubeconfig()
+    if path is None:
+        try:
+            return POD_NAMESPACE_FILE.read_text().strip() or "default"
+        except OSError:
+            return "default"
+    _, current = config.list_kube_config_contexts(config_file=path)
+    namespace = ((current or {}).get("context") or {}).get("namespace")
+    return str(namespace) if namespace else "default"
 
 
 class Kube:
@@ -108,3 +137,21 @@ class Kube:
             body,
             _content_type="application/merge-patch+json",  # type: ignore[call-arg]
         )
+
+    async def config_map_key(self, namespace: str, name: str, key: str) -> str:
+        try:
+            config_map = await self._core.read_namespaced_config_map(name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise SecretMissing(f"ConfigMap {namespace}/{name} does not exist") from None
+            raise
+        data: dict[str, str] = config_map.data or {}
+        if key not in data:
+            raise SecretMissing(f"ConfigMap {namespace}/{name} has no key {key!r}")
+        return data[key]
+
+    async def ca_bundle(self, namespace: str, ref: CARef) -> str:
+        """The PEM bundle a ``caRef`` names (a ConfigMap or a Secret key)."""
+        if ref.kind == "Secret":
+            return await self.secret_key(namespace, ref.name, ref.key)
+        return await self.config_map_key(namespace, ref.name, ref.key)

@@ -82,3 +82,16 @@ class DeliveryServiceSettings(BaseSettings):
     """Processing stops this long after the last renewal; below the lease duration."""
     namespaces: list[str] = Field(default_factory=list)
     """Namespaces whose persistent Topics to serve (JSON list); empty: all."""
+    refresh_interval_seconds: float = Field(default=3.0, gt=0)
+    """How often the Topics are listed (new ones are also looked up on their first event)."""
+    secret_refresh_seconds: float = Field(default=30.0, gt=0)
+    """How often the Secrets of an unchanged Topic (token, credentials, CA) are read again:
+    a rotated Secret takes effect within this long."""
+    idle_poll_max_seconds: float = Field(default=1.0, gt=0)
+    """Longest poll interval of an idle shard, i.e. the extra delay of an event that another
+    replica ingested (events ingested by the owner start at once)."""
+    sweep_interval_seconds: float = Field(default=30.0, gt=0)
+    """How often abandoned reservations are reclaimed and deleted Topics' queues removed."""
+    reservation_timeout_seconds: float = Field(default=30.0, gt=0)
+    """A reservation not committed within this long (its writer died) stops counting
+    against the queue's bounds and is reclaimed at the next sweep."""

@@ -67,6 +67,7 @@ class Ingest:
         store: QueueStore,
         topics: Mapping[tuple[str, str], IngestTopic],
         resolve: Resolver | None = None,
+        committed: Callable[[QueueName, int], None] | None = None,
     ) -> None:
         self.store = store
         self.topics = topics
@@ -74,6 +75,9 @@ class Ingest:
         self._resolve = resolve
         """Asked about a Topic not (yet) in ``topics``: the gateway may push before the
         next refresh has seen a Topic that just became Ready."""
+        self._committed = committed
+        """Told about every shard that got new entries, so a local owner starts at once
+        instead of at its next poll."""
 
     async def _commit(self, queue: QueueName, by_shard: dict[int, list[tuple[str, bytes]]]) -> None:
         """All shards or none: every reservation is taken before anything is committed."""
@@ -95,9 +99,14 @@ class Ingest:
         # A commit that fails after another succeeded leaves those events queued; the
         # gateway then sends the whole body again and the duplicates are recognised by
         # their identity when delivered: a duplicate, never a loss.
-        await asyncio.gather(
-            *(self.store.commit(r, by_shard[r.shard], time.time()) for r in reservations)
-        )
+        try:
+            await asyncio.gather(
+                *(self.store.commit(r, by_shard[r.shard], time.time()) for r in reservations)
+            )
+        finally:
+            if self._committed is not None:
+                for shard in by_shard:
+                    self._committed(queue, shard)
 
     async def handle(self, request: web.Request) -> web.Response:
         namespace = request.match_info["namespace"]

@@ -29,6 +29,7 @@ import hashlib
 import logging
 import math
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +38,14 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from bucketnotify.delivery.queue import QueueName
 
-__all__ = ["LeaseSettings", "Ownership", "partition_of"]
+__all__ = [
+    "LeaseHolder",
+    "LeaseSettings",
+    "Ownership",
+    "partition_holders",
+    "partition_lease_name",
+    "partition_of",
+]
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +75,10 @@ class LeaseSettings:
     than lease_duration_s so two owners never overlap."""
 
 
+def partition_lease_name(group: str, partition: int) -> str:
+    return f"{group}-partition-{partition}"
+
+
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
@@ -84,7 +96,16 @@ def _expired(lease: Any, now: dt.datetime) -> bool:
 class Ownership:
     """Holds this replica's member Lease and its share of partition Leases."""
 
-    def __init__(self, api: client.ApiClient, identity: str, settings: LeaseSettings) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        identity: str,
+        settings: LeaseSettings,
+        before_release: Callable[[int], Awaitable[None]] | None = None,
+    ) -> None:
+        self.before_release = before_release
+        """Awaited between fencing a partition we hand back and releasing its Lease: the
+        round that was running on it finishes its removals before the next owner starts."""
         self._leases = client.CoordinationV1Api(api)
         self.identity = identity
         self.settings = settings
@@ -145,7 +166,7 @@ class Ownership:
         return f"{self.settings.group}-member-{identity}"[:253]
 
     def _partition_name(self, partition: int) -> str:
-        return f"{self.settings.group}-partition-{partition}"
+        return partition_lease_name(self.settings.group, partition)
 
     def _body(self, name: str, role: str, holder: str, now: dt.datetime) -> client.V1Lease:
         return client.V1Lease(
@@ -196,6 +217,8 @@ class Ownership:
         while len(self._held) > share:
             partition = max(self._held)
             self._held.pop(partition)
+            if self.before_release is not None:
+                await self.before_release(partition)
             await self._release(self._partition_name(partition))
 
         # Take free or expired partitions up to the fair share.
@@ -264,3 +287,33 @@ class Ownership:
         except ApiException as exc:
             if exc.status not in (404, 409):
                 log.warning("could not release Lease %s: %s", name, exc.reason)
+
+
+@dataclass(frozen=True)
+class LeaseHolder:
+    """Who holds one partition Lease, judged as the replicas judge it."""
+
+    identity: str
+    """The holder; empty when it was handed back."""
+    expired: bool
+    """True when anyone may take it: released, or not renewed within its duration."""
+
+
+async def partition_holders(
+    api: client.ApiClient, settings: LeaseSettings, *, request_timeout: float | None = None
+) -> dict[int, LeaseHolder]:
+    """The holders of the partition Leases that exist (one LIST), for people looking on."""
+    listed = await client.CoordinationV1Api(api).list_namespaced_lease(
+        settings.namespace,
+        label_selector=f"{GROUP_LABEL}={settings.group},{ROLE_LABEL}=partition",
+        _request_timeout=request_timeout,
+    )
+    now = _now()
+    names = {partition_lease_name(settings.group, p): p for p in range(settings.partitions)}
+    return {
+        names[lease.metadata.name]: LeaseHolder(
+            lease.spec.holder_identity or "", _expired(lease, now)
+        )
+        for lease in listed.items
+        if lease.metadata.name in names
+    }

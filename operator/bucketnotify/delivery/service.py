@@ -1,15 +1,38 @@
 """The delivery service process: ingest, queue processing and Lease ownership together.
 
-It learns the persistent Topics by listing them every ``refresh_interval_s`` (a watch would
-react faster; a list every few seconds is enough for Topics, which change rarely), keeps an
-open endpoint per Topic, serves the ingest, and runs rounds of ``process_shard`` over the
-shards this replica owns.
+Topics: listed every ``refresh_interval_s`` (a watch would react faster; a list every few
+seconds is enough for Topics, which change rarely), and looked up at once when the gateway
+pushes for one not seen yet. The Secrets a Topic uses (ingest token, broker credentials,
+CA bundle) are read when the Topic is new or changed and again every
+``secret_refresh_s``, not on every list: a thousand Topics must not cost a thousand Secret
+reads every few seconds.
+
+Processing: one task per owned (queue, shard). A shard that had work is polled again after
+``round_interval_s``; an idle one backs off to ``idle_max_s`` (every poll of the S3 store is
+a LIST request); an ingest commit on this replica wakes the shard's task at once. So a
+local hand-off is delivered without a polling delay, and an event ingested by another
+replica waits at most ``idle_max_s`` for its owner to look.
+
+Lifecycle of a queue:
+- a persistent Topic gets its queue (``create`` is idempotent, so every replica does it);
+- a Topic that stops being persistent keeps being delivered from its queue until the queue
+  is empty, then the queue is deleted: switching modes loses nothing;
+- a deleted Topic takes its queue with it (pending events are counted lost, as
+  ``radosgw-admin topic rm`` does); so do queues left in the store by Topics deleted while
+  no replica ran.
+- expired reservations (a writer crashed between reserve and commit) are reclaimed by the
+  owner of the queue's shard 0 every ``sweep_interval_s``.
+
+An endpoint that cannot be opened as specified (missing credentials or CA, an unsupported
+SASL mechanism) does not stop the ingest: events wait in the queue until the Topic or its
+Secret is fixed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -26,16 +49,44 @@ from bucketnotify.controller.topic_builder import (
     ingest_token_secret,
 )
 from bucketnotify.delivery.endpoints.base import Endpoint
+from bucketnotify.delivery.endpoints.errors import ConfigurationError
 from bucketnotify.delivery.endpoints.factory import open_endpoint
 from bucketnotify.delivery.ingest import Ingest, IngestTopic, build_app
-from bucketnotify.delivery.ownership import Ownership
+from bucketnotify.delivery.ownership import Ownership, partition_of
 from bucketnotify.delivery.queue import QueueLimits, QueueName, QueueStore
-from bucketnotify.delivery.worker import DeliveredCache, DeliveryPolicy, process_shard
+from bucketnotify.delivery.worker import (
+    LIST_BATCH,
+    DeliveredCache,
+    DeliveryPolicy,
+    RoundResult,
+    process_shard,
+)
 from bucketnotify.kube import Kube, SecretMissing
 
-__all__ = ["DeliveryService", "TopicRuntime"]
+__all__ = ["DeliveryService", "ServiceTimings", "TopicRuntime"]
 
 log = logging.getLogger(__name__)
+
+TopicKey = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class ServiceTimings:
+    refresh_interval_s: float = 3.0
+    """How often the persistent Topics are listed."""
+    secret_refresh_s: float = 30.0
+    """How often the Secrets of a known, unchanged Topic are read again."""
+    round_interval_s: float = 0.2
+    """Poll interval of a shard that had work."""
+    idle_max_s: float = 1.0
+    """Longest poll interval of an idle shard: the delay of an event another replica
+    ingested."""
+    sweep_interval_s: float = 30.0
+    """How often reservations are reclaimed and orphaned or drained queues deleted."""
+    reservation_timeout_s: float = QueueLimits.reservation_timeout_s
+    """A reservation not committed for this long (its writer died) is reclaimed."""
+    drain_timeout_s: float = 5.0
+    """How long a hand-back or a shutdown waits for running rounds to finish."""
 
 
 @dataclass
@@ -43,9 +94,20 @@ class TopicRuntime:
     queue: QueueName
     shards: int
     policy: DeliveryPolicy
-    endpoint: Endpoint
+    endpoint: Endpoint | None
+    """None while the endpoint cannot be opened as specified (``problem`` says why)."""
+    fingerprint: str
+    """Changes with everything the endpoint was opened from (spec, credentials, CA)."""
     generation: int
+    secrets_read_at: float
+    problem: str | None = None
+    draining: bool = False
+    """No longer persistent: deliver what is queued, then delete the queue."""
     delivered: dict[int, DeliveredCache] = field(default_factory=dict)
+
+
+def _fingerprint(*parts: object) -> str:
+    return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 
 class DeliveryService:
@@ -56,26 +118,35 @@ class DeliveryService:
         store: QueueStore,
         ownership: Ownership,
         namespaces: list[str],
-        refresh_interval_s: float = 3.0,
-        round_interval_s: float = 0.2,
+        timings: ServiceTimings = ServiceTimings(),
     ) -> None:
         self._custom = client.CustomObjectsApi(api)
         self._kube = Kube(api)
         self._store = store
         self._ownership = ownership
+        ownership.before_release = self.before_release
         self._namespaces = namespaces
-        self._refresh_s = refresh_interval_s
-        self._round_s = round_interval_s
-        self.topics: dict[tuple[str, str], TopicRuntime] = {}
-        self.ingest_topics: dict[tuple[str, str], IngestTopic] = {}
-        self.ingest = Ingest(store, self.ingest_topics, self.resolve)
+        self.timings = timings
+        self.topics: dict[TopicKey, TopicRuntime] = {}
+        self.ingest_topics: dict[TopicKey, IngestTopic] = {}
+        self.ingest = Ingest(store, self.ingest_topics, self.resolve, self._wake)
         # Unknown Topics looked up recently: a stray or hostile sender must not turn every
         # request into an API server call.
-        self._misses: dict[tuple[str, str], float] = {}
+        self._misses: dict[TopicKey, float] = {}
         self._lock = asyncio.Lock()
+        self._loops: dict[tuple[QueueName, int], asyncio.Task[None]] = {}
+        self._wakes: dict[tuple[QueueName, int], asyncio.Event] = {}
+        self._stopping = False
+        self._stored: set[QueueName] = set()
+        """Queues the store held at the last sweep (finds queues to drain after a restart)."""
 
     def app(self) -> web.Application:
         return build_app(self.ingest)
+
+    # --- Topics ---------------------------------------------------------------------------
+
+    def _in_scope(self, namespace: str) -> bool:
+        return not self._namespaces or namespace in self._namespaces
 
     async def _list_topics(self) -> list[dict[str, Any]]:
         if not self._namespaces:
@@ -91,6 +162,8 @@ class DeliveryService:
     async def resolve(self, namespace: str, name: str) -> IngestTopic | None:
         """Look up one Topic now (it may have become Ready since the last refresh)."""
         key = (namespace, name)
+        if not self._in_scope(namespace):
+            return None
         if time.monotonic() - self._misses.get(key, -1e9) < 1.0:
             return None
         async with self._lock:
@@ -109,40 +182,85 @@ class DeliveryService:
         return found
 
     async def refresh(self) -> None:
-        """Bring the Topic table in line with the persistent Topics that exist now."""
-        seen: set[tuple[str, str]] = set()
+        """Bring the Topic table in line with the Topics that exist now."""
+        seen: set[TopicKey] = set()
         async with self._lock:
             for topic in await self._list_topics():
-                key = await self._consider(topic)
-                if key is not None:
-                    seen.add(key)
+                meta = topic["metadata"]
+                seen.add((meta["namespace"], meta["name"]))
+                try:
+                    await self._consider(topic)
+                except Exception:
+                    # One broken Topic must not keep the others from being served.
+                    log.exception("cannot serve topic %s/%s", meta["namespace"], meta["name"])
         for key in set(self.topics) - seen:
-            runtime = self.topics.pop(key)
+            await self._retire(key, reason="its Topic was deleted")
+        # Drop the ingest of Topics the list no longer shows even without a runtime.
+        for key in set(self.ingest_topics) - seen:
             self.ingest_topics.pop(key, None)
-            await runtime.endpoint.aclose()
 
-    async def _consider(self, topic: dict[str, Any]) -> tuple[str, str] | None:
-        """Serve ``topic`` if it is persistent and has its token; returns its key then."""
+    async def _consider(self, topic: dict[str, Any]) -> None:
         meta = topic["metadata"]
-        key = (meta["namespace"], meta["name"])
+        key: TopicKey = (meta["namespace"], meta["name"])
         spec = TopicSpec.model_validate(topic["spec"])
+        generation = int(meta.get("generation") or 0)
+        current = self.topics.get(key)
+        queue = QueueName(*key)
         if not spec.persistent:
-            return None
+            self.ingest_topics.pop(key, None)
+            if current is None and queue not in self._stored:
+                return
+            # It was persistent: what is queued still goes out, then the queue goes.
+            if current is None or current.generation != generation:
+                await self._open(key, spec, generation, draining=True)
+            return
+        due = (
+            current is None
+            or current.generation != generation
+            or current.draining
+            or time.monotonic() - current.secrets_read_at > self.timings.secret_refresh_s
+        )
+        if not due:
+            return
         try:
             token = await self._kube.secret_key(
                 key[0], ingest_token_secret(key[1]), INGEST_TOKEN_KEY
             )
         except SecretMissing:
-            return None  # the operator has not created it yet
-        current = self.topics.get(key)
-        if current is not None and current.generation == meta.get("generation"):
-            self.ingest_topics[key] = IngestTopic(current.queue, token, current.shards)
+            token = None  # the operator has not created it yet
+        await self._open(key, spec, generation, draining=False)
+        if token is None:
+            self.ingest_topics.pop(key, None)
         else:
-            await self._open(key, spec, meta.get("generation", 0), token)
-        return key
+            runtime = self.topics[key]
+            self.ingest_topics[key] = IngestTopic(runtime.queue, token, runtime.shards)
+
+    async def _endpoint_inputs(
+        self, namespace: str, spec: TopicSpec
+    ) -> tuple[tuple[str, str] | None, str | None]:
+        endpoint = spec.endpoint
+        credentials = None
+        ref = (endpoint.amqp and endpoint.amqp.credentials_ref) or (
+            endpoint.kafka and endpoint.kafka.sasl and endpoint.kafka.sasl.credentials_ref
+        )
+        if ref:
+            data = await self._kube.secret_data(namespace, ref.secret_name)
+            for secret_key in (ref.username_key, ref.password_key):
+                if secret_key not in data:
+                    raise SecretMissing(
+                        f"Secret {namespace}/{ref.secret_name} has no key {secret_key!r}"
+                    )
+            credentials = (data[ref.username_key], data[ref.password_key])
+        ca_ref = (
+            (endpoint.http and endpoint.http.ca_ref)
+            or (endpoint.amqp and endpoint.amqp.ca_ref)
+            or (endpoint.kafka and endpoint.kafka.ca_ref)
+        )
+        ca_pem = await self._kube.ca_bundle(namespace, ca_ref) if ca_ref else None
+        return credentials, ca_pem
 
     async def _open(
-        self, key: tuple[str, str], spec: TopicSpec, generation: int, token: str
+        self, key: TopicKey, spec: TopicSpec, generation: int, *, draining: bool
     ) -> None:
         namespace, name = key
         delivery = spec.delivery
@@ -150,25 +268,40 @@ class DeliveryService:
         limits = QueueLimits(
             max_entries=delivery.max_queue_entries if delivery else QueueLimits.max_entries,
             max_bytes=delivery.max_queue_bytes if delivery else QueueLimits.max_bytes,
+            reservation_timeout_s=self.timings.reservation_timeout_s,
         )
         queue = QueueName(namespace, name)
-        await self._store.create(queue, shards, limits)
-        credentials = None
-        ref = (spec.endpoint.amqp and spec.endpoint.amqp.credentials_ref) or (
-            spec.endpoint.kafka
-            and spec.endpoint.kafka.sasl
-            and spec.endpoint.kafka.sasl.credentials_ref
-        )
-        if ref:
-            data = await self._kube.secret_data(namespace, ref.secret_name)
-            credentials = (data[ref.username_key], data[ref.password_key])
-        endpoint = open_endpoint(
-            spec.endpoint,
-            endpoint_topic=spec.endpoint_topic or gateway_topic_name(name, spec),
-            credentials=credentials,
-            ca_pem=None,
-        )
         old = self.topics.get(key)
+        if not draining:
+            await self._store.create(queue, shards, limits)
+        elif old is not None:
+            shards = old.shards  # the queue keeps the shards it was written with
+        endpoint: Endpoint | None = None
+        problem: str | None = None
+        try:
+            credentials, ca_pem = await self._endpoint_inputs(namespace, spec)
+            fingerprint = _fingerprint(
+                spec.model_dump(), credentials, ca_pem, generation, shards, draining
+            )
+        except SecretMissing as exc:
+            problem = str(exc)
+            fingerprint = _fingerprint(problem, generation, draining)
+        if old is not None and old.fingerprint == fingerprint:
+            old.secrets_read_at = time.monotonic()
+            return
+        if problem is None:
+            try:
+                endpoint = open_endpoint(
+                    spec.endpoint,
+                    endpoint_topic=spec.endpoint_topic or gateway_topic_name(name, spec),
+                    credentials=credentials,
+                    ca_pem=ca_pem,
+                )
+            except ConfigurationError as exc:
+                problem = str(exc)
+        if problem is not None and (old is None or old.problem != problem):
+            # Events keep being accepted and wait in the queue until this is fixed.
+            log.error("topic %s/%s: not delivering: %s", namespace, name, problem)
         self.topics[key] = TopicRuntime(
             queue=queue,
             shards=shards,
@@ -178,30 +311,129 @@ class DeliveryService:
                 retry_sleep_s=spec.retry_sleep_duration or 0,
             ),
             endpoint=endpoint,
+            fingerprint=fingerprint,
             generation=generation,
+            secrets_read_at=time.monotonic(),
+            problem=problem,
+            draining=draining,
+            delivered=old.delivered if old is not None else {},
         )
-        self.ingest_topics[key] = IngestTopic(queue, token, shards)
         if old is not None:
-            await old.endpoint.aclose()
-        log.info("serving persistent topic %s/%s (%d shards)", namespace, name, shards)
+            # The old runtime's loops finish their round and end; new ones start with the
+            # new endpoint at the next supervision.
+            await self._wait_loops(self._units_of(queue))
+            if old.endpoint is not None:
+                await old.endpoint.aclose()
+        log.info(
+            "%s topic %s/%s (%d shards)",
+            "draining" if draining else "serving",
+            namespace,
+            name,
+            shards,
+        )
 
-    async def round(self) -> None:
-        """One processing round over every owned shard of every Topic."""
-        work = []
-        for runtime in list(self.topics.values()):
+    async def _retire(self, key: TopicKey, *, reason: str) -> None:
+        """Stop serving ``key`` and delete its queue (counting what was still in it)."""
+        runtime = self.topics.pop(key, None)
+        self.ingest_topics.pop(key, None)
+        queue = QueueName(*key)
+        if runtime is not None:
+            await self._wait_loops(self._units_of(queue))
+            if runtime.endpoint is not None:
+                await runtime.endpoint.aclose()
+        with contextlib.suppress(LookupError):
+            stats = await self._store.stats(queue, time.time())
+            if stats.entries:
+                log.warning("queue %s deleted (%s): %d events lost", queue, reason, stats.entries)
+        await self._store.delete(queue)
+        self._stored.discard(queue)
+        log.info("queue %s deleted: %s", queue, reason)
+
+    async def sweep(self) -> None:
+        """Reclaim expired reservations; delete drained and orphaned queues."""
+        now = time.time()
+        self._stored = set(await self._store.queues())
+        for key, runtime in list(self.topics.items()):
+            if not self._ownership.owns_shard(runtime.queue, 0):
+                continue
+            reclaimed = await self._store.reclaim(runtime.queue, now)
+            if reclaimed:
+                log.warning("%s: reclaimed %d abandoned reservations", runtime.queue, reclaimed)
+            if runtime.draining:
+                stats = await self._store.stats(runtime.queue, now)
+                if stats.entries == 0 and stats.reservations == 0:
+                    await self._retire(key, reason="its Topic is no longer persistent")
+        # Queues of Topics deleted while no replica was running.
+        orphans = {
+            q
+            for q in self._stored
+            if self._in_scope(q.namespace) and (q.namespace, q.topic) not in self.topics
+        }
+        for queue in orphans:
+            if await self._kube.get_object("topics", queue.namespace, queue.topic) is None:
+                await self._retire((queue.namespace, queue.topic), reason="its Topic is gone")
+
+    # --- processing -----------------------------------------------------------------------
+
+    def _wake(self, queue: QueueName, shard: int) -> None:
+        event = self._wakes.get((queue, shard))
+        if event is not None:
+            event.set()
+
+    def _supervise(self) -> None:
+        """Start a loop for every owned shard that has none; loops end by themselves."""
+        for done in [k for k, task in self._loops.items() if task.done()]:
+            del self._loops[done]
+        if self._stopping:
+            return
+        for key, runtime in self.topics.items():
+            if runtime.endpoint is None:
+                continue
             for shard in range(runtime.shards):
-                if self._ownership.owns_shard(runtime.queue, shard):
-                    work.append(self._process(runtime, shard))
-        await asyncio.gather(*work)
+                unit = (runtime.queue, shard)
+                if unit not in self._loops and self._ownership.owns_shard(runtime.queue, shard):
+                    self._loops[unit] = asyncio.create_task(
+                        self._shard_loop(key, shard), name=f"shard {runtime.queue}#{shard}"
+                    )
 
-    async def _process(self, runtime: TopicRuntime, shard: int) -> None:
+    async def _shard_loop(self, key: TopicKey, shard: int) -> None:
+        # Bound to the runtime it started with: a changed Topic gets fresh loops.
+        runtime = self.topics[key]
+        endpoint = runtime.endpoint
+        assert endpoint is not None
+        queue = runtime.queue
+        wake = self._wakes.setdefault((queue, shard), asyncio.Event())
+        delay = self.timings.round_interval_s
+        while not self._stopping:
+            if self.topics.get(key) is not runtime or not self._ownership.owns_shard(queue, shard):
+                return
+            wake.clear()
+            result = await self._process(runtime, endpoint, shard)
+            if result is not None and result.listed >= LIST_BATCH and not result.failed:
+                continue  # a backlog: go on at once
+            progress = result is not None and (
+                result.delivered or result.expired or result.duplicates
+            )
+            if progress:
+                delay = self.timings.round_interval_s
+            else:
+                # Nothing to do, or only failures: poll, and hit the endpoint, less often.
+                delay = min(max(delay, self.timings.round_interval_s) * 2, self.timings.idle_max_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), delay)
+            if wake.is_set():
+                delay = self.timings.round_interval_s
+
+    async def _process(
+        self, runtime: TopicRuntime, endpoint: Endpoint, shard: int
+    ) -> RoundResult | None:
         queue = runtime.queue
         try:
             result = await process_shard(
                 store=self._store,
                 queue=queue,
                 shard=shard,
-                endpoint=runtime.endpoint,
+                endpoint=endpoint,
                 policy=runtime.policy,
                 delivered=runtime.delivered.setdefault(shard, DeliveredCache()),
                 still_owned=lambda: self._ownership.owns_shard(queue, shard),
@@ -209,7 +441,7 @@ class DeliveryService:
             )
         except Exception:
             log.exception("round of %s shard %d failed", queue, shard)
-            return
+            return None
         if result.delivered or result.failed or result.expired or result.duplicates:
             log.info(
                 "%s shard %d: delivered %d failed %d lost %d duplicates %d%s",
@@ -221,22 +453,61 @@ class DeliveryService:
                 result.duplicates,
                 " (fenced)" if result.fenced else "",
             )
+        return result
+
+    def _units_of(self, queue: QueueName) -> list[tuple[QueueName, int]]:
+        return [u for u in self._loops if u[0] == queue]
+
+    async def _wait_loops(self, units: list[tuple[QueueName, int]]) -> None:
+        tasks = [self._loops[u] for u in units if u in self._loops]
+        for unit in units:
+            self._wake(*unit)
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=self.timings.drain_timeout_s)
+            for task in pending:
+                # A round stuck on an endpoint: cancelling it before its removals means
+                # the next owner sends those entries again (a duplicate, never a loss).
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
+
+    async def before_release(self, partition: int) -> None:
+        """Ownership hands ``partition`` back: let its running rounds finish first (they
+        stop on their own, as the partition is no longer owned)."""
+        units = [
+            u
+            for u in self._loops
+            if partition_of(u[0], u[1], self._ownership.settings.partitions) == partition
+        ]
+        await self._wait_loops(units)
 
     async def run(self, stop: asyncio.Event) -> None:
         await self._ownership.start()
-        last_refresh = 0.0
+        last_refresh = last_sweep = -1e9
         try:
             while not stop.is_set():
-                if time.monotonic() - last_refresh > self._refresh_s:
+                now = time.monotonic()
+                if now - last_refresh > self.timings.refresh_interval_s:
                     try:
                         await self.refresh()
                     except Exception:
                         log.exception("refreshing the topic table failed")
-                    last_refresh = time.monotonic()
-                await self.round()
+                    last_refresh = now
+                if now - last_sweep > self.timings.sweep_interval_s:
+                    try:
+                        await self.sweep()
+                    except Exception:
+                        log.exception("sweeping the queues failed")
+                    last_sweep = now
+                self._supervise()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self._round_s)
+                    await asyncio.wait_for(stop.wait(), self.timings.round_interval_s)
         finally:
+            # Rounds finish their removals before the Leases are handed back, so the next
+            # owner starts from what this replica actually delivered.
+            self._stopping = True
+            await self._wait_loops(list(self._loops))
             await self._ownership.stop(release=True)
             for runtime in self.topics.values():
-                await runtime.endpoint.aclose()
+                if runtime.endpoint is not None:
+                    await runtime.endpoint.aclose()

@@ -43,6 +43,7 @@ class DeliveryPolicy:
 
 @dataclass
 class RoundResult:
+    listed: int = 0
     delivered: int = 0
     failed: int = 0
     expired: int = 0
@@ -95,6 +96,7 @@ async def process_shard(
 ) -> RoundResult:
     result = RoundResult()
     entries = await store.list(queue, shard, LIST_BATCH)
+    result.listed = len(entries)
     remove: list[str] = []
     retry: list[Entry] = []
     chains: OrderedDict[tuple[str, str], list[tuple[Entry, dict[str, Any]]]] = OrderedDict()
