@@ -12,7 +12,7 @@ from tests.kubectl import Kubectl
 from tests.localservices import REPO, LocalService
 
 # The operator fixtures live beside the helpers they use.
-pytest_plugins = ["tests.operator"]
+pytest_plugins = ["tests.operator", "tests.delivery"]
 
 
 def _service(name: str) -> Iterator[LocalService]:

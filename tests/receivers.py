@@ -58,7 +58,13 @@ class HttpReceiver:
 class ReceivedRequest:
     """One request a ``RecordingHttpServer`` answered."""
 
-    def __init__(self, path: str, headers: list[tuple[str, str]], body: bytes, port: int) -> None:
+    def __init__(
+        self, path: str, headers: list[tuple[str, str]], body: bytes, port: int, status: int = 200
+    ) -> None:
+        self.time = time.time()
+        """When it was answered."""
+        self.status = status
+        """What it was answered."""
         self.path = path
         self.headers = headers
         """(name, value) as sent, names lower-cased."""
@@ -103,10 +109,11 @@ class RecordingHttpServer:
                     if outer.delay_s:
                         time.sleep(outer.delay_s)
                     headers = [(k.lower(), v) for k, v in self.headers.items()]
+                    status = outer.status
                     outer.requests.put(
-                        ReceivedRequest(self.path, headers, body, self.client_address[1])
+                        ReceivedRequest(self.path, headers, body, self.client_address[1], status)
                     )
-                    self.send_response(outer.status)
+                    self.send_response(status)
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                 finally:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["DeliveryServiceSettings", "OperatorSettings"]
@@ -74,12 +74,18 @@ class DeliveryServiceSettings(BaseSettings):
     """Namespace of the ownership Leases."""
     partitions: int = Field(default=32, ge=1, le=1024)
     """Ownership units (see delivery/ownership.py)."""
-    lease_duration_seconds: int = Field(default=15, ge=2)
-    """A dead replica's shards move after this long."""
-    renew_interval_seconds: float = Field(default=5.0, gt=0)
-    """Lease renewal and rebalancing interval."""
-    renew_deadline_seconds: float = Field(default=10.0, gt=0)
-    """Processing stops this long after the last renewal; below the lease duration."""
+    lease_duration_seconds: int = Field(default=12, ge=2)
+    """A dead replica's Leases expire this long after its last renewal; the survivors take
+    them at their next renewal, so failover takes at most lease duration + renew interval
+    (15 s with the defaults; the gateway's cls locks: 90 s)."""
+    renew_interval_seconds: float = Field(default=3.0, gt=0)
+    """Lease renewal and rebalancing interval. Cluster-wide Lease writes per second:
+    (partitions + replicas) / interval, about 12/s with the defaults and 3 replicas,
+    whatever the number of Topics."""
+    renew_deadline_seconds: float = Field(default=8.0, gt=0)
+    """Processing stops this long after the last successful renewal: between the renew
+    interval and the lease duration, so a replica that cannot renew stops before anyone may
+    take its partitions."""
     namespaces: list[str] = Field(default_factory=list)
     """Namespaces whose persistent Topics to serve (JSON list); empty: all."""
     refresh_interval_seconds: float = Field(default=3.0, gt=0)
@@ -95,3 +101,15 @@ class DeliveryServiceSettings(BaseSettings):
     reservation_timeout_seconds: float = Field(default=30.0, gt=0)
     """A reservation not committed within this long (its writer died) stops counting
     against the queue's bounds and is reclaimed at the next sweep."""
+
+    @model_validator(mode="after")
+    def _deadline_between_renewal_and_expiry(self) -> DeliveryServiceSettings:
+        if not (
+            self.renew_interval_seconds < self.renew_deadline_seconds < self.lease_duration_seconds
+        ):
+            raise ValueError(
+                "need RENEW_INTERVAL_SECONDS < RENEW_DEADLINE_SECONDS < LEASE_DURATION_SECONDS"
+                f" (got {self.renew_interval_seconds}, {self.renew_deadline_seconds},"
+                f" {self.lease_duration_seconds}): a replica must stop before its Lease expires"
+            )
+        return self

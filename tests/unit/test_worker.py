@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,9 +12,14 @@ import pytest
 from bucketnotify.delivery.endpoints.base import Delivery
 from bucketnotify.delivery.endpoints.errors import RejectedError, UndeliverableError
 from bucketnotify.delivery.endpoints.testing import MockEndpoint
-from bucketnotify.delivery.queue import QueueLimits, QueueName
+from bucketnotify.delivery.queue import Entry, QueueLimits, QueueName
 from bucketnotify.delivery.stores.localdir import LocalDirStore
-from bucketnotify.delivery.worker import DeliveredCache, DeliveryPolicy, process_shard
+from bucketnotify.delivery.worker import (
+    DeadLetterSink,
+    DeliveredCache,
+    DeliveryPolicy,
+    process_shard,
+)
 
 QUEUE = QueueName("ns", "topic")
 T0 = 1_000_000.0
@@ -47,8 +53,10 @@ async def round_(
     policy: DeliveryPolicy = DEFAULT_POLICY,
     owned: bool = True,
     cache: DeliveredCache | None = None,
+    dead_letter: DeadLetterSink | None = None,
 ) -> Any:
     return await process_shard(
+        dead_letter=dead_letter,
         store=store,
         queue=QUEUE,
         shard=0,
@@ -156,3 +164,45 @@ async def test_a_fenced_replica_removes_nothing(store: LocalDirStore) -> None:
     result = await round_(store, MockEndpoint(), T0, owned=False)
     assert result.fenced
     assert [e.event_id for e in await store.list(QUEUE, 0)] == ["x"]
+
+
+async def test_dropped_events_go_to_the_dead_letter_sink_before_removal(
+    store: LocalDirStore,
+) -> None:
+    await enqueue(store, [("x", record("x", 1)), ("y", record("y", 2))])
+
+    def handler(delivery: Delivery) -> None:
+        if delivery.record["n"] == 1:
+            raise UndeliverableError("message too large")
+
+    taken: list[Entry] = []
+
+    async def sink(entries: Sequence[Entry]) -> None:
+        taken.extend(entries)
+
+    result = await round_(store, MockEndpoint(handler), T0, dead_letter=sink)
+    assert (result.delivered, result.expired, result.dead_lettered) == (1, 0, 1)
+    assert [(e.event_id, json.loads(e.body)["n"]) for e in taken] == [("x", 1)]
+    assert await store.list(QUEUE, 0) == []
+
+
+async def test_a_failing_dead_letter_sink_keeps_the_events(store: LocalDirStore) -> None:
+    await enqueue(store, [("x", record("x", 1))])
+
+    async def refuse(entries: Sequence[Entry]) -> None:
+        raise LookupError("no such topic")
+
+    policy = DeliveryPolicy(time_to_live_s=60)
+    down = MockEndpoint.failing(RejectedError("down"))
+    result = await round_(store, down, T0 + 61, policy, dead_letter=refuse)
+    assert (result.expired, result.dead_lettered) == (0, 0)
+    assert "no such topic" in result.errors[-1]
+    assert [e.event_id for e in await store.list(QUEUE, 0)] == ["x"], "kept, not lost"
+    taken: list[Entry] = []
+
+    async def sink(entries: Sequence[Entry]) -> None:
+        taken.extend(entries)
+
+    result = await round_(store, down, T0 + 62, policy, dead_letter=sink)
+    assert result.dead_lettered == 1 and [e.event_id for e in taken] == ["x"]
+    assert await store.list(QUEUE, 0) == []

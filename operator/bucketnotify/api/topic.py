@@ -220,7 +220,8 @@ class TopicSpec(Model):
     time_to_live: int | None = Field(default=None, ge=0)
     """Seconds an undelivered event is kept; 0 means forever (gateway time_to_live)."""
     max_retries: int | None = Field(default=None, ge=0)
-    """Delivery attempts before an event is dropped; 0 means unlimited (max_retries)."""
+    """Retries after the first delivery attempt before an event is dropped and counted lost
+    (1 + maxRetries attempts in all); 0 means unlimited (gateway max_retries)."""
     retry_sleep_duration: int | None = Field(default=None, ge=0)
     """Seconds between retries of one event; 0 means no delay (retry_sleep_duration)."""
     opaque_data: str | None = Field(default=None, max_length=1024)

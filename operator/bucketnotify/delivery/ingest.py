@@ -79,7 +79,7 @@ class Ingest:
         """Told about every shard that got new entries, so a local owner starts at once
         instead of at its next poll."""
 
-    async def _commit(self, queue: QueueName, by_shard: dict[int, list[tuple[str, bytes]]]) -> None:
+    async def commit(self, queue: QueueName, by_shard: dict[int, list[tuple[str, bytes]]]) -> None:
         """All shards or none: every reservation is taken before anything is committed."""
         now = time.time()
         reserved = await asyncio.gather(
@@ -137,7 +137,7 @@ class Ingest:
             body = json.dumps(record, separators=(",", ":")).encode()
             by_shard.setdefault(shard, []).append((event_id(record), body))
         try:
-            await self._commit(topic.queue, by_shard)
+            await self.commit(topic.queue, by_shard)
         except QueueFull:
             return web.json_response({"error": "queue full"}, status=503)
         return web.json_response({"committed": len(records)}, status=200)

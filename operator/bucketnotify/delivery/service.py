@@ -33,8 +33,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,9 +55,10 @@ from bucketnotify.delivery.endpoints.errors import ConfigurationError
 from bucketnotify.delivery.endpoints.factory import open_endpoint
 from bucketnotify.delivery.ingest import Ingest, IngestTopic, build_app
 from bucketnotify.delivery.ownership import Ownership, partition_of
-from bucketnotify.delivery.queue import QueueLimits, QueueName, QueueStore
+from bucketnotify.delivery.queue import Entry, QueueLimits, QueueName, QueueStore, shard_of
 from bucketnotify.delivery.worker import (
     LIST_BATCH,
+    DeadLetterSink,
     DeliveredCache,
     DeliveryPolicy,
     RoundResult,
@@ -103,6 +106,8 @@ class TopicRuntime:
     problem: str | None = None
     draining: bool = False
     """No longer persistent: deliver what is queued, then delete the queue."""
+    dead_letter: str | None = None
+    """Topic (same namespace) whose queue takes this one's dropped events."""
     delivered: dict[int, DeliveredCache] = field(default_factory=dict)
 
 
@@ -316,6 +321,7 @@ class DeliveryService:
             secrets_read_at=time.monotonic(),
             problem=problem,
             draining=draining,
+            dead_letter=delivery.dead_letter_topic if delivery else None,
             delivered=old.delivered if old is not None else {},
         )
         if old is not None:
@@ -412,7 +418,7 @@ class DeliveryService:
             if result is not None and result.listed >= LIST_BATCH and not result.failed:
                 continue  # a backlog: go on at once
             progress = result is not None and (
-                result.delivered or result.expired or result.duplicates
+                result.delivered or result.expired or result.dead_lettered or result.duplicates
             )
             if progress:
                 delay = self.timings.round_interval_s
@@ -438,22 +444,53 @@ class DeliveryService:
                 delivered=runtime.delivered.setdefault(shard, DeliveredCache()),
                 still_owned=lambda: self._ownership.owns_shard(queue, shard),
                 now=time.time(),
+                dead_letter=self._dead_letter_sink(runtime),
             )
         except Exception:
             log.exception("round of %s shard %d failed", queue, shard)
             return None
-        if result.delivered or result.failed or result.expired or result.duplicates:
+        if (
+            result.delivered
+            or result.failed
+            or result.expired
+            or result.dead_lettered
+            or result.duplicates
+        ):
             log.info(
-                "%s shard %d: delivered %d failed %d lost %d duplicates %d%s",
+                "%s shard %d: delivered %d failed %d lost %d dead-lettered %d duplicates %d%s%s",
                 queue,
                 shard,
                 result.delivered,
                 result.failed,
                 result.expired,
+                result.dead_lettered,
                 result.duplicates,
                 " (fenced)" if result.fenced else "",
+                f"; first error: {result.errors[0]}" if result.errors else "",
             )
         return result
+
+    def _dead_letter_sink(self, runtime: TopicRuntime) -> DeadLetterSink | None:
+        if runtime.dead_letter is None:
+            return None
+        key = (runtime.queue.namespace, runtime.dead_letter)
+
+        async def sink(entries: Sequence[Entry]) -> None:
+            target = self.topics.get(key)
+            if target is None or target.draining:
+                raise LookupError(f"{key[0]}/{key[1]} is not a persistent Topic")
+            by_shard: dict[int, list[tuple[str, bytes]]] = {}
+            for entry in entries:
+                s3 = json.loads(entry.body).get("s3") or {}
+                shard = shard_of(
+                    str((s3.get("bucket") or {}).get("name", "")),
+                    str((s3.get("object") or {}).get("key", "")),
+                    target.shards,
+                )
+                by_shard.setdefault(shard, []).append((entry.event_id, entry.body))
+            await self.ingest.commit(target.queue, by_shard)
+
+        return sink
 
     def _units_of(self, queue: QueueName) -> list[tuple[QueueName, int]]:
         return [u for u in self._loops if u[0] == queue]

@@ -12,6 +12,9 @@ Decisions are made here; the store and the endpoint are adapters behind their in
   ingest. 0 means unlimited for both, as in the reference. Expired entries are removed and
   counted lost.
 - Undeliverable: an outcome that retrying cannot change is dropped and counted lost.
+- Dead letters: with a ``dead_letter`` sink, dropped entries (expired or undeliverable) are
+  handed to it before they are removed; if it fails they stay and are offered again next
+  round, so a dead-letter queue that is full or away never loses them silently.
 - Duplicates: an entry whose event identity was already delivered (the gateway re-sends
   some events) is removed without being pushed.
 - Fencing: nothing is removed or updated once this replica no longer owns the shard; the
@@ -22,14 +25,17 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from bucketnotify.delivery.endpoints.base import Delivery, Endpoint, PushOutcome
 from bucketnotify.delivery.queue import Entry, QueueName, QueueStore
 
-__all__ = ["DeliveredCache", "DeliveryPolicy", "RoundResult", "process_shard"]
+__all__ = ["DeadLetterSink", "DeliveredCache", "DeliveryPolicy", "RoundResult", "process_shard"]
+
+DeadLetterSink = Callable[[Sequence[Entry]], Awaitable[None]]
+"""Takes dropped entries durably (another Topic's queue) or raises."""
 
 LIST_BATCH = 1024
 
@@ -47,6 +53,9 @@ class RoundResult:
     delivered: int = 0
     failed: int = 0
     expired: int = 0
+    """Dropped (expired or undeliverable) and lost."""
+    dead_lettered: int = 0
+    """Dropped and handed to the dead-letter topic."""
     duplicates: int = 0
     fenced: bool = False
     errors: list[str] = field(default_factory=list)
@@ -93,8 +102,10 @@ async def process_shard(
     delivered: DeliveredCache,
     still_owned: Callable[[], bool],
     now: float,
+    dead_letter: DeadLetterSink | None = None,
 ) -> RoundResult:
     result = RoundResult()
+    dropped: list[Entry] = []
     entries = await store.list(queue, shard, LIST_BATCH)
     result.listed = len(entries)
     remove: list[str] = []
@@ -110,7 +121,7 @@ async def process_shard(
             remove.append(entry.id)
         elif _expired(entry, policy, now):
             result.expired += 1
-            remove.append(entry.id)
+            dropped.append(entry)
         elif entry.not_before > now or obj in blocked:
             # Waiting for its retry time, and everything after it for the same object waits too.
             blocked.add(obj)
@@ -145,7 +156,7 @@ async def process_shard(
                 # Retrying cannot help (e.g. too large for the broker): drop it as lost, and
                 # keep the object's later events waiting no longer.
                 result.expired += 1
-                remove.append(entry.id)
+                dropped.append(entry)
                 if outcome.error:
                     result.errors.append(outcome.error)
             else:
@@ -168,6 +179,15 @@ async def process_shard(
     if not still_owned():
         result.fenced = True
         return result
+    if dropped and dead_letter is not None:
+        result.expired -= len(dropped)
+        try:
+            await dead_letter(dropped)
+            result.dead_lettered = len(dropped)
+        except Exception as exc:
+            result.errors.append(f"dead-letter topic refused {len(dropped)} events: {exc}")
+            dropped = []
+    remove += [e.id for e in dropped]
     if remove:
         await store.remove(queue, shard, remove)
     if retry:

@@ -1,0 +1,408 @@
+"""The delivery service as several real processes: spread, failover, crashed writers.
+
+Everything is real: replicas as separate `bucketnotify delivery` processes sharing the S3
+queue store on Ceph RGW, Leases on the apiserver, the operator, the gateway pushing through
+a balancer (a Service's part) to the ingest, and an HTTP endpoint.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import boto3
+import pytest
+
+from bucketnotify.delivery.ownership import partition_of
+from bucketnotify.delivery.queue import QueueName, shard_of
+from tests.delivery import StartCluster
+from tests.kubectl import Kubectl
+from tests.localservices import LocalService
+from tests.operator import StartOperator
+from tests.receivers import RecordingHttpServer
+from tests.resources import apply, condition
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.usefixtures("crds")
+
+PARTITIONS = 32  # the default
+SHARDS = 11  # the default
+LEASE_DURATION_S = 12  # the default
+RENEW_INTERVAL_S = 3  # the default
+
+
+def s3_client(rgw: LocalService) -> Any:
+    return boto3.client(
+        "s3",
+        endpoint_url=rgw["RGW_ENDPOINT"],
+        aws_access_key_id=rgw["RGW_ACCESS_KEY"],
+        aws_secret_access_key=rgw["RGW_SECRET_KEY"],
+        region_name=rgw["RGW_REGION"],
+    )
+
+
+def delivered(receiver: RecordingHttpServer, into: list[tuple[str, float]]) -> list[str]:
+    """Take the newly acknowledged records as (key, time) into ``into``; their keys."""
+    keys = []
+    for request in receiver.received():
+        if request.status != 200:
+            continue
+        for record in json.loads(request.body)["Records"]:
+            keys.append(record["s3"]["object"]["key"])
+            into.append((keys[-1], request.time))
+    return keys
+
+
+def spread(holders: dict[int, str]) -> list[int]:
+    return sorted(collections.Counter(holders.values()).values())
+
+
+def test_three_replicas_spread_evenly_and_a_killed_owner_loses_nothing(
+    kubectl: Kubectl,
+    namespace: str,
+    start_operator: StartOperator,
+    delivery_cluster: StartCluster,
+    rgw: LocalService,
+) -> None:
+    cluster = delivery_cluster("s3")
+    for i in range(3):
+        cluster.start(f"replica-{i}")
+    balancer = cluster.front()
+    wait_until(
+        cluster.holders,
+        lambda h: len(h) == PARTITIONS and spread(h) == [10, 11, 11],
+        30,
+        "32 partitions spread 10/11/11 over three replicas",
+    )
+    start_operator(ingest_url=balancer.url)
+    s3 = s3_client(rgw)
+    bucket = f"ko-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(Bucket=bucket)
+    events = 600
+    keys = [f"obj-{i:04d}" for i in range(events)]
+    # A slow endpoint keeps batches in flight, so the kill lands in the middle of one.
+    with RecordingHttpServer(delay_s=0.1) as receiver:
+        apply(
+            kubectl,
+            namespace,
+            "Topic",
+            "durable",
+            {"endpoint": {"http": {"url": receiver.url}}, "persistent": True},
+        )
+        condition(kubectl, namespace, "topic", "durable")
+        apply(
+            kubectl,
+            namespace,
+            "BucketNotification",
+            "n",
+            {
+                "bucket": bucket,
+                "topicRef": {"name": "durable"},
+                "testEvent": False,
+                "events": ["s3:ObjectCreated:Put"],
+            },
+        )
+        condition(kubectl, namespace, "bucketnotification", "n")
+
+        got: list[tuple[str, float]] = []
+        with ThreadPoolExecutor(4) as writers:
+            puts = writers.map(lambda k: s3.put_object(Bucket=bucket, Key=k, Body=b"x" * 100), keys)
+            wait_until(
+                lambda: (delivered(receiver, got), len(got))[1],
+                lambda n: n >= events // 3,
+                120,
+                "a third of the events delivered",
+            )
+            queue = QueueName(namespace, "durable")
+            holders = cluster.holders()
+            owner_of = {s: holders.get(partition_of(queue, s, PARTITIONS)) for s in range(SHARDS)}
+            victim = collections.Counter(owner_of.values()).most_common(1)[0][0]
+            assert victim is not None
+            victim_shards = {s for s, owner in owner_of.items() if owner == victim}
+            killed_at = time.time()
+            cluster.kill(victim)
+            list(puts)  # every PUT succeeded
+        pending_at_kill = {k for k in keys if shard_of(bucket, k, SHARDS) in victim_shards} - {
+            k for k, _ in got
+        }
+        assert pending_at_kill, "the killed replica had nothing left to deliver: no failover"
+
+        wait_until(
+            lambda: (delivered(receiver, got), {k for k, _ in got})[1],
+            lambda seen: seen == set(keys),
+            120,
+            "every event delivered after the kill",
+        )
+        time.sleep(3)  # stragglers, to count every duplicate
+        delivered(receiver, got)
+
+    counts = collections.Counter(k for k, _ in got)
+    duplicates = sum(n - 1 for n in counts.values())
+    resumed = min(
+        t for k, t in got if k in pending_at_kill and t > killed_at + 0.5
+    )  # the killed replica's own answers were in flight for up to 0.1 s
+    print(
+        f"\nkilled {victim} owning shards {sorted(victim_shards)} with "
+        f"{len(pending_at_kill)} events pending; its shards resumed after "
+        f"{resumed - killed_at:.1f} s; {duplicates} duplicates of {events} events"
+    )
+    assert set(counts) == set(keys), "no event lost"
+    # Only entries the dead owner pushed and never removed can go out twice; every other
+    # gateway re-send is recognised by the shard's owner.
+    duplicated_shards = {shard_of(bucket, k, SHARDS) for k, n in counts.items() if n > 1}
+    assert duplicated_shards <= victim_shards, "duplicates outside the killed replica's shards"
+    # Failover bound: the Lease expires within its duration of the last renewal, and the
+    # survivors look every renew interval (plus slack for a busy 2-core machine).
+    assert resumed - killed_at < LEASE_DURATION_S + RENEW_INTERVAL_S + 5
+    wait_until(
+        cluster.holders,
+        lambda h: len(h) == PARTITIONS and spread(h) == [16, 16] and victim not in h.values(),
+        30,
+        "the survivors share every partition",
+    )
+
+
+def _post(url: str, records: list[dict[str, Any]]) -> int:
+    request = urllib.request.Request(  # noqa: S310 - a loopback http:// URL the test built
+        url, data=json.dumps({"Records": records}).encode(), method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
+            status: int = response.status
+            return status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def _record(bucket: str, key: str) -> dict[str, Any]:
+    return {
+        "eventName": "ObjectCreated:Put",
+        "responseElements": {"x-amz-request-id": uuid.uuid4().hex},
+        "s3": {"bucket": {"name": bucket}, "object": {"key": key}},
+    }
+
+
+CRASHING_WRITER = """
+import asyncio, os, signal, time
+from bucketnotify.delivery.queue import QueueName
+from bucketnotify.delivery.stores.s3 import S3Store
+from bucketnotify.gateway.connection import GatewayConnection
+
+async def main():
+    store = S3Store(GatewayConnection(*os.environ["GATEWAY"].split(" ")), os.environ["BUCKET"])
+    await store.reserve(QueueName(*os.environ["QUEUE"].split("/")), 0, 2, 100, time.time())
+    os.kill(os.getpid(), signal.SIGKILL)  # between reserve and commit
+
+asyncio.run(main())
+"""
+
+
+def test_a_writer_killed_between_reserve_and_commit_leaks_no_reservation(
+    kubectl: Kubectl,
+    namespace: str,
+    start_operator: StartOperator,
+    delivery_cluster: StartCluster,
+    rgw: LocalService,
+) -> None:
+    cluster = delivery_cluster("s3")
+    cluster.start("replica-1", reservation_timeout_seconds="3", sweep_interval_seconds="1")
+    port = cluster.ports["replica-1"]
+    start_operator(ingest_url=f"http://127.0.0.1:{port}")
+    with RecordingHttpServer() as receiver:
+        apply(
+            kubectl,
+            namespace,
+            "Topic",
+            "small",
+            {
+                "endpoint": {"http": {"url": receiver.url}},
+                "persistent": True,
+                "delivery": {"handoff": "sync", "shards": 1, "maxQueueEntries": 2},
+            },
+        )
+        condition(kubectl, namespace, "topic", "small")
+        secret = kubectl.get("secret", "small-ingest-token", namespace)
+        token = base64.b64decode(secret["data"]["token"]).decode()
+        ingest = f"http://127.0.0.1:{port}/v1/topics/{namespace}/small/{token}"
+        wait_until(
+            lambda: _post(ingest, [_record("b", "first")]),
+            lambda status: status == 200,
+            30,
+            "the replica serves the topic",
+        )
+        wait_until(receiver.received, bool, 20, "the first event delivered")
+
+        bucket = cluster.env["BUCKETNOTIFY_DELIVERY_STORE"].removeprefix("s3://")
+        writer = subprocess.run(
+            [sys.executable, "-c", CRASHING_WRITER],
+            env={
+                **os.environ,
+                "GATEWAY": " ".join(
+                    rgw[k] for k in ("RGW_ENDPOINT", "RGW_ACCESS_KEY", "RGW_SECRET_KEY")
+                ),
+                "BUCKET": bucket,
+                "QUEUE": f"{namespace}/small",
+            },
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert writer.returncode == -9, writer.stderr
+        s3 = s3_client(rgw)
+        markers = f"queues/data/{namespace}/small/reservations/"
+
+        def leaked() -> int:
+            listed = s3.list_objects_v2(Bucket=bucket, Prefix=markers)
+            return int(listed.get("KeyCount", 0))
+
+        assert leaked() == 1
+        # The dead writer's reservation fills the queue: refused, and nothing enqueued.
+        refused = [_record("b", f"refused-{i}") for i in range(3)]
+        assert [_post(ingest, [r]) for r in refused] == [503, 503, 503]
+        # After the reservation timeout it no longer counts, and the sweep removes it.
+        wait_until(leaked, lambda n: n == 0, 20, "the abandoned reservation reclaimed")
+        assert _post(ingest, [_record("b", "accepted")]) == 200
+        arrived = wait_until(
+            lambda: [r for q in receiver.received() for r in json.loads(q.body)["Records"]],
+            bool,
+            20,
+            "the accepted event delivered",
+        )
+        time.sleep(2)
+        arrived += [r for q in receiver.received() for r in json.loads(q.body)["Records"]]
+    assert [r["s3"]["object"]["key"] for r in arrived] == ["accepted"]
+    log = cluster.replicas["replica-1"].log()
+    assert "reclaimed 1 abandoned reservations" in log
+
+
+def test_endpoint_outages_retry_until_delivered_or_expire_as_configured(
+    kubectl: Kubectl,
+    namespace: str,
+    start_operator: StartOperator,
+    delivery_cluster: StartCluster,
+    rgw: LocalService,
+) -> None:
+    cluster = delivery_cluster("dir")
+    cluster.start("replica-1")
+    port = cluster.ports["replica-1"]
+    start_operator(ingest_url=f"http://127.0.0.1:{port}")
+    s3 = s3_client(rgw)
+    with (
+        RecordingHttpServer(status=503) as recovering,
+        RecordingHttpServer(status=503) as down,
+        RecordingHttpServer() as parking,
+    ):
+        apply(
+            kubectl,
+            namespace,
+            "Topic",
+            "parking",
+            {"endpoint": {"http": {"url": f"{parking.url}/parking"}}, "persistent": True},
+        )
+        dead_letter = {"handoff": "sync", "deadLetterTopic": "parking"}
+        topics = {
+            "recovers": (recovering, {"retrySleepDuration": 1}),
+            "retries": (down, {"retrySleepDuration": 1, "maxRetries": 2}),
+            "ttl": (down, {"retrySleepDuration": 1, "timeToLive": 3}),
+            "dead": (down, {"retrySleepDuration": 1, "maxRetries": 1, "delivery": dead_letter}),
+        }
+        buckets = {}
+        for name, (receiver, settings) in topics.items():
+            apply(
+                kubectl,
+                namespace,
+                "Topic",
+                name,
+                {
+                    "endpoint": {"http": {"url": f"{receiver.url}/{name}"}},
+                    "persistent": True,
+                    "delivery": {"handoff": "sync"},
+                    **settings,
+                },
+            )
+            buckets[name] = f"{name}-{uuid.uuid4().hex[:10]}"
+            s3.create_bucket(Bucket=buckets[name])
+        condition(kubectl, namespace, "topic", "parking")
+        for name in topics:
+            condition(kubectl, namespace, "topic", name)
+            apply(
+                kubectl,
+                namespace,
+                "BucketNotification",
+                name,
+                {
+                    "bucket": buckets[name],
+                    "topicRef": {"name": name},
+                    "testEvent": False,
+                    "events": ["s3:ObjectCreated:Put"],
+                },
+            )
+        for name in topics:
+            condition(kubectl, namespace, "bucketnotification", name)
+        keys = ["a", "b", "c"]
+        for name in topics:
+            for key in keys:
+                s3.put_object(Bucket=buckets[name], Key=key, Body=b"x")
+
+        attempts: collections.Counter[tuple[str, str]] = collections.Counter()
+        ok: collections.Counter[tuple[str, str]] = collections.Counter()
+
+        def observe() -> collections.Counter[tuple[str, str]]:
+            for receiver in (recovering, down, parking):
+                for request in receiver.received():
+                    for record in json.loads(request.body)["Records"]:
+                        key = record["s3"]["object"]["key"]
+                        attempts[(request.path.strip("/"), key)] += 1
+                        if request.status == 200:
+                            ok[(request.path.strip("/"), key)] += 1
+            return attempts
+
+        # Down: every topic retries.
+        wait_until(
+            observe,
+            lambda a: all(a[("recovers", k)] >= 2 for k in keys),
+            30,
+            "retries while the endpoint answers 503",
+        )
+        recovering.status = 200
+        wait_until(
+            observe,
+            lambda _: all(ok[(t, k)] for t in ("recovers", "parking") for k in keys),
+            30,
+            "delivery after recovery, and to the dead-letter topic",
+        )
+        # maxRetries 2 = three attempts; timeToLive 3 s with a retry a second: a few.
+        wait_until(
+            observe,
+            lambda a: all(a[("retries", k)] >= 3 and a[("dead", k)] >= 2 for k in keys),
+            30,
+            "maxRetries used up",
+        )
+        time.sleep(4)  # nothing more may come after the entries are dropped
+        observe()
+        settled = dict(attempts)
+        time.sleep(3)
+        observe()
+    assert dict(attempts) == settled, "attempts after the events were dropped"
+    assert ok == {(t, k): 1 for t in ("recovers", "parking") for k in keys}, "each once"
+    assert [attempts[("dead", k)] for k in keys] == [2, 2, 2], "1 + maxRetries, then parked"
+    assert [attempts[("retries", k)] for k in keys] == [3, 3, 3], "1 + maxRetries attempts"
+    ttl = [attempts[("ttl", k)] for k in keys]
+    assert all(1 <= n <= 5 for n in ttl), f"timeToLive 3 s at one retry a second: {ttl}"
+    log = cluster.replicas["replica-1"].log()
+    lost = {name: 0 for name in ("retries", "ttl", "dead")}
+    for line in log.splitlines():
+        for name in lost:
+            if f"{namespace}/{name} shard" in line and " lost " in line:
+                lost[name] += int(line.split(" lost ")[1].split()[0])
+    assert lost == {"retries": 3, "ttl": 3, "dead": 0}, "dropped events counted lost"
