@@ -30,6 +30,8 @@ def start_operator(
             "BUCKETNOTIFY_NAMESPACES": json.dumps([namespace]),
             "BUCKETNOTIFY_LEADER_ELECTION_NAMESPACE": namespace,
             "BUCKETNOTIFY_DRIFT_INTERVAL_SECONDS": str(DRIFT_INTERVAL_S),
+            # Off unless a test asks for a port: 9090 may be taken (tests run in parallel).
+            "BUCKETNOTIFY_METRICS_PORT": "0",
             **{f"BUCKETNOTIFY_{k.upper()}": v for k, v in settings.items()},
         }
         program = Program(["operator"], env)

@@ -1,4 +1,4 @@
-"""Command-line entry points: ``bucketnotify operator``."""
+"""Command-line entry points: ``bucketnotify operator|delivery|topic|notification``."""
 
 from __future__ import annotations
 
@@ -10,25 +10,24 @@ import os
 import signal
 import socket
 import sys
-from pathlib import Path
 from typing import Any
 
 import kopf
+import prometheus_client
 from aiohttp import web
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.leaderelection import electionconfig, leaderelection
 from kubernetes_asyncio.leaderelection.resourcelock.leaselock import LeaseLock
 
+from bucketnotify import admin
 from bucketnotify.controller import handlers
 from bucketnotify.controller.notifications import BucketLocks
 from bucketnotify.delivery.ownership import LeaseSettings, Ownership
-from bucketnotify.delivery.queue import QueueStore
 from bucketnotify.delivery.service import DeliveryService, ServiceTimings
-from bucketnotify.delivery.stores.localdir import LocalDirStore
-from bucketnotify.delivery.stores.s3 import S3Store
-from bucketnotify.gateway.connection import GatewayConnection
+from bucketnotify.delivery.stores.open import open_store as _store
 from bucketnotify.kube import Kube, connect
+from bucketnotify.metrics import OperatorMetrics
 from bucketnotify.settings import DeliveryServiceSettings, OperatorSettings
 
 __all__ = ["main"]
@@ -53,6 +52,10 @@ def _configure_kopf(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 async def run_operator(settings: OperatorSettings) -> None:
     api = await connect()
+    metrics = OperatorMetrics()
+    if settings.metrics_port:
+        prometheus_client.start_http_server(settings.metrics_port, registry=metrics.registry)
+        log.info("operator metrics on :%d/metrics", settings.metrics_port)
     registry = kopf.get_default_registry()
     kopf.on.startup(registry=registry)(_configure_kopf)
     handlers.register_drift_timer(registry, settings.drift_interval_seconds)
@@ -62,7 +65,9 @@ async def run_operator(settings: OperatorSettings) -> None:
         loop.add_signal_handler(sig, stop.set)
     operator = kopf.operator(
         registry=registry,
-        memo=kopf.Memo(settings=settings, kube=Kube(api), bucket_locks=BucketLocks()),
+        memo=kopf.Memo(
+            settings=settings, kube=Kube(api), bucket_locks=BucketLocks(), metrics=metrics
+        ),
         clusterwide=not settings.namespaces,
         namespaces=settings.namespaces,
         standalone=True,
@@ -168,6 +173,7 @@ async def run_delivery(settings: DeliveryServiceSettings, operator: OperatorSett
             idle_max_s=settings.idle_poll_max_seconds,
             sweep_interval_s=settings.sweep_interval_seconds,
             reservation_timeout_s=settings.reservation_timeout_seconds,
+            stats_interval_s=settings.stats_interval_seconds,
         ),
     )
     stop = asyncio.Event()
@@ -178,40 +184,16 @@ async def run_delivery(settings: DeliveryServiceSettings, operator: OperatorSett
     await runner.setup()
     await web.TCPSite(runner, settings.listen_host, settings.listen_port).start()
     log.info(
-        "delivery replica %s: ingest on %s:%d", identity, settings.listen_host, settings.listen_port
+        "delivery replica %s: ingest and /metrics on %s:%d",
+        identity,
+        settings.listen_host,
+        settings.listen_port,
     )
     try:
         await service.run(stop)
     finally:
         await runner.cleanup()
         await api.close()
-
-
-async def _store(settings: DeliveryServiceSettings, operator: OperatorSettings) -> QueueStore:
-    scheme, _, rest = settings.store.partition("://")
-    if scheme == "dir" and rest.startswith("/"):
-        return LocalDirStore(Path(rest))
-    if scheme == "s3" and rest:
-        if not (
-            operator.gateway_endpoint
-            and operator.gateway_access_key
-            and operator.gateway_secret_key
-        ):
-            raise SystemExit(
-                "an s3:// store needs BUCKETNOTIFY_GATEWAY_ENDPOINT, _ACCESS_KEY, _SECRET_KEY"
-            )
-        connection = GatewayConnection(
-            operator.gateway_endpoint,
-            operator.gateway_access_key,
-            operator.gateway_secret_key.get_secret_value(),
-            operator.gateway_region,
-        )
-        store = S3Store(connection, rest)
-        await store.ensure_bucket()
-        return store
-    raise SystemExit(
-        f"BUCKETNOTIFY_DELIVERY_STORE={settings.store!r}: use dir:///absolute/path or s3://bucket"
-    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -224,7 +206,10 @@ def main(argv: list[str] | None = None) -> int:
         "delivery",
         help="serve the ingest and deliver persistent Topics (BUCKETNOTIFY_DELIVERY_* env)",
     )
+    admin.register(commands)
     args = parser.parse_args(argv)
+    if args.command in admin.COMMANDS:
+        return admin.run(args)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

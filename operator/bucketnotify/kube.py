@@ -31,11 +31,19 @@ def _kubeconfig() -> str | None:
 
     Outside a pod ~/.kube/config, as kubectl does, so the CLI works on a workstation.
     """
+    # The library only logs a missing file and then fails on an empty configuration, with
+    # a message about a missing key that sends people looking in the wrong place.
     if os.environ.get("KUBECONFIG"):
-        return os.environ["KUBECONFIG"]
+        path = os.environ["KUBECONFIG"]
+        if not any(Path(p).is_file() for p in path.split(os.pathsep)):
+            raise config.ConfigException("no file of $KUBECONFIG exists")
+        return path
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         return None
-    return str(Path.home() / ".kube" / "config")
+    home = Path.home() / ".kube" / "config"
+    if not home.is_file():
+        raise config.ConfigException(f"no $KUBECONFIG, no {home}, and not in a pod")
+    return str(home)
 
 
 async def connect() -> client.ApiClient:

@@ -52,6 +52,9 @@ class OperatorSettings(BaseSettings):
     can expire, so two leaders never act at once)."""
     retry_period_seconds: int = Field(default=2, ge=1)
     """Interval of renewals and of attempts to take the Lease."""
+    metrics_port: int = Field(default=9090, ge=0, le=65535)
+    """Port of the Prometheus metrics server (``GET /metrics``, all addresses); 0 turns it
+    off. Followers serve it too (their counters stay at 0)."""
 
 
 class DeliveryServiceSettings(BaseSettings):
@@ -101,6 +104,10 @@ class DeliveryServiceSettings(BaseSettings):
     reservation_timeout_seconds: float = Field(default=30.0, gt=0)
     """A reservation not committed within this long (its writer died) stops counting
     against the queue's bounds and is reclaimed at the next sweep."""
+    stats_interval_seconds: float = Field(default=10.0, gt=0)
+    """How often the persistent_topic_len and _size gauges are read from the store (one
+    LIST per shard on the S3 store, by the owner of each queue's shard 0). The metrics are
+    served on the ingest port, ``GET /metrics``."""
 
     @model_validator(mode="after")
     def _deadline_between_renewal_and_expiry(self) -> DeliveryServiceSettings:

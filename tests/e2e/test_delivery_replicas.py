@@ -22,10 +22,11 @@ from typing import Any
 
 import boto3
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from bucketnotify.delivery.ownership import partition_of
 from bucketnotify.delivery.queue import QueueName, shard_of
-from tests.delivery import StartCluster
+from tests.delivery import StartCluster, free_port
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.operator import StartOperator
@@ -63,6 +64,49 @@ def delivered(receiver: RecordingHttpServer, into: list[tuple[str, float]]) -> l
     return keys
 
 
+def sync_topics(
+    kubectl: Kubectl,
+    namespace: str,
+    s3: Any,
+    topics: dict[str, tuple[RecordingHttpServer, dict[str, Any]]],
+) -> dict[str, str]:
+    """A persistent Topic (hand-off sync, endpoint ``<receiver>/<name>``) per entry, each
+    with a bucket of its own notifying it of PUTs; Ready. Returns name → bucket."""
+    buckets = {}
+    for name, (receiver, settings) in topics.items():
+        apply(
+            kubectl,
+            namespace,
+            "Topic",
+            name,
+            {
+                "endpoint": {"http": {"url": f"{receiver.url}/{name}"}},
+                "persistent": True,
+                "delivery": {"handoff": "sync"},
+                **settings,
+            },
+        )
+        buckets[name] = f"{name}-{uuid.uuid4().hex[:10]}"
+        s3.create_bucket(Bucket=buckets[name])
+    for name in topics:
+        condition(kubectl, namespace, "topic", name)
+        apply(
+            kubectl,
+            namespace,
+            "BucketNotification",
+            name,
+            {
+                "bucket": buckets[name],
+                "topicRef": {"name": name},
+                "testEvent": False,
+                "events": ["s3:ObjectCreated:Put"],
+            },
+        )
+    for name in topics:
+        condition(kubectl, namespace, "bucketnotification", name)
+    return buckets
+
+
 def spread(holders: dict[int, str]) -> list[int]:
     return sorted(collections.Counter(holders.values()).values())
 
@@ -90,16 +134,19 @@ def test_three_replicas_spread_evenly_and_a_killed_owner_loses_nothing(
     s3.create_bucket(Bucket=bucket)
     events = 600
     keys = [f"obj-{i:04d}" for i in range(events)]
+    # Gateway topics (and their persistent queues) are per tenant, not per namespace: a
+    # name of its own keeps other tests' leftovers out of this topic's gateway queue.
+    topic = f"durable-{uuid.uuid4().hex[:8]}"
     # A slow endpoint keeps batches in flight, so the kill lands in the middle of one.
     with RecordingHttpServer(delay_s=0.1) as receiver:
         apply(
             kubectl,
             namespace,
             "Topic",
-            "durable",
+            topic,
             {"endpoint": {"http": {"url": receiver.url}}, "persistent": True},
         )
-        condition(kubectl, namespace, "topic", "durable")
+        condition(kubectl, namespace, "topic", topic)
         apply(
             kubectl,
             namespace,
@@ -107,7 +154,7 @@ def test_three_replicas_spread_evenly_and_a_killed_owner_loses_nothing(
             "n",
             {
                 "bucket": bucket,
-                "topicRef": {"name": "durable"},
+                "topicRef": {"name": topic},
                 "testEvent": False,
                 "events": ["s3:ObjectCreated:Put"],
             },
@@ -123,7 +170,7 @@ def test_three_replicas_spread_evenly_and_a_killed_owner_loses_nothing(
                 120,
                 "a third of the events delivered",
             )
-            queue = QueueName(namespace, "durable")
+            queue = QueueName(namespace, topic)
             holders = cluster.holders()
             owner_of = {s: holders.get(partition_of(queue, s, PARTITIONS)) for s in range(SHARDS)}
             victim = collections.Counter(owner_of.values()).most_common(1)[0][0]
@@ -316,39 +363,8 @@ def test_endpoint_outages_retry_until_delivered_or_expire_as_configured(
             "ttl": (down, {"retrySleepDuration": 1, "timeToLive": 3}),
             "dead": (down, {"retrySleepDuration": 1, "maxRetries": 1, "delivery": dead_letter}),
         }
-        buckets = {}
-        for name, (receiver, settings) in topics.items():
-            apply(
-                kubectl,
-                namespace,
-                "Topic",
-                name,
-                {
-                    "endpoint": {"http": {"url": f"{receiver.url}/{name}"}},
-                    "persistent": True,
-                    "delivery": {"handoff": "sync"},
-                    **settings,
-                },
-            )
-            buckets[name] = f"{name}-{uuid.uuid4().hex[:10]}"
-            s3.create_bucket(Bucket=buckets[name])
         condition(kubectl, namespace, "topic", "parking")
-        for name in topics:
-            condition(kubectl, namespace, "topic", name)
-            apply(
-                kubectl,
-                namespace,
-                "BucketNotification",
-                name,
-                {
-                    "bucket": buckets[name],
-                    "topicRef": {"name": name},
-                    "testEvent": False,
-                    "events": ["s3:ObjectCreated:Put"],
-                },
-            )
-        for name in topics:
-            condition(kubectl, namespace, "bucketnotification", name)
+        buckets = sync_topics(kubectl, namespace, s3, topics)
         keys = ["a", "b", "c"]
         for name in topics:
             for key in keys:
@@ -406,3 +422,110 @@ def test_endpoint_outages_retry_until_delivered_or_expire_as_configured(
             if f"{namespace}/{name} shard" in line and " lost " in line:
                 lost[name] += int(line.split(" lost ")[1].split()[0])
     assert lost == {"retries": 3, "ttl": 3, "dead": 0}, "dropped events counted lost"
+
+
+def scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """(sample name, labels) → value of every sample a /metrics endpoint shows."""
+    with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310 (our http URL)
+        text = response.read().decode()
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_metrics_count_a_known_workload_exactly(
+    kubectl: Kubectl,
+    namespace: str,
+    start_operator: StartOperator,
+    delivery_cluster: StartCluster,
+    rgw: LocalService,
+) -> None:
+    """Through the gateway, the ingest and a real replica: 5 events to an endpoint that
+    acknowledges, 3 to one that is down with maxRetries 2 (3 attempts each, then lost).
+    Every delivery metric has its exact value; the operator counts its reconciles."""
+    cluster = delivery_cluster("dir")
+    cluster.start("replica-1", stats_interval_seconds="0.5")
+    port = cluster.ports["replica-1"]
+    operator_port = free_port()
+    start_operator(ingest_url=f"http://127.0.0.1:{port}", metrics_port=str(operator_port))
+    s3 = s3_client(rgw)
+    keys = {"up": [f"k{i}" for i in range(5)], "down": [f"k{i}" for i in range(3)]}
+    with RecordingHttpServer() as up, RecordingHttpServer(status=503) as down:
+        topics = {
+            "up": (up, {}),
+            "down": (down, {"retrySleepDuration": 1, "maxRetries": 2}),
+        }
+        buckets = sync_topics(kubectl, namespace, s3, topics)
+        for name, names in keys.items():
+            for key in names:
+                s3.put_object(Bucket=buckets[name], Key=key, Body=b"x")
+
+        url = f"http://127.0.0.1:{port}/metrics"
+        up_labels = {"namespace": namespace, "topic": "up"}
+        down_labels = {"namespace": namespace, "topic": "down"}
+
+        def get(found: dict[Any, float], name: str, **labels: str) -> float | None:
+            return found.get((name, frozenset(labels.items())))
+
+        wait_until(
+            lambda: scrape(url),
+            lambda m: (
+                get(m, "pubsub_push_ok_total", **up_labels) == 5
+                and get(m, "pubsub_event_lost_total", **down_labels) == 3
+                and get(m, "persistent_topic_len", **up_labels) == 0
+                and get(m, "persistent_topic_len", **down_labels) == 0
+            ),
+            40,
+            "every event delivered or lost",
+        )
+        time.sleep(3)  # nothing more may happen
+        found = scrape(url)
+    expected = {
+        ("pubsub_event_triggered_total", "up"): 5,
+        ("pubsub_event_triggered_total", "down"): 3,
+        ("pubsub_push_ok_total", "up"): 5,
+        ("pubsub_push_ok_total", "down"): 0,
+        ("pubsub_push_failed_total", "up"): 0,
+        ("pubsub_push_failed_total", "down"): 9,
+        ("pubsub_event_lost_total", "up"): 0,
+        ("pubsub_event_lost_total", "down"): 3,
+        ("bucketnotify_push_retries_total", "down"): 9,
+        ("bucketnotify_event_dead_lettered_total", "down"): 0,
+        ("bucketnotify_duplicates_suppressed_total", "up"): 0,
+        ("pubsub_push_pending", "up"): 0,
+        ("pubsub_push_pending", "down"): 0,
+        ("persistent_topic_len", "up"): 0,
+        ("persistent_topic_len", "down"): 0,
+        ("persistent_topic_size", "up"): 0,
+        ("persistent_topic_size", "down"): 0,
+        ("bucketnotify_ingest_commit_seconds_count", "up"): 5,
+        ("bucketnotify_ingest_commit_seconds_count", "down"): 3,
+        ("bucketnotify_delivery_latency_seconds_count", "up"): 5,
+        ("bucketnotify_delivery_latency_seconds_count", "down"): 0,
+        ("bucketnotify_push_seconds_count", "up"): 5,
+        ("bucketnotify_push_seconds_count", "down"): 9,
+    }
+    actual = {
+        (name, topic): get(found, name, namespace=namespace, topic=topic)
+        for name, topic in expected
+    }
+    assert actual == expected
+    assert get(found, "bucketnotify_ingest_requests_total", code="200") == 8
+    assert get(found, "bucketnotify_lease_partitions_owned", replica="replica-1") == PARTITIONS
+
+    ops = scrape(f"http://127.0.0.1:{operator_port}/metrics")
+    for kind in ("topic", "notification"):
+        runs = {
+            labels: v
+            for (name, labels), v in ops.items()
+            if name == "bucketnotify_reconcile_total"
+            and ("kind", kind) in labels
+            and ("action", "change") in labels
+        }
+        assert runs.get(
+            frozenset({("kind", kind), ("action", "change"), ("result", "success")}), 0
+        ) >= len(topics), runs
+        timed = get(ops, "bucketnotify_reconcile_seconds_count", kind=kind, action="change")
+        assert timed == sum(runs.values()), "every run is timed once"

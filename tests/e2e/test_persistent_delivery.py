@@ -80,20 +80,23 @@ def test_events_arrive_once_and_in_order_per_object(
         region_name=rgw["RGW_REGION"],
     )
     bucket = f"pd-{uuid.uuid4().hex[:12]}"
+    # Gateway topics and their persistent queues are per tenant, not per namespace: a name
+    # of its own keeps earlier tests' leftovers out of this topic's gateway queue.
+    topic = f"durable-{uuid.uuid4().hex[:8]}"
     s3.create_bucket(Bucket=bucket)
     with HttpReceiver() as receiver:
         apply(
             kubectl,
             namespace,
             "Topic",
-            "durable",
+            topic,
             {
                 "endpoint": {"http": {"url": receiver.url}},
                 "persistent": True,
                 "delivery": {"handoff": handoff, "shards": 4},
             },
         )
-        condition(kubectl, namespace, "topic", "durable")
+        condition(kubectl, namespace, "topic", topic)
         apply(
             kubectl,
             namespace,
@@ -101,7 +104,7 @@ def test_events_arrive_once_and_in_order_per_object(
             "n",
             {
                 "bucket": bucket,
-                "topicRef": {"name": "durable"},
+                "topicRef": {"name": topic},
                 "testEvent": False,
                 "events": ["s3:ObjectCreated:Put"],
             },

@@ -1,14 +1,19 @@
 """Every kopf registration of the operator, each delegating to a plain function.
 
-The operator's memo holds ``settings`` (OperatorSettings), ``kube`` (Kube) and
-``bucket_locks`` (BucketLocks); ``cli`` creates them before kopf starts.
+The operator's memo holds ``settings`` (OperatorSettings), ``kube`` (Kube),
+``bucket_locks`` (BucketLocks) and ``metrics`` (OperatorMetrics); ``cli`` creates them
+before kopf starts. Every reconciling handler is ``@_measured``: its count, result and
+duration go to the metrics.
 """
 
 from __future__ import annotations
 
+import contextvars
 import datetime as dt
-from collections.abc import Coroutine
-from typing import Any
+import functools
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 import kopf
 
@@ -29,6 +34,7 @@ from bucketnotify.controller.topics import (
 )
 from bucketnotify.delivery.endpoints.http import EndpointError
 from bucketnotify.gateway.errors import GatewayError
+from bucketnotify.metrics import OperatorMetrics
 from bucketnotify.settings import OperatorSettings
 
 __all__ = ["register_drift_timer"]
@@ -40,6 +46,55 @@ NOTIFICATIONS = (GROUP, VERSION, "bucketnotifications")
 # Backoff for a Topic whose gateway failed: a flapping gateway is not hammered, and a gateway
 # that comes back is noticed within a minute even between drift checks.
 RETRY_DELAY_S = 15
+
+
+Handler = TypeVar("Handler", bound=Callable[..., Awaitable[None]])
+
+_not_ready: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "bucketnotify_not_ready", default=None
+)
+
+
+def _measured(kind: str, action: str) -> Callable[[Handler], Handler]:
+    """Count and time every run of a handler: success, not_ready (it reported a reason
+    with ``_report_not_ready``), retry (kopf.TemporaryError) or error (anything else)."""
+
+    def decorate(handler: Handler) -> Handler:
+        @functools.wraps(handler)
+        async def measured(*args: Any, **kwargs: Any) -> None:
+            metrics = getattr(kwargs.get("memo"), "metrics", None)
+            token = _not_ready.set(None)
+            started = time.perf_counter()
+            result, reason = "success", None
+            try:
+                await handler(*args, **kwargs)
+                reason = _not_ready.get()
+                if reason is not None:
+                    result = "not_ready"
+            except kopf.TemporaryError:
+                result, reason = "retry", _not_ready.get() or "TemporaryError"
+                raise
+            except Exception as exc:
+                result, reason = "error", type(exc).__name__
+                raise
+            finally:
+                _not_ready.reset(token)
+                if isinstance(metrics, OperatorMetrics):
+                    metrics.reconcile.labels(kind, action, result).inc()
+                    if reason is not None:
+                        metrics.reconcile_errors.labels(kind, reason).inc()
+                    metrics.reconcile_seconds.labels(kind, action).observe(
+                        time.perf_counter() - started
+                    )
+
+        return measured  # type: ignore[return-value]
+
+    return decorate
+
+
+def _report_not_ready(reason: str) -> None:
+    """The handler ends without the object Ready: count it under ``reason``."""
+    _not_ready.set(reason)
 
 
 def _ns(namespace: str | None) -> str:
@@ -65,6 +120,7 @@ def _write(patch: kopf.Patch, current: kopf.Status, status: dict[str, Any]) -> N
 @kopf.on.create(*TOPICS)
 @kopf.on.update(*TOPICS)
 @kopf.on.resume(*TOPICS)
+@_measured("topic", "change")
 async def topic_changed(
     body: kopf.Body,
     spec: kopf.Spec,
@@ -101,10 +157,12 @@ async def topic_changed(
                 )
         return
     kopf.warn(body, reason=outcome.reason, message=outcome.message)
+    _report_not_ready(outcome.reason)
     if outcome.retry:
         raise kopf.TemporaryError(outcome.message, delay=RETRY_DELAY_S)
 
 
+@_measured("topic", "drift")
 async def topic_drift(
     body: kopf.Body,
     spec: kopf.Spec,
@@ -136,6 +194,8 @@ def _report_drift(
     body: kopf.Body, patch: kopf.Patch, status: kopf.Status, outcome: Outcome, was_ready: bool
 ) -> None:
     _write(patch, status, outcome.status)
+    if not outcome.ready:
+        _report_not_ready(outcome.reason)
     if outcome.repaired:
         kopf.warn(
             body,
@@ -185,6 +245,7 @@ async def _bounded_delete(
 
 
 @kopf.on.delete(*TOPICS)
+@_measured("topic", "delete")
 async def topic_deleted(
     body: kopf.Body,
     spec: kopf.Spec,
@@ -254,6 +315,7 @@ def notifications_by_topic(
 @kopf.on.create(*NOTIFICATIONS)
 @kopf.on.update(*NOTIFICATIONS)
 @kopf.on.resume(*NOTIFICATIONS)
+@_measured("notification", "change")
 async def notification_changed(
     body: kopf.Body,
     spec: kopf.Spec,
@@ -296,10 +358,12 @@ async def notification_changed(
     _write(patch, status, new_status)
     if not outcome.ready:
         kopf.warn(body, reason=outcome.reason, message=outcome.message)
+        _report_not_ready(outcome.reason)
         if outcome.retry:
             raise kopf.TemporaryError(outcome.message, delay=RETRY_DELAY_S)
 
 
+@_measured("notification", "drift")
 async def notification_drift(
     body: kopf.Body,
     spec: kopf.Spec,
@@ -328,6 +392,7 @@ async def notification_drift(
 
 
 @kopf.on.delete(*NOTIFICATIONS)
+@_measured("notification", "delete")
 async def notification_deleted(
     body: kopf.Body,
     spec: kopf.Spec,

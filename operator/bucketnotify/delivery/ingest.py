@@ -13,6 +13,9 @@ Nothing is enqueued for any of them: a request reserves room in every shard it t
 before it commits to any. Each request costs one reservation and one commit per shard it
 touches; grouping concurrent requests into one store write (for the S3 store's request
 count) is not done yet.
+
+``GET /metrics`` on the same server serves the replica's Prometheus metrics
+(docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any
 from aiohttp import web
 
 from bucketnotify.delivery.queue import QueueFull, QueueName, QueueStore, Reservation, shard_of
+from bucketnotify.metrics import CONTENT_TYPE_LATEST, DeliveryMetrics
 
 __all__ = ["MAX_BODY_BYTES", "Ingest", "IngestTopic", "build_app", "event_id"]
 
@@ -68,8 +72,10 @@ class Ingest:
         topics: Mapping[tuple[str, str], IngestTopic],
         resolve: Resolver | None = None,
         committed: Callable[[QueueName, int], None] | None = None,
+        metrics: DeliveryMetrics | None = None,
     ) -> None:
         self.store = store
+        self.metrics = metrics if metrics is not None else DeliveryMetrics()
         self.topics = topics
         """(namespace, topic) → IngestTopic; kept current by whoever watches the Topics."""
         self._resolve = resolve
@@ -109,6 +115,11 @@ class Ingest:
                     self._committed(queue, shard)
 
     async def handle(self, request: web.Request) -> web.Response:
+        response = await self._handle(request)
+        self.metrics.ingest_requests.labels(str(response.status)).inc()
+        return response
+
+    async def _handle(self, request: web.Request) -> web.Response:
         namespace = request.match_info["namespace"]
         name = request.match_info["topic"]
         topic = self.topics.get((namespace, name))
@@ -136,10 +147,15 @@ class Ingest:
             shard = shard_of(s3["bucket"]["name"], s3["object"]["key"], topic.shards)
             body = json.dumps(record, separators=(",", ":")).encode()
             by_shard.setdefault(shard, []).append((event_id(record), body))
+        started = time.perf_counter()
         try:
             await self.commit(topic.queue, by_shard)
         except QueueFull:
             return web.json_response({"error": "queue full"}, status=503)
+        self.metrics.ingest_commit_seconds.labels(namespace, name).observe(
+            time.perf_counter() - started
+        )
+        self.metrics.event_triggered.labels(namespace, name).inc(len(records))
         return web.json_response({"committed": len(records)}, status=200)
 
 
@@ -167,4 +183,11 @@ def _records(raw: bytes) -> Sequence[dict[str, Any]] | None:
 def build_app(ingest: Ingest) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app.router.add_post("/v1/topics/{namespace}/{topic}/{token}", ingest.handle)
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(
+            body=ingest.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    app.router.add_get("/metrics", metrics)
     return app

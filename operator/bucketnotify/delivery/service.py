@@ -23,6 +23,11 @@ Lifecycle of a queue:
 - expired reservations (a writer crashed between reserve and commit) are reclaimed by the
   owner of the queue's shard 0 every ``sweep_interval_s``.
 
+Metrics (``bucketnotify.metrics``, served on the ingest's ``GET /metrics``): counted from
+each round's ``RoundResult`` and around each push wave; a queue's length and size are read
+every ``stats_interval_s`` and exported only by the owner of its shard 0, so a sum over
+replicas counts each queue once.
+
 An endpoint that cannot be opened as specified (missing credentials or CA, an unsupported
 SASL mechanism) does not stop the ingest: events wait in the queue until the Topic or its
 Secret is fixed.
@@ -38,7 +43,8 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
 
 from aiohttp import web
 from kubernetes_asyncio import client
@@ -50,7 +56,7 @@ from bucketnotify.controller.topic_builder import (
     gateway_topic_name,
     ingest_token_secret,
 )
-from bucketnotify.delivery.endpoints.base import Endpoint
+from bucketnotify.delivery.endpoints.base import Delivery, Endpoint, PushOutcome
 from bucketnotify.delivery.endpoints.errors import ConfigurationError
 from bucketnotify.delivery.endpoints.factory import open_endpoint
 from bucketnotify.delivery.ingest import Ingest, IngestTopic, build_app
@@ -65,6 +71,7 @@ from bucketnotify.delivery.worker import (
     process_shard,
 )
 from bucketnotify.kube import Kube, SecretMissing
+from bucketnotify.metrics import DeliveryMetrics
 
 __all__ = ["DeliveryService", "ServiceTimings", "TopicRuntime"]
 
@@ -90,6 +97,9 @@ class ServiceTimings:
     """A reservation not committed for this long (its writer died) is reclaimed."""
     drain_timeout_s: float = 5.0
     """How long a hand-back or a shutdown waits for running rounds to finish."""
+    stats_interval_s: float = 10.0
+    """How often the queue length and size gauges are read from the store (a LIST per
+    shard on the S3 store)."""
 
 
 @dataclass
@@ -115,6 +125,40 @@ def _fingerprint(*parts: object) -> str:
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 
+class _Metered:
+    """An endpoint that counts its pushes in flight and times its push waves."""
+
+    def __init__(self, endpoint: Endpoint, metrics: DeliveryMetrics, queue: QueueName) -> None:
+        self._endpoint = endpoint
+        self._pending = metrics.push_pending.labels(queue.namespace, queue.topic)
+        self._seconds = metrics.push_seconds.labels(queue.namespace, queue.topic)
+
+    async def send(self, batch: Sequence[Delivery]) -> list[PushOutcome]:
+        self._pending.inc(len(batch))
+        started = time.perf_counter()
+        try:
+            return await self._endpoint.send(batch)
+        finally:
+            self._pending.dec(len(batch))
+            took = time.perf_counter() - started
+            for _ in batch:
+                self._seconds.observe(took)
+
+    async def aclose(self) -> None:
+        await self._endpoint.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
 class DeliveryService:
     def __init__(
         self,
@@ -124,7 +168,9 @@ class DeliveryService:
         ownership: Ownership,
         namespaces: list[str],
         timings: ServiceTimings = ServiceTimings(),
+        metrics: DeliveryMetrics | None = None,
     ) -> None:
+        self.metrics = metrics if metrics is not None else DeliveryMetrics()
         self._custom = client.CustomObjectsApi(api)
         self._kube = Kube(api)
         self._store = store
@@ -134,7 +180,7 @@ class DeliveryService:
         self.timings = timings
         self.topics: dict[TopicKey, TopicRuntime] = {}
         self.ingest_topics: dict[TopicKey, IngestTopic] = {}
-        self.ingest = Ingest(store, self.ingest_topics, self.resolve, self._wake)
+        self.ingest = Ingest(store, self.ingest_topics, self.resolve, self._wake, self.metrics)
         # Unknown Topics looked up recently: a stray or hostile sender must not turn every
         # request into an API server call.
         self._misses: dict[TopicKey, float] = {}
@@ -223,6 +269,9 @@ class DeliveryService:
             current is None
             or current.generation != generation
             or current.draining
+            # Its token Secret did not exist yet (the operator creates it as the Topic gets
+            # Ready): look again now, not a secret_refresh_s later, or the ingest answers 404.
+            or key not in self.ingest_topics
             or time.monotonic() - current.secrets_read_at > self.timings.secret_refresh_s
         )
         if not due:
@@ -324,6 +373,7 @@ class DeliveryService:
             dead_letter=delivery.dead_letter_topic if delivery else None,
             delivered=old.delivered if old is not None else {},
         )
+        self.metrics.add_topic(namespace, name)
         if old is not None:
             # The old runtime's loops finish their round and end; new ones start with the
             # new endpoint at the next supervision.
@@ -353,6 +403,7 @@ class DeliveryService:
                 log.warning("queue %s deleted (%s): %d events lost", queue, reason, stats.entries)
         await self._store.delete(queue)
         self._stored.discard(queue)
+        self.metrics.remove_topic(*key)
         log.info("queue %s deleted: %s", queue, reason)
 
     async def sweep(self) -> None:
@@ -378,6 +429,23 @@ class DeliveryService:
         for queue in orphans:
             if await self._kube.get_object("topics", queue.namespace, queue.topic) is None:
                 await self._retire((queue.namespace, queue.topic), reason="its Topic is gone")
+
+    async def export_stats(self) -> None:
+        """Set the queue gauges of the queues whose shard 0 this replica owns; drop the
+        others' (their owner exports them)."""
+        self.metrics.partitions_owned.labels(self._ownership.identity).set(
+            len(self._ownership.owned())
+        )
+        now = time.time()
+        for key, runtime in list(self.topics.items()):
+            if not self._ownership.owns_shard(runtime.queue, 0):
+                self.metrics.drop_queue_stats(*key)
+                continue
+            try:
+                stats = await self._store.stats(runtime.queue, now)
+            except LookupError:
+                continue
+            self.metrics.set_queue_stats(*key, stats.entries, stats.bytes)
 
     # --- processing -----------------------------------------------------------------------
 
@@ -439,7 +507,7 @@ class DeliveryService:
                 store=self._store,
                 queue=queue,
                 shard=shard,
-                endpoint=endpoint,
+                endpoint=_Metered(endpoint, self.metrics, queue),
                 policy=runtime.policy,
                 delivered=runtime.delivered.setdefault(shard, DeliveredCache()),
                 still_owned=lambda: self._ownership.owns_shard(queue, shard),
@@ -449,6 +517,7 @@ class DeliveryService:
         except Exception:
             log.exception("round of %s shard %d failed", queue, shard)
             return None
+        self._count(queue, result)
         if (
             result.delivered
             or result.failed
@@ -469,6 +538,20 @@ class DeliveryService:
                 f"; first error: {result.errors[0]}" if result.errors else "",
             )
         return result
+
+    def _count(self, queue: QueueName, result: RoundResult) -> None:
+        m, labels = self.metrics, (queue.namespace, queue.topic)
+        m.push_ok.labels(*labels).inc(result.delivered)
+        m.push_failed.labels(*labels).inc(result.failed + result.rejected)
+        latency = m.delivery_latency_seconds.labels(*labels)
+        for seconds in result.latencies:
+            latency.observe(seconds)
+        if result.fenced:
+            return  # nothing was dropped, removed or written back: the next owner decides
+        m.push_retries.labels(*labels).inc(result.retried)
+        m.event_lost.labels(*labels).inc(result.expired)
+        m.event_dead_lettered.labels(*labels).inc(result.dead_lettered)
+        m.duplicates.labels(*labels).inc(result.duplicates)
 
     def _dead_letter_sink(self, runtime: TopicRuntime) -> DeadLetterSink | None:
         if runtime.dead_letter is None:
@@ -520,7 +603,7 @@ class DeliveryService:
 
     async def run(self, stop: asyncio.Event) -> None:
         await self._ownership.start()
-        last_refresh = last_sweep = -1e9
+        last_refresh = last_sweep = last_stats = -1e9
         try:
             while not stop.is_set():
                 now = time.monotonic()
@@ -536,6 +619,12 @@ class DeliveryService:
                     except Exception:
                         log.exception("sweeping the queues failed")
                     last_sweep = now
+                if now - last_stats > self.timings.stats_interval_s:
+                    try:
+                        await self.export_stats()
+                    except Exception:
+                        log.exception("reading the queue statistics failed")
+                    last_stats = now
                 self._supervise()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.timings.round_interval_s)

@@ -24,6 +24,7 @@ Decisions are made here; the store and the endpoint are adapters behind their in
 from __future__ import annotations
 
 import json
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -52,6 +53,12 @@ class RoundResult:
     listed: int = 0
     delivered: int = 0
     failed: int = 0
+    """Failed pushes that will be retried."""
+    rejected: int = 0
+    """Failed pushes that retrying cannot help (also counted in ``expired`` or
+    ``dead_lettered``)."""
+    retried: int = 0
+    """Entries written back for another attempt (``failed`` unless fenced)."""
     expired: int = 0
     """Dropped (expired or undeliverable) and lost."""
     dead_lettered: int = 0
@@ -59,6 +66,8 @@ class RoundResult:
     duplicates: int = 0
     fenced: bool = False
     errors: list[str] = field(default_factory=list)
+    latencies: list[float] = field(default_factory=list)
+    """Seconds from the ingest to the acknowledgement of each delivered entry."""
 
 
 class DeliveredCache:
@@ -145,17 +154,20 @@ async def process_shard(
             seen_in_wave[entry.event_id] = entry
             deliveries.append(Delivery(entry.id, record))
         outcomes: Sequence[PushOutcome] = await endpoint.send(deliveries) if deliveries else []
+        acked_at = time.time()
         by_id = {e.id: (e, r) for e, r in batch}
         for outcome in outcomes:
             entry, record = by_id[outcome.id]
             if outcome.ok:
                 result.delivered += 1
+                result.latencies.append(max(0.0, acked_at - entry.ingest_time))
                 remove.append(entry.id)
                 delivered.add(entry.event_id)
             elif not outcome.retryable:
                 # Retrying cannot help (e.g. too large for the broker): drop it as lost, and
                 # keep the object's later events waiting no longer.
                 result.expired += 1
+                result.rejected += 1
                 dropped.append(entry)
                 if outcome.error:
                     result.errors.append(outcome.error)
@@ -192,4 +204,5 @@ async def process_shard(
         await store.remove(queue, shard, remove)
     if retry:
         await store.update(queue, shard, retry)
+        result.retried = len(retry)
     return result

@@ -96,16 +96,7 @@ def mapped_errors(operation: str) -> Iterator[None]:
         error = exc.response.get("Error", {})
         code = str(error.get("Code", ""))
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-        message = f"{operation}: the gateway answered {status} {code}".rstrip()
-        if error.get("Message"):
-            message += f": {error['Message']}"
-        if code in ACCESS_DENIED or status == 403:
-            raise GatewayAccessDenied(message) from None
-        if code in NOT_FOUND or status == 404:
-            raise GatewayNotFound(message) from None
-        if 400 <= status < 500:
-            raise GatewayInvalidArgument(message) from None
-        raise GatewayError(message) from None
+        raise error_for_response(operation, status, code, str(error.get("Message", ""))) from None
     except (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError, ConnectionError) as exc:
         raise GatewayUnreachable(
             f"{operation}: the gateway did not answer ({type(exc).__name__})"

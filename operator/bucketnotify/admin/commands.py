@@ -1,0 +1,321 @@
+"""The admin commands, the radosgw-admin ``topic`` commands of a Kubernetes cluster:
+
+    bucketnotify topic list|get|rm|stats|dump
+    bucketnotify notification list|get
+
+Their arguments, what each does, and the exit code: decided in ``run`` alone, from the kind
+of ``AdminError`` (see ``errors``). A command returns what it prints, so nothing reaches the
+terminal before it has succeeded or failed as a whole.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import os
+import sys
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from bucketnotify.admin.cluster import (
+    Cluster,
+    Kind,
+    default_namespace,
+    open_queues,
+    pending,
+    queue_stats,
+)
+from bucketnotify.admin.errors import AdminError
+from bucketnotify.admin.output import document, table
+from bucketnotify.admin.views import (
+    NOTIFICATION_COLUMNS,
+    STATS_COLUMNS,
+    TOPIC_COLUMNS,
+    clean,
+    dump_entry,
+    notification_row,
+    stats_document,
+    stats_rows,
+    topic_row,
+)
+from bucketnotify.delivery.queue import QueueName
+
+__all__ = ["COMMANDS", "EPILOG", "register", "run"]
+
+COMMANDS = ("topic", "notification")
+
+EPILOG = """\
+exit codes:
+  0  done
+  1  not found, or not possible as asked (a topic that is not persistent, invalid
+     settings, an action RBAC forbids)
+  2  invalid arguments
+  3  the Kubernetes API server or the queue store could not be reached or used
+
+environment:
+  KUBECONFIG  the cluster and namespace (else the pod's service account, else
+              ~/.kube/config), as kubectl
+  BUCKETNOTIFY_DELIVERY_STORE, BUCKETNOTIFY_DELIVERY_LEASE_NAMESPACE,
+  BUCKETNOTIFY_DELIVERY_PARTITIONS, BUCKETNOTIFY_GATEWAY_*
+              topic stats and topic dump read the queues and Leases of the delivery
+              service: give them the delivery service's values
+"""
+
+Row = Callable[[dict[str, Any], dt.datetime, bool], list[str]]
+COLUMNS: dict[Kind, tuple[list[str], Row]] = {
+    "topic": (TOPIC_COLUMNS, topic_row),
+    "notification": (NOTIFICATION_COLUMNS, notification_row),
+}
+
+
+@dataclass(frozen=True)
+class Done:
+    out: str
+    """For stdout: the answer."""
+    note: str = ""
+    """For stderr: a remark beside it (that a list is empty)."""
+
+
+# --- arguments ------------------------------------------------------------------------------
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
+    return value
+
+
+def _index(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, not {text}")
+    return value
+
+
+def _common() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "-n", "--namespace", help="namespace of the object (default: the kubeconfig context's)"
+    )
+    common.add_argument(
+        "--request-timeout",
+        type=_seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="give up on an API server request after this long (default: 30)",
+    )
+    return common
+
+
+def _output(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=["table", "json", "yaml"],
+        default=default,
+        help=f"format (default: {default})",
+    )
+
+
+if TYPE_CHECKING:  # only typeshed's argparse is generic
+    Actions = argparse._SubParsersAction[argparse.ArgumentParser]
+
+
+def _group(commands: Actions, name: str, help: str) -> Actions:
+    parser = commands.add_parser(
+        name,
+        help=help,
+        description=help,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+
+def _action(
+    actions: Actions, name: str, help: str, common: argparse.ArgumentParser, epilog: str = ""
+) -> argparse.ArgumentParser:
+    parser = actions.add_parser(
+        name,
+        parents=[common],
+        help=help,
+        description=help,
+        epilog=epilog + EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return parser
+
+
+def _list_and_get(actions: Actions, kind: Kind, common: argparse.ArgumentParser) -> None:
+    listing = _action(actions, "list", f"list {kind}s (a table, or the objects)", common)
+    listing.add_argument("-A", "--all-namespaces", action="store_true", help="in every namespace")
+    _output(listing, "table")
+    get = _action(actions, "get", f"show one {kind}: spec and status", common)
+    get.add_argument("name")
+    _output(get, "yaml")
+
+
+def register(commands: Actions) -> None:
+    """Add ``topic`` and ``notification`` to the ``bucketnotify`` command's subcommands."""
+    common = _common()
+
+    topic = _group(commands, "topic", "Topics and the persistent queues of the delivery service")
+    _list_and_get(topic, "topic", common)
+    rm = _action(
+        topic,
+        "rm",
+        "delete a Topic",
+        common,
+        epilog="The operator then removes the gateway topic.\n\n",
+    )
+    rm.add_argument("name")
+    stats = _action(
+        topic,
+        "stats",
+        "per shard of a persistent Topic's queue: entries, bytes, open reservations and the "
+        "owning delivery replica",
+        common,
+    )
+    stats.add_argument("name")
+    _output(stats, "table")
+    dump = _action(
+        topic,
+        "dump",
+        "the pending events of a persistent Topic as JSON, shard by shard, oldest first",
+        common,
+    )
+    dump.add_argument("name")
+    dump.add_argument(
+        "--max-entries",
+        type=_count,
+        default=1000,
+        metavar="N",
+        help="at most N events in all (default: 1000)",
+    )
+    dump.add_argument("--shard", type=_index, metavar="S", help="only shard S")
+
+    notification = _group(commands, "notification", "BucketNotifications")
+    _list_and_get(notification, "notification", common)
+
+
+# --- the commands ---------------------------------------------------------------------------
+
+
+def _namespace(args: argparse.Namespace) -> str:
+    return str(args.namespace) if args.namespace else default_namespace()
+
+
+async def _list(kind: Kind, args: argparse.Namespace) -> Done:
+    namespace = None if args.all_namespaces else _namespace(args)
+    async with await Cluster.connect(args.request_timeout) as cluster:
+        objects = await cluster.list(kind, namespace)
+    if args.output != "table":
+        return Done(document([clean(o) for o in objects], args.output))
+    if not objects:
+        where = "any namespace" if namespace is None else f"namespace {namespace}"
+        return Done("", f"no {kind}s in {where}\n")
+    columns, row = COLUMNS[kind]
+    now = dt.datetime.now(dt.UTC)
+    everywhere = namespace is None
+    head = ["NAMESPACE", *columns] if everywhere else columns
+    return Done(table(head, [row(o, now, everywhere) for o in objects]))
+
+
+async def _get(kind: Kind, args: argparse.Namespace) -> Done:
+    namespace = _namespace(args)
+    async with await Cluster.connect(args.request_timeout) as cluster:
+        obj = await cluster.get(kind, namespace, args.name)
+    if args.output == "table":
+        columns, row = COLUMNS[kind]
+        return Done(table(columns, [row(obj, dt.datetime.now(dt.UTC), False)]))
+    return Done(document(clean(obj), args.output))
+
+
+async def topic_rm(args: argparse.Namespace) -> Done:
+    namespace = _namespace(args)
+    async with await Cluster.connect(args.request_timeout) as cluster:
+        gone = await cluster.delete("topic", namespace, args.name)
+    what = f"topic {namespace}/{args.name}"
+    if gone:
+        return Done(f"{what} deleted\n")
+    return Done(f"{what} marked for deletion: the operator removes the gateway topic first\n")
+
+
+async def _persistent(cluster: Cluster, namespace: str, name: str) -> QueueName:
+    topic = await cluster.get("topic", namespace, name)
+    if not (topic.get("spec") or {}).get("persistent"):
+        raise AdminError(
+            f"topic {namespace}/{name} is not persistent: the gateway pushes its events "
+            "itself, so there is no queue"
+        )
+    return QueueName(namespace, name)
+
+
+async def topic_stats(args: argparse.Namespace) -> Done:
+    namespace = _namespace(args)
+    queues = open_queues()
+    async with await Cluster.connect(args.request_timeout) as cluster:
+        queue = await _persistent(cluster, namespace, args.name)
+        stats = await queue_stats(queues.store, queue, time.time())
+        holders = await cluster.holders(queues.leases)
+    found = stats_document(queue, stats, holders, queues.leases)
+    if args.output == "table":
+        return Done(table(STATS_COLUMNS, stats_rows(found)))
+    return Done(document(found, args.output))
+
+
+async def topic_dump(args: argparse.Namespace) -> Done:
+    namespace = _namespace(args)
+    queues = open_queues()
+    async with await Cluster.connect(args.request_timeout) as cluster:
+        queue = await _persistent(cluster, namespace, args.name)
+    # The shards the store has (a missing queue is an error here, not an empty dump).
+    shards = sorted((await queue_stats(queues.store, queue, time.time())).shards)
+    if args.shard is not None:
+        if args.shard not in shards:
+            raise AdminError(f"topic {queue} has no shard {args.shard}: it has 0 to {shards[-1]}")
+        shards = [args.shard]
+    found = await pending(queues.store, queue, shards, args.max_entries)
+    return Done(document([dump_entry(shard, entry) for shard, entry in found], "json"))
+
+
+HANDLERS: dict[tuple[str, str], Callable[[argparse.Namespace], Coroutine[Any, Any, Done]]] = {
+    ("topic", "list"): partial(_list, "topic"),
+    ("topic", "get"): partial(_get, "topic"),
+    ("topic", "rm"): topic_rm,
+    ("topic", "stats"): topic_stats,
+    ("topic", "dump"): topic_dump,
+    ("notification", "list"): partial(_list, "notification"),
+    ("notification", "get"): partial(_get, "notification"),
+}
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the parsed command; its exit code."""
+    try:
+        done = asyncio.run(HANDLERS[(args.command, args.action)](args))
+    except AdminError as exc:
+        # One line, whatever a driver's text held: scripts grep it, people read it.
+        sys.stderr.write(f"error: {' '.join(str(exc).split())}\n")
+        return exc.exit_code
+    sys.stderr.write(done.note)
+    try:
+        sys.stdout.write(done.out)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # `... | head` read what it wanted: not a failure. The interpreter flushes stdout
+        # once more at exit, so point it somewhere that takes the rest.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0

@@ -1,0 +1,193 @@
+"""What the admin commands show, as pure functions of what ``cluster`` read.
+
+Two forms of everything: *documents* (plain JSON values, camelCase keys, for ``-o json`` and
+``-o yaml``) and table *rows* (strings, for people). Rows of queue stats are made from the
+document, so the table and the JSON cannot disagree.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+from bucketnotify.delivery.ownership import (
+    LeaseHolder,
+    LeaseSettings,
+    partition_lease_name,
+    partition_of,
+)
+from bucketnotify.delivery.queue import Entry, QueueName, QueueStats
+
+__all__ = [
+    "NOTIFICATION_COLUMNS",
+    "STATS_COLUMNS",
+    "TOPIC_COLUMNS",
+    "clean",
+    "dump_entry",
+    "notification_row",
+    "stats_document",
+    "stats_rows",
+    "topic_row",
+]
+
+TOPIC_COLUMNS = ["NAME", "ENDPOINT", "PERSISTENT", "READY", "REASON", "AGE"]
+NOTIFICATION_COLUMNS = ["NAME", "BUCKET", "TOPIC", "EVENTS", "FILTERS", "READY", "AGE"]
+STATS_COLUMNS = ["SHARD", "ENTRIES", "BYTES", "RESERVATIONS", "PARTITION", "OWNER"]
+
+NONE = "-"
+
+
+def clean(obj: dict[str, Any]) -> dict[str, Any]:
+    """The object without managedFields: bookkeeping of the API server nobody asked for."""
+    metadata = {k: v for k, v in obj.get("metadata", {}).items() if k != "managedFields"}
+    return {**obj, "metadata": metadata}
+
+
+def _timestamp(epoch: float) -> str:
+    return dt.datetime.fromtimestamp(epoch, dt.UTC).isoformat(timespec="microseconds")[:-6] + "Z"
+
+
+def age(created: str | None, now: dt.datetime) -> str:
+    """kubectl's AGE, to the largest whole unit."""
+    if not created:
+        return NONE
+    then = dt.datetime.fromisoformat(created.replace("Z", "+00:00"))
+    seconds = max(0, int((now - then).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _ready(obj: dict[str, Any]) -> dict[str, Any]:
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c.get("type") == "Ready"), {})
+
+
+def _name(obj: dict[str, Any], all_namespaces: bool) -> list[str]:
+    meta = obj["metadata"]
+    return [meta["namespace"], meta["name"]] if all_namespaces else [meta["name"]]
+
+
+def topic_row(obj: dict[str, Any], now: dt.datetime, all_namespaces: bool) -> list[str]:
+    spec = obj.get("spec") or {}
+    endpoint = spec.get("endpoint") or {}
+    kind = next((k for k in ("http", "amqp", "kafka") if endpoint.get(k)), NONE)
+    ready = _ready(obj)
+    return [
+        *_name(obj, all_namespaces),
+        kind,
+        "true" if spec.get("persistent") else "false",
+        ready.get("status", NONE),
+        ready.get("reason", NONE),
+        age(obj["metadata"].get("creationTimestamp"), now),
+    ]
+
+
+def _events(spec: dict[str, Any]) -> str:
+    # Empty means every Created and Removed event; say so rather than show nothing.
+    events = spec.get("events") or ["s3:ObjectCreated:*", "s3:ObjectRemoved:*"]
+    return ",".join(e.removeprefix("s3:") for e in events)
+
+
+def _filters(spec: dict[str, Any]) -> str:
+    rules = spec.get("filter") or {}
+    parts = [f"{k}={v}" for k, v in (rules.get("key") or {}).items()]
+    parts += [f"{r['name']}={r['value']}" for r in rules.get("metadata") or []]
+    parts += [f"tag:{r['name']}={r['value']}" for r in rules.get("tags") or []]
+    return ",".join(parts) or NONE
+
+
+def notification_row(obj: dict[str, Any], now: dt.datetime, all_namespaces: bool) -> list[str]:
+    spec = obj.get("spec") or {}
+    return [
+        *_name(obj, all_namespaces),
+        spec.get("bucket", NONE),
+        (spec.get("topicRef") or {}).get("name", NONE),
+        _events(spec),
+        _filters(spec),
+        _ready(obj).get("status", NONE),
+        age(obj["metadata"].get("creationTimestamp"), now),
+    ]
+
+
+def stats_document(
+    queue: QueueName,
+    stats: QueueStats,
+    holders: dict[int, LeaseHolder],
+    leases: LeaseSettings,
+) -> dict[str, Any]:
+    """Per shard: what the queue holds and who owns it (the live holder of its Lease)."""
+    shards = []
+    for shard, numbers in sorted(stats.shards.items()):
+        partition = partition_of(queue, shard, leases.partitions)
+        holder = holders.get(partition)
+        shards.append(
+            {
+                "shard": shard,
+                "entries": numbers.entries,
+                "bytes": numbers.bytes,
+                "reservations": numbers.reservations,
+                "partition": partition,
+                "owner": holder.identity if holder and not holder.expired else None,
+                "lease": None
+                if holder is None
+                else {
+                    "name": partition_lease_name(leases.group, partition),
+                    "namespace": leases.namespace,
+                    "holder": holder.identity,
+                    "expired": holder.expired,
+                },
+            }
+        )
+    return {
+        "topic": str(queue),
+        "entries": stats.entries,
+        "bytes": stats.bytes,
+        "reservations": stats.reservations,
+        "shards": shards,
+    }
+
+
+def _owner(shard: dict[str, Any]) -> str:
+    lease = shard["lease"]
+    if lease is None or not lease["holder"]:
+        return NONE  # never taken, or handed back
+    if lease["expired"]:
+        return f"none (expired: {lease['holder']})"
+    return str(lease["holder"])
+
+
+def stats_rows(document: dict[str, Any]) -> list[list[str]]:
+    rows = [
+        [
+            str(s["shard"]),
+            str(s["entries"]),
+            str(s["bytes"]),
+            str(s["reservations"]),
+            str(s["partition"]),
+            _owner(s),
+        ]
+        for s in document["shards"]
+    ]
+    total = [str(document[k]) for k in ("entries", "bytes", "reservations")]
+    return [*rows, ["total", *total, "", ""]]
+
+
+def dump_entry(shard: int, entry: Entry) -> dict[str, Any]:
+    """One pending event: where it is, its delivery state, and the event record itself."""
+    document: dict[str, Any] = {
+        "shard": shard,
+        "id": entry.id,
+        "eventId": entry.event_id,
+        "attempts": entry.attempts,
+        "ingestTime": _timestamp(entry.ingest_time),
+        "notBefore": _timestamp(entry.not_before) if entry.not_before else None,
+    }
+    try:
+        document["event"] = json.loads(entry.body)
+    except ValueError:
+        # Not JSON (the ingest only stores JSON, so this is someone else's write): as text.
+        document["body"] = entry.body.decode("utf-8", "replace")
+    return document
