@@ -36,15 +36,15 @@ services-down: ## stop the local services
 
 .PHONY: lint
 lint: install ## ruff (lint and format check), mypy strict, import layers
-	$(BIN)/ruff check operator tests
-	$(BIN)/ruff format --check operator tests
+	$(BIN)/ruff check operator tests bench
+	$(BIN)/ruff format --check operator tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
 .PHONY: fmt
 fmt: install ## format the code
-	$(BIN)/ruff check --fix operator tests
-	$(BIN)/ruff format operator tests
+	$(BIN)/ruff check --fix operator tests bench
+	$(BIN)/ruff format operator tests bench
 
 .PHONY: crds
 crds: install ## regenerate crds/ from the API models
@@ -63,6 +63,10 @@ test-unit: install ## unit tests only (no services)
 .PHONY: test
 test: install services-install lint crds-check ## lint, crds check, then every test against the real services
 	$(BIN)/pytest -ra tests
+
+.PHONY: bench
+bench: install services-install ## delivery benchmark vs the gateway (BENCH_ARGS="--events 500 --scenarios gateway-sync,bucketnotify-sync")
+	$(BIN)/python -m bench.delivery $(BENCH_ARGS)
 
 .PHONY: demo
 demo: ## the local demo (not yet: arrives with the packaging issue)

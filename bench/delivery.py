@@ -1,0 +1,751 @@
+"""Delivery benchmark: the gateway's own push against bucketnotify, same workload, one run.
+
+``python -m bench.delivery [--events N] [--scenarios a,b]`` (``make bench``). Each scenario
+creates its own bucket, notification and HTTP endpoint, warms the path up with one event,
+then has 8 concurrent clients (``--clients``) PUT N objects (``--events``) of 100 bytes
+(``s3:ObjectCreated:Put`` only)
+and waits until every event reached the endpoint, or until none arrived for
+``--idle-timeout`` seconds (the rest are reported missing), then listens ``--settle``
+seconds more for late duplicates.
+
+Figures per scenario: throughput (events / first PUT start to last first arrival),
+end-to-end latency percentiles (PUT start to endpoint receipt of the first copy),
+duplicate deliveries, missing events, PUT rate and PUT latency (hand-off ``sync`` makes the
+PUT wait for our commit), and CPU seconds of the processes involved. The JSON file keeps
+everything; stdout gets a table and the ratios against the gateway, both as measured in this
+run and as measured earlier on this machine (``REFERENCE``). Our processes' logs (and with
+``--profile`` their cProfile files) are kept beside the JSON file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+import traceback
+import uuid
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any, Literal
+
+from bench import services
+from bench.kube import (
+    Kubectl,
+    SetupError,
+    apply,
+    install_crds,
+    new_namespace,
+    wait_even_ownership,
+    wait_lease_held,
+    wait_ready,
+)
+from bench.programs import Program, cpu_seconds, free_port, wait_for_port
+from bench.proxy import RoundRobinProxy
+from bench.receiver import Receiver
+from bench.services import REPO, Service, ServiceError
+from bench.workload import (
+    WARMUP_PREFIX,
+    Collector,
+    PutWorkload,
+    delete_everything,
+    object_body,
+    percentiles,
+    s3_client,
+)
+
+EVENT = "s3:ObjectCreated:Put"
+PARTITIONS = 32
+OPERATOR_LEASE = "bucketnotify-operator"
+
+# Measured earlier on this machine with the same workload (8 writers, 100-byte objects).
+REFERENCE: dict[str, dict[str, float | None]] = {
+    "gateway-persistent": {
+        "throughput_eps": 190.0,
+        "p50_ms": 2400.0,
+        "p99_ms": 6800.0,
+        "duplicates_per_event": 1.1,
+    },
+    "gateway-sync": {
+        "throughput_eps": 285.0,
+        "p50_ms": None,
+        "p99_ms": 53.0,
+        "duplicates_per_event": None,
+    },
+}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    summary: str
+    stack: Literal["gateway", "bucketnotify"]
+    persistent: bool
+    """gateway: the gateway topic's ``persistent``; bucketnotify: hand-off ``persistent``."""
+    store: Literal["dir", "s3"] = "dir"
+    replicas: int = 1
+
+
+def scenarios(s3_replicas: int) -> dict[str, Scenario]:
+    listed = [
+        Scenario(
+            "gateway-sync", "gateway pushes to the endpoint, non-persistent", "gateway", False
+        ),
+        Scenario("gateway-persistent", "gateway's own persistent queue", "gateway", True),
+        Scenario(
+            "bucketnotify-sync", "hand-off sync, local-dir store, 1 replica", "bucketnotify", False
+        ),
+        Scenario(
+            "bucketnotify-persistent",
+            "hand-off persistent, local-dir store, 1 replica",
+            "bucketnotify",
+            True,
+        ),
+        Scenario(
+            "bucketnotify-sync-s3",
+            f"hand-off sync, S3 store on the gateway, {s3_replicas} replica(s)"
+            + (" behind a round-robin proxy" if s3_replicas > 1 else ""),
+            "bucketnotify",
+            False,
+            store="s3",
+            replicas=s3_replicas,
+        ),
+    ]
+    return {s.name: s for s in listed}
+
+
+@dataclass(frozen=True)
+class Options:
+    events: int
+    clients: int
+    size: int
+    idle_timeout: float
+    settle: float
+    setup_timeout: float
+    shards: int | None
+    profile: bool
+
+
+class Run:
+    """What every scenario of one run shares: services, clients, ids, where logs go."""
+
+    def __init__(self, options: Options, rgw: Service, kube: Service | None, out: Path) -> None:
+        self.options = options
+        self.rgw = rgw
+        self.kube = kube
+        self.id = time.strftime("%Y%m%d-%H%M%S")
+        self.tag = uuid.uuid4().hex[:6]
+        self.log_dir = out / f"delivery-{self.id}-logs"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.clients = [s3_client(rgw) for _ in range(options.clients)]
+        self.kubectl = Kubectl(kube["KUBECTL"], kube["KUBECONFIG_ADMIN"]) if kube else None
+
+    def bucket_name(self, scenario: Scenario) -> str:
+        return f"bnb-{self.tag}-{scenario.name}"[:63]
+
+
+# --- scenario set-up ------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def bucket(run: Run, name: str) -> Iterator[str]:
+    run.clients[0].create_bucket(Bucket=name)
+    try:
+        yield name
+    finally:
+        _best_effort(f"deleting bucket {name}", lambda: delete_everything(run.clients, name))
+
+
+@contextlib.contextmanager
+def gateway_topic(run: Run, name: str, endpoint: str, persistent: bool) -> Iterator[str]:
+    sns = s3_client(run.rgw, "sns")
+    attributes = {"push-endpoint": endpoint, "persistent": "true" if persistent else "false"}
+    arn: str = sns.create_topic(Name=name, Attributes=attributes)["TopicArn"]
+    try:
+        yield arn
+    finally:
+        _best_effort(f"deleting topic {name}", lambda: sns.delete_topic(TopicArn=arn))
+
+
+def notify(run: Run, bucket_name: str, arn: str) -> None:
+    run.clients[0].put_bucket_notification_configuration(
+        Bucket=bucket_name,
+        NotificationConfiguration={
+            "TopicConfigurations": [{"Id": "bench", "TopicArn": arn, "Events": [EVENT]}]
+        },
+    )
+
+
+@dataclass
+class Stack:
+    """Our processes in one scenario; the measurement polls them for an early exit."""
+
+    programs: list[Program] = field(default_factory=list)
+    proxy: RoundRobinProxy | None = None
+
+    def check_alive(self) -> None:
+        for program in self.programs:
+            program.check_alive()
+
+
+def setup_gateway(
+    run: Run, scenario: Scenario, stack: contextlib.ExitStack, receiver: Receiver, ours: Stack
+) -> None:
+    name = run.bucket_name(scenario)
+    # Topic first and gone last: the bucket's objects are deleted while it still exists.
+    arn = stack.enter_context(gateway_topic(run, name, receiver.url, scenario.persistent))
+    stack.enter_context(bucket(run, name))
+    notify(run, name, arn)
+
+
+def setup_bucketnotify(
+    run: Run, scenario: Scenario, stack: contextlib.ExitStack, receiver: Receiver, ours: Stack
+) -> None:
+    assert run.kube is not None and run.kubectl is not None
+    kubectl = run.kubectl
+    namespace = new_namespace(kubectl, f"bench-{scenario.name}"[:50])
+    print(f"  namespace {namespace}", flush=True)
+    rgw = run.rgw
+    gateway_env = {
+        "BUCKETNOTIFY_GATEWAY_ENDPOINT": rgw["RGW_ENDPOINT"],
+        "BUCKETNOTIFY_GATEWAY_ACCESS_KEY": rgw["RGW_ACCESS_KEY"],
+        "BUCKETNOTIFY_GATEWAY_SECRET_KEY": rgw["RGW_SECRET_KEY"],
+        "BUCKETNOTIFY_GATEWAY_REGION": rgw.env.get("RGW_REGION") or "default",
+    }
+    log_dir = run.log_dir / scenario.name
+    log_dir.mkdir(exist_ok=True)
+
+    if scenario.store == "s3":
+        store_bucket = f"bnb-{run.tag}-queues-{scenario.name}"[:63]
+        store = f"s3://{store_bucket}"
+        # Registered before the replicas start, so it runs after they stopped.
+        stack.callback(
+            _best_effort,
+            f"deleting queue bucket {store_bucket}",
+            lambda: delete_everything(run.clients, store_bucket),
+        )
+    else:
+        store = f"dir://{log_dir / 'queues'}"
+
+    identities = [f"replica-{i + 1}" for i in range(scenario.replicas)]
+    ports: list[int] = []
+    for identity in identities:
+        port = free_port()
+        replica = Program(
+            identity,
+            ["delivery"],
+            {
+                "KUBECONFIG": run.kube["KUBECONFIG_ADMIN"],
+                "BUCKETNOTIFY_DELIVERY_STORE": store,
+                "BUCKETNOTIFY_DELIVERY_LISTEN_PORT": str(port),
+                "BUCKETNOTIFY_DELIVERY_LEASE_NAMESPACE": namespace,
+                "BUCKETNOTIFY_DELIVERY_NAMESPACES": json.dumps([namespace]),
+                "BUCKETNOTIFY_DELIVERY_IDENTITY": identity,
+                "BUCKETNOTIFY_DELIVERY_PARTITIONS": str(PARTITIONS),
+                **(gateway_env if scenario.store == "s3" else {}),
+            },
+            log_dir,
+            profile=run.options.profile,
+        )
+        stack.callback(replica.stop)
+        ours.programs.append(replica)
+        ports.append(port)
+    for replica, port in zip(ours.programs, ports, strict=True):
+        wait_for_port(port, 60, replica)
+
+    ingest_url = f"http://127.0.0.1:{ports[0]}"
+    if len(ports) > 1:
+        ours.proxy = stack.enter_context(RoundRobinProxy(ports))
+        ingest_url = ours.proxy.url
+
+    operator = Program(
+        "operator",
+        ["operator"],
+        {
+            "KUBECONFIG": run.kube["KUBECONFIG_ADMIN"],
+            **gateway_env,
+            "BUCKETNOTIFY_NAMESPACES": json.dumps([namespace]),
+            "BUCKETNOTIFY_LEADER_ELECTION_NAMESPACE": namespace,
+            "BUCKETNOTIFY_INGEST_URL": ingest_url,
+        },
+        log_dir,
+        profile=run.options.profile,
+    )
+    stack.callback(operator.stop)
+    ours.programs.append(operator)
+    # A replica that lists a Topic before the operator made its ingest token Secret answers
+    # 404 for it until it re-reads Secrets (30 s by default). Applying the Topic once the
+    # operator leads keeps that window to the operator's reaction time, so that set-up,
+    # not the measurement, is what a late Secret would cost.
+    if not wait_lease_held(kubectl, namespace, OPERATOR_LEASE, run.options.setup_timeout):
+        operator.check_alive()
+        print(f"  warning: the operator took no Lease {OPERATOR_LEASE} yet", flush=True)
+
+    bucket_name = stack.enter_context(bucket(run, run.bucket_name(scenario)))
+    delivery: dict[str, Any] = {"handoff": "persistent" if scenario.persistent else "sync"}
+    if run.options.shards is not None:
+        delivery["shards"] = run.options.shards
+    # Deleted (the operator's finalizers clean the gateway) before the bucket and the
+    # processes go.
+    stack.callback(_delete_resources, kubectl, namespace)
+    apply(
+        kubectl,
+        namespace,
+        "Topic",
+        "bench",
+        {"endpoint": {"http": {"url": receiver.url}}, "persistent": True, "delivery": delivery},
+    )
+    wait_ready(kubectl, namespace, "topic", "bench", run.options.setup_timeout)
+    apply(
+        kubectl,
+        namespace,
+        "BucketNotification",
+        "bench",
+        {
+            "bucket": bucket_name,
+            "topicRef": {"name": "bench"},
+            "testEvent": False,
+            "events": [EVENT],
+        },
+    )
+    wait_ready(kubectl, namespace, "bucketnotification", "bench", run.options.setup_timeout)
+    wait_even_ownership(kubectl, namespace, identities, PARTITIONS, run.options.setup_timeout)
+
+
+def _delete_resources(kubectl: Kubectl, namespace: str) -> None:
+    for kind in ("bucketnotification", "topic"):
+        result = kubectl.run(
+            "delete", kind, "bench", "-n", namespace, "--wait", "--timeout=60s", check=False
+        )
+        if result.returncode != 0:
+            print(f"  warning: deleting {kind} {namespace}/bench: {result.stderr.strip()}")
+
+
+def _best_effort(what: str, action: Any) -> None:
+    # Clean-up must not hide the result (or the error) of the scenario itself.
+    try:
+        action()
+    except Exception as exc:
+        print(f"  warning: {what} failed: {exc}", flush=True)
+
+
+# --- one measurement ------------------------------------------------------------------------
+
+
+def warm_up(run: Run, bucket_name: str, receiver: Receiver, stack: Stack) -> float:
+    """PUT a warm-up object until one reaches the endpoint; seconds it took.
+
+    The first events after a notification is created take a while (the gateway, and our
+    replica, look the topic up first); that is set-up, not delivery.
+    """
+    start = time.monotonic()
+    deadline = start + run.options.setup_timeout
+    attempt = 0
+    while time.monotonic() < deadline:
+        key = f"{WARMUP_PREFIX}{attempt}"
+        run.clients[0].put_object(
+            Bucket=bucket_name, Key=key, Body=object_body(key, run.options.size)
+        )
+        attempt += 1
+        until = time.monotonic() + 3
+        while time.monotonic() < until:
+            if any(a.key.startswith(WARMUP_PREFIX) for a in receiver.fetch()):
+                return time.monotonic() - start
+            stack.check_alive()
+            time.sleep(0.05)
+    raise SetupError(
+        f"no warm-up event reached the endpoint within {run.options.setup_timeout:.0f} s"
+    )
+
+
+def _cpu_pids(receiver: Receiver, stack: Stack) -> dict[str, int | None]:
+    pids: dict[str, int | None] = {
+        "radosgw": services.pid_of("ceph", "rgw.pid"),
+        "ceph-osd": services.pid_of("ceph", "osd.pid"),
+        "kube-apiserver": services.pid_of("kube", "apiserver.pid"),
+        "etcd": services.pid_of("kube", "etcd.pid"),
+        "receiver": receiver.pid,
+    }
+    for program in stack.programs:
+        pids[program.name] = program.pid
+    if stack.proxy is not None:
+        pids["proxy"] = stack.proxy.pid
+    return pids
+
+
+def measure(run: Run, bucket_name: str, receiver: Receiver, stack: Stack) -> dict[str, Any]:
+    options = run.options
+    warmup_s = warm_up(run, bucket_name, receiver, stack)
+    # Stragglers of the warm-up (the gateway re-sends) must not land in this run's figures:
+    # they carry the warm-up prefix and are counted apart.
+    keys = [f"obj-{i:06d}" for i in range(options.events)]
+    wanted = set(keys)
+    collector = Collector(receiver)
+    pids = _cpu_pids(receiver, stack)
+    cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    own_cpu_before = time.process_time()
+
+    workload = PutWorkload(run.clients, bucket_name, keys, options.size)
+    print(f"  putting {options.events} objects with {options.clients} clients ...", flush=True)
+    workload.start()
+    last_progress = time.monotonic()
+    try:
+        while True:
+            if collector.poll(wanted.__contains__) or workload.running():
+                last_progress = time.monotonic()
+            else:
+                arrived = all(k in collector.first for k in workload.log.finished)
+                if arrived or time.monotonic() - last_progress > options.idle_timeout:
+                    break
+            stack.check_alive()
+            time.sleep(0.1)
+    finally:
+        workload.stop()
+    cpu_after = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    own_cpu = time.process_time() - own_cpu_before
+
+    settle_until = time.monotonic() + options.settle
+    while time.monotonic() < settle_until:
+        collector.poll(wanted.__contains__)
+        time.sleep(0.2)
+
+    return summarise(run, workload, collector, warmup_s, cpu_before, cpu_after, own_cpu)
+
+
+def summarise(
+    run: Run,
+    workload: PutWorkload,
+    collector: Collector,
+    warmup_s: float,
+    cpu_before: dict[str, float | None],
+    cpu_after: dict[str, float | None],
+    own_cpu: float,
+) -> dict[str, Any]:
+    log = workload.log
+    put_ok = set(log.finished)
+    received = [k for k in put_ok if k in collector.first]
+    missing = sorted(put_ok - set(collector.first))
+    first_put = min(log.started.values()) if log.started else 0.0
+    last_put = max(log.finished.values()) if log.finished else first_put
+    last_arrival = max((collector.first[k] for k in received), default=first_put)
+    deliveries = sum(collector.deliveries.values())
+    duplicates = deliveries - len(collector.first)
+    span = last_arrival - first_put
+    cpu: dict[str, float | None] = {}
+    for name, before in cpu_before.items():
+        after = cpu_after.get(name)
+        cpu[name] = round(after - before, 2) if before is not None and after is not None else None
+    cpu["bench (PUT clients)"] = round(own_cpu, 2)
+    return {
+        "events": run.options.events,
+        "put_ok": len(put_ok),
+        "put_failed": len(log.failed),
+        "put_errors_sample": sorted(set(log.failed.values()))[:3],
+        "received": len(received),
+        "missing": len(missing),
+        "missing_sample": missing[:10],
+        "deliveries": deliveries,
+        "duplicates": duplicates,
+        "duplicates_per_event": duplicates / len(received) if received else None,
+        "duplicates_per_1000": 1000 * duplicates / len(received) if received else None,
+        "other_records": collector.other,
+        "warmup_records": collector.warmup,
+        "warmup_s": round(warmup_s, 2),
+        "throughput_eps": len(received) / span if span > 0 else None,
+        "put_rate_eps": len(put_ok) / (last_put - first_put) if last_put > first_put else None,
+        "span_s": round(span, 3),
+        "latency_ms": percentiles([collector.first[k] - log.started[k] for k in received]),
+        "put_latency_ms": percentiles([log.finished[k] - log.started[k] for k in put_ok]),
+        "cpu_s": cpu,
+    }
+
+
+def run_scenario(run: Run, scenario: Scenario) -> dict[str, Any]:
+    started = time.monotonic()
+    result: dict[str, Any] = {
+        "scenario": scenario.name,
+        "summary": scenario.summary,
+        "config": asdict(scenario),
+    }
+    ours = Stack()
+    with contextlib.ExitStack() as stack:
+        try:
+            receiver = stack.enter_context(Receiver())
+            setup = setup_gateway if scenario.stack == "gateway" else setup_bucketnotify
+            setup(run, scenario, stack, receiver, ours)
+            result["setup_s"] = round(time.monotonic() - started, 1)
+            result.update(measure(run, run.bucket_name(scenario), receiver, ours))
+            result["malformed_bodies"] = receiver.malformed
+            if ours.proxy is not None:
+                result["proxy_connections"] = ours.proxy.connections()
+        except Exception as exc:
+            result["error"] = f"{type(exc).__name__}: {exc}"
+            print(f"  FAILED: {result['error']}", flush=True)
+            traceback.print_exc()
+            for program in ours.programs:
+                print(f"  --- {program.name} log ({program.log_path}) ends:\n{program.tail(20)}")
+        finally:
+            result["logs"] = {p.name: str(p.log_path) for p in ours.programs}
+            print("  cleaning up ...", flush=True)
+    return result
+
+
+# --- report ---------------------------------------------------------------------------------
+
+
+def _num(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _ratio(ours: float | None, theirs: float | None) -> str:
+    if ours is None or not theirs:
+        return "-"
+    ratio = ours / theirs
+    # Three significant digits, but never in exponent notation.
+    return f"{ratio:.0f}" if ratio >= 1000 else f"{ratio:.3g}"
+
+
+def _figures(result: dict[str, Any]) -> dict[str, float | None]:
+    latency = result.get("latency_ms") or {}
+    return {
+        "throughput_eps": result.get("throughput_eps"),
+        "p50_ms": latency.get("p50"),
+        "p99_ms": latency.get("p99"),
+        "duplicates_per_event": result.get("duplicates_per_event"),
+    }
+
+
+def report(results: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+    header = (
+        f"{'scenario':<34}{'events/s':>9}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'max ms':>9}"
+        f"{'dup/1000':>9}{'missing':>8}{'PUT/s':>8}{'PUT p99':>9}"
+    )
+    lines = [header, "-" * len(header)]
+    for r in results:
+        if "error" in r:
+            lines.append(f"{r['scenario']:<34}FAILED: {r['error'][:80]}")
+            continue
+        lat, put = r["latency_ms"], r["put_latency_ms"]
+        lines.append(
+            f"{r['scenario']:<34}{_num(r['throughput_eps']):>9}{_num(lat['p50']):>9}"
+            f"{_num(lat['p90']):>9}{_num(lat['p99']):>9}{_num(lat['max']):>9}"
+            f"{_num(r['duplicates_per_1000']):>9}{r['missing']:>8}"
+            f"{_num(r['put_rate_eps']):>8}{_num(put['p99']):>9}"
+        )
+    for name, ref in REFERENCE.items():
+        dup = ref["duplicates_per_event"]
+        lines.append(
+            f"{name + ' (reference)':<34}{_num(ref['throughput_eps']):>9}{_num(ref['p50_ms']):>9}"
+            f"{'-':>9}{_num(ref['p99_ms']):>9}{'-':>9}{_num(dup and dup * 1000):>9}"
+            f"{'-':>8}{'-':>8}{'-':>9}"
+        )
+
+    ok = [r for r in results if "error" not in r]
+    if ok:
+        lines += [
+            "",
+            "set-up and CPU seconds during the measurement (ours: replicas, operator, proxy)",
+            f"{'scenario':<34}{'setup s':>9}{'warmup s':>9}{'ours':>9}{'radosgw':>9}"
+            f"{'ceph-osd':>9}{'apiserver':>10}{'etcd':>7}",
+        ]
+    for r in ok:
+        cpu = r["cpu_s"]
+        mine = sum(
+            v or 0 for k, v in cpu.items() if k.startswith(("replica-", "operator", "proxy"))
+        )
+        lines.append(
+            f"{r['scenario']:<34}{_num(r.get('setup_s'), 1):>9}{_num(r.get('warmup_s'), 1):>9}"
+            f"{_num(mine if r['config']['stack'] == 'bucketnotify' else None, 1):>9}"
+            f"{_num(cpu.get('radosgw'), 1):>9}{_num(cpu.get('ceph-osd'), 1):>9}"
+            f"{_num(cpu.get('kube-apiserver'), 1):>10}{_num(cpu.get('etcd'), 1):>7}"
+        )
+
+    measured = {r["scenario"]: _figures(r) for r in ok}
+    baselines: list[tuple[str, dict[str, float | None]]] = []
+    for name in ("gateway-persistent", "gateway-sync"):
+        if name in measured:
+            baselines.append((f"{name} (this run)", measured[name]))
+        baselines.append((f"{name} (reference)", REFERENCE[name]))
+    ratios: dict[str, Any] = {}
+    ours = [r for r in ok if r["config"]["stack"] == "bucketnotify"]
+    if ours:
+        lines += [
+            "",
+            "ratios ours / gateway (events/s: higher is better; latency: lower is better)",
+            f"{'':<34}{'vs':<34}{'events/s':>9}{'p50':>9}{'p99':>9}",
+        ]
+    for r in ours:
+        mine = _figures(r)
+        ratios[r["scenario"]] = {}
+        for i, (label, base) in enumerate(baselines):
+            row = {
+                "throughput": _ratio(mine["throughput_eps"], base["throughput_eps"]),
+                "p50": _ratio(mine["p50_ms"], base["p50_ms"]),
+                "p99": _ratio(mine["p99_ms"], base["p99_ms"]),
+            }
+            ratios[r["scenario"]][label] = {
+                k: None if v == "-" else float(v) for k, v in row.items()
+            }
+            lines.append(
+                f"{r['scenario'] if i == 0 else '':<34}{label:<34}"
+                f"{row['throughput']:>9}{row['p50']:>9}{row['p99']:>9}"
+            )
+    return "\n".join(lines), ratios
+
+
+def source_revision() -> dict[str, Any]:
+    """The commit measured, and what differed from it: the figures depend on both."""
+
+    def git(*args: str) -> str:
+        result = subprocess.run(
+            ["git", "-C", str(REPO), *args], capture_output=True, text=True, check=False
+        )
+        return result.stdout.strip()
+
+    changed = git("status", "--porcelain", "--", "operator", "crds").splitlines()
+    return {"commit": git("rev-parse", "HEAD") or None, "uncommitted": changed}
+
+
+# --- entry point ----------------------------------------------------------------------------
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    # SIGTERM unwinds like Ctrl-C, so every ExitStack stops what it started.
+    raise KeyboardInterrupt
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, Scenario]]:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.delivery",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--events", type=int, default=2000, help="events per scenario")
+    parser.add_argument("--clients", type=int, default=8, help="concurrent PUT clients")
+    parser.add_argument("--size", type=int, default=100, help="object size in bytes")
+    parser.add_argument(
+        "--scenarios", default="all", help="comma-separated subset of the scenarios, or 'all'"
+    )
+    parser.add_argument(
+        "--s3-replicas",
+        type=int,
+        default=2,
+        help="delivery replicas of bucketnotify-sync-s3 (more than 1: behind a proxy)",
+    )
+    parser.add_argument(
+        "--shards", type=int, default=None, help="queue shards of our Topic (default: its own)"
+    )
+    parser.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=60.0,
+        help="give up on missing events after this many seconds without a new one",
+    )
+    parser.add_argument(
+        "--settle", type=float, default=5.0, help="seconds to keep listening for late duplicates"
+    )
+    parser.add_argument(
+        "--setup-timeout", type=float, default=90.0, help="seconds each set-up step may take"
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="run our processes under cProfile (a .prof file beside each log)",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=REPO / "bench" / "results", help="directory of the results"
+    )
+    args = parser.parse_args(argv)
+    known = scenarios(args.s3_replicas)
+    if args.scenarios == "all":
+        chosen = known
+    else:
+        names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            parser.error(f"unknown scenario(s) {unknown}; choose from {list(known)}")
+        chosen = {n: known[n] for n in names}
+    if args.events < 1 or args.clients < 1 or args.s3_replicas < 1:
+        parser.error("--events, --clients and --s3-replicas must be at least 1")
+    return args, chosen
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, chosen = parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)
+    options = Options(
+        events=args.events,
+        clients=args.clients,
+        size=args.size,
+        idle_timeout=args.idle_timeout,
+        settle=args.settle,
+        setup_timeout=args.setup_timeout,
+        shards=args.shards,
+        profile=args.profile,
+    )
+    started: list[Service] = []
+    try:
+        rgw = services.start("ceph")
+        started.append(rgw)
+        kube = None
+        if any(s.stack == "bucketnotify" for s in chosen.values()):
+            kube = services.start("kube")
+            started.append(kube)
+        run = Run(options, rgw, kube, args.out)
+        if run.kubectl is not None:
+            install_crds(run.kubectl)
+        load_before = os.getloadavg()
+        results = []
+        for scenario in chosen.values():
+            print(f"== {scenario.name}: {scenario.summary}", flush=True)
+            results.append(run_scenario(run, scenario))
+        table, ratios = report(results)
+        path = args.out / f"delivery-{run.id}.json"
+        document = {
+            "benchmark": "delivery",
+            "started": run.id,
+            "host": {
+                "cpus": os.cpu_count(),
+                # Other work on the machine shows in every figure; this says how much there was.
+                "load_average_before": load_before,
+                "load_average_after": os.getloadavg(),
+                "python": platform.python_version(),
+                "platform": platform.platform(),
+            },
+            "source": source_revision(),
+            "options": asdict(options),
+            "reference": REFERENCE,
+            "scenarios": results,
+            "ratios": ratios,
+            "logs": str(run.log_dir),
+        }
+        path.write_text(json.dumps(document, indent=2) + "\n")
+        print()
+        print(
+            f"delivery benchmark: {options.events} events x {options.clients} clients, "
+            f"{options.size}-byte objects, {EVENT}; {os.cpu_count()} CPUs, load average "
+            f"{load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after"
+        )
+        print(table)
+        print(f"\nresults: {path}\nlogs:    {run.log_dir}")
+        return 1 if any("error" in r for r in results) else 0
+    except ServiceError as exc:
+        print(f"bench: a local service is missing: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\nbench: interrupted; stopped what it started", file=sys.stderr)
+        return 130
+    finally:
+        for service in started:
+            services.stop(service)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

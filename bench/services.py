@@ -1,0 +1,95 @@
+"""The real local services of ``deploy/local/``, started the way the tests start them.
+
+Like ``tests/localservices.py`` but without pytest: a service that cannot start raises
+``ServiceError`` with the script's own output, which ends with the service's log tail.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["REPO", "RUN_DIR", "Service", "ServiceError", "pid_of", "start", "stop"]
+
+REPO = Path(__file__).resolve().parent.parent
+LOCAL = REPO / "deploy" / "local"
+RUN_DIR = Path(os.environ.get("BN_RUN", "/tmp/bucketnotify-local"))
+
+# A cold start may first build the apiserver (minutes); a warm one takes seconds.
+START_TIMEOUT_S = 1800
+
+
+class ServiceError(RuntimeError):
+    """A local service is missing, did not start, or left no connection details."""
+
+
+@dataclass
+class Service:
+    name: str
+    env: dict[str, str] = field(default_factory=dict)
+    started_here: bool = False
+
+    def __getitem__(self, key: str) -> str:
+        try:
+            return self.env[key]
+        except KeyError:
+            raise ServiceError(
+                f"{RUN_DIR / self.name / 'env'} has no {key}: is it from an older "
+                f"deploy/local/{self.name}.sh? Restart the service with it."
+            ) from None
+
+
+def _read_env(path: Path) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            env[key] = value
+    return env
+
+
+def _script(name: str, action: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    script = LOCAL / f"{name}.sh"
+    if not script.exists():
+        raise ServiceError(f"no start script {script}")
+    return subprocess.run(
+        ["bash", str(script), action],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def start(name: str) -> Service:
+    """The running service ``name``, started first when it is not running."""
+    running = _script(name, "status", 60).returncode == 0
+    if not running:
+        print(f"starting local service {name} (deploy/local/{name}.sh start) ...", flush=True)
+        result = _script(name, "start", START_TIMEOUT_S)
+        if result.returncode != 0:
+            tail = "\n".join((result.stdout + result.stderr).splitlines()[-60:])
+            raise ServiceError(
+                f"local service {name!r} did not start (is it installed? `make "
+                f"services-install`):\n{tail}"
+            )
+    env_file = RUN_DIR / name / "env"
+    if not env_file.exists():
+        raise ServiceError(f"local service {name!r} is up but wrote no {env_file}")
+    return Service(name=name, env=_read_env(env_file), started_here=not running)
+
+
+def stop(service: Service) -> None:
+    """Stop what this run started, unless BN_KEEP_SERVICES=1 keeps it warm for the next."""
+    if service.started_here and os.environ.get("BN_KEEP_SERVICES") != "1":
+        _script(service.name, "stop", 120)
+
+
+def pid_of(name: str, pid_file: str) -> int | None:
+    """The pid a service's script recorded, or None when it recorded none."""
+    try:
+        return int((RUN_DIR / name / pid_file).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
