@@ -274,6 +274,8 @@ def setup_bucketnotify(
             "BUCKETNOTIFY_NAMESPACES": json.dumps([namespace]),
             "BUCKETNOTIFY_LEADER_ELECTION_NAMESPACE": namespace,
             "BUCKETNOTIFY_INGEST_URL": ingest_url,
+            # Not the default 9090: another operator on this machine may hold it.
+            "BUCKETNOTIFY_METRICS_PORT": str(free_port()),
         },
         log_dir,
         profile=run.options.profile,
