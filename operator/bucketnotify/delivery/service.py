@@ -95,8 +95,10 @@ class ServiceTimings:
     """How often reservations are reclaimed and orphaned or drained queues deleted."""
     reservation_timeout_s: float = QueueLimits.reservation_timeout_s
     """A reservation not committed for this long (its writer died) is reclaimed."""
-    drain_timeout_s: float = 5.0
-    """How long a hand-back or a shutdown waits for running rounds to finish."""
+    drain_timeout_s: float = 3.0
+    """How long a hand-back or a shutdown waits for running rounds to finish. A hand-back
+    waits inside the Lease round, so this must stay below renew deadline - renew interval
+    (8 - 3 s by default), or the replica would fence itself meanwhile."""
     stats_interval_s: float = 10.0
     """How often the queue length and size gauges are read from the store (a LIST per
     shard on the S3 store)."""
