@@ -283,9 +283,8 @@ def setup_bucketnotify(
     stack.callback(operator.stop)
     ours.programs.append(operator)
     # A replica that lists a Topic before the operator made its ingest token Secret answers
-    # 404 for it until it re-reads Secrets (30 s by default). Applying the Topic once the
-    # operator leads keeps that window to the operator's reaction time, so that set-up,
-    # not the measurement, is what a late Secret would cost.
+    # 404 for it until its next look. Applying the Topic once the operator leads keeps that
+    # window to the operator's reaction time: set-up, not the warm-up, pays for it.
     if not wait_lease_held(kubectl, namespace, OPERATOR_LEASE, run.options.setup_timeout):
         operator.check_alive()
         print(f"  warning: the operator took no Lease {OPERATOR_LEASE} yet", flush=True)
@@ -412,13 +411,17 @@ def measure(run: Run, bucket_name: str, receiver: Receiver, stack: Stack) -> dic
         workload.stop()
     cpu_after = {name: cpu_seconds(pid) for name, pid in pids.items()}
     own_cpu = time.process_time() - own_cpu_before
+    # This machine may be shared: a high load here means other work skewed the figures.
+    load = os.getloadavg()[0]
 
     settle_until = time.monotonic() + options.settle
     while time.monotonic() < settle_until:
         collector.poll(wanted.__contains__)
         time.sleep(0.2)
 
-    return summarise(run, workload, collector, warmup_s, cpu_before, cpu_after, own_cpu)
+    result = summarise(run, workload, collector, warmup_s, cpu_before, cpu_after, own_cpu)
+    result["load_average_1m"] = round(load, 2)
+    return result
 
 
 def summarise(
@@ -553,9 +556,10 @@ def report(results: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
     if ok:
         lines += [
             "",
-            "set-up and CPU seconds during the measurement (ours: replicas, operator, proxy)",
+            "set-up, CPU seconds during the measurement (ours: replicas, operator, proxy) and"
+            " the 1-minute load average at its end",
             f"{'scenario':<34}{'setup s':>9}{'warmup s':>9}{'ours':>9}{'radosgw':>9}"
-            f"{'ceph-osd':>9}{'apiserver':>10}{'etcd':>7}",
+            f"{'ceph-osd':>9}{'apiserver':>10}{'etcd':>7}{'load':>7}",
         ]
     for r in ok:
         cpu = r["cpu_s"]
@@ -567,6 +571,7 @@ def report(results: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
             f"{_num(mine if r['config']['stack'] == 'bucketnotify' else None, 1):>9}"
             f"{_num(cpu.get('radosgw'), 1):>9}{_num(cpu.get('ceph-osd'), 1):>9}"
             f"{_num(cpu.get('kube-apiserver'), 1):>10}{_num(cpu.get('etcd'), 1):>7}"
+            f"{_num(r.get('load_average_1m'), 1):>7}"
         )
 
     measured = {r["scenario"]: _figures(r) for r in ok}

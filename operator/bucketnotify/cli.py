@@ -180,7 +180,7 @@ async def run_delivery(settings: DeliveryServiceSettings, operator: OperatorSett
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    runner = web.AppRunner(service.app())
+    runner = web.AppRunner(service.app(), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, settings.listen_host, settings.listen_port).start()
     log.info(
