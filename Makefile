@@ -36,15 +36,15 @@ services-down: ## stop the local services
 
 .PHONY: lint
 lint: install ## ruff (lint and format check), mypy strict, import layers
-	$(BIN)/ruff check operator tests bench
-	$(BIN)/ruff format --check operator tests bench
+	$(BIN)/ruff check operator tests bench demo
+	$(BIN)/ruff format --check operator tests bench demo
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
 .PHONY: fmt
 fmt: install ## format the code
-	$(BIN)/ruff check --fix operator tests bench
-	$(BIN)/ruff format operator tests bench
+	$(BIN)/ruff check --fix operator tests bench demo
+	$(BIN)/ruff format operator tests bench demo
 
 .PHONY: crds
 crds: install ## regenerate crds/ from the API models
@@ -69,10 +69,12 @@ bench: install services-install ## delivery benchmark vs the gateway (BENCH_ARGS
 	$(BIN)/python -m bench.delivery $(BENCH_ARGS)
 
 .PHONY: demo
-demo: ## the local demo (not yet: arrives with the packaging issue)
-	@echo "make demo is not built yet: it arrives with the Helm/packaging work."
-	@echo "Today 'make services-up' starts the real apiserver, Ceph RGW, RabbitMQ and Kafka."
-	@exit 1
+demo: install services-up ## the system on this machine: services, operator, 2 delivery replicas, events arriving
+	$(BIN)/python -m demo up
+
+.PHONY: demo-down
+demo-down: ## stop what `make demo` started, the local services included
+	$(BIN)/python -m demo down
 
 .PHONY: clean
 clean: services-down ## stop services and remove the venv and caches in the repo

@@ -1,0 +1,1 @@
+"""``make demo``: the whole system on one machine, shown to a person step by step."""
