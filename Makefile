@@ -26,6 +26,10 @@ install: $(BIN)/.installed ## create .venv with the project and its dev dependen
 services-install: ## install or build every local service once (apt packages, kube-apiserver, Kafka jars)
 	@for s in $(SERVICES); do bash $(LOCAL)/$$s.sh install; done
 
+.PHONY: tools
+tools: ## build the CLIs the tests use besides the services (helm, from its Go module)
+	bash $(LOCAL)/helm.sh install
+
 .PHONY: services-up
 services-up: services-install ## start the real local services (reuses running ones)
 	@for s in $(SERVICES); do bash $(LOCAL)/$$s.sh start; done
@@ -47,21 +51,27 @@ fmt: install ## format the code
 	$(BIN)/ruff format operator tests bench demo
 
 .PHONY: crds
-crds: install ## regenerate crds/ from the API models
+crds: install ## regenerate crds/ (and the chart's copy) from the API models
 	$(BIN)/python -m bucketnotify.api.crds crds
+	rm -f charts/bucketnotify/files/crds/*.yaml && cp crds/*.yaml charts/bucketnotify/files/crds/
 
 .PHONY: crds-check
 crds-check: install ## fail when crds/ is not what the API models generate
 	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	$(BIN)/python -m bucketnotify.api.crds "$$tmp"; \
 	diff -ru crds "$$tmp" || { echo "crds/ is out of date: run 'make crds'"; exit 1; }
+	@diff -ru crds charts/bucketnotify/files/crds || { echo "the chart's CRDs are out of date: run 'make crds'"; exit 1; }
+
+.PHONY: manifests
+manifests: install tools ## render deploy/base/bucketnotify.yaml from the Helm chart's defaults
+	$(BIN)/python -m tests.install.manifests
 
 .PHONY: test-unit
 test-unit: install ## unit tests only (no services)
 	$(BIN)/pytest tests/unit
 
 .PHONY: test
-test: install services-install lint crds-check ## lint, crds check, then every test against the real services
+test: install services-install tools lint crds-check ## lint, crds check, then every test against the real services
 	$(BIN)/pytest -ra tests
 
 .PHONY: bench

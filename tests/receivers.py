@@ -143,6 +143,11 @@ class RecordingHttpServer:
         self._server.shutdown()
         self._server.server_close()
 
+    @property
+    def in_flight(self) -> int:
+        """Requests being served right now (received, not yet answered)."""
+        return self._concurrent
+
     def received(self) -> list[ReceivedRequest]:
         """Every request recorded so far (and not taken before)."""
         taken = []

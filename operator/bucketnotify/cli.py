@@ -20,15 +20,18 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.leaderelection import electionconfig, leaderelection
 from kubernetes_asyncio.leaderelection.resourcelock.leaselock import LeaseLock
 
-from bucketnotify import admin
+from bucketnotify import admin, logs
 from bucketnotify.controller import handlers
 from bucketnotify.controller.notifications import BucketLocks
 from bucketnotify.delivery.ownership import LeaseSettings, Ownership
+from bucketnotify.delivery.record_targets import records_target_for
+from bucketnotify.delivery.recording import Recorder, RecordWriter
 from bucketnotify.delivery.service import DeliveryService, ServiceTimings
+from bucketnotify.delivery.stores.open import StoreConfigError
 from bucketnotify.delivery.stores.open import open_store as _store
 from bucketnotify.kube import Kube, connect
-from bucketnotify.metrics import OperatorMetrics
-from bucketnotify.settings import DeliveryServiceSettings, OperatorSettings
+from bucketnotify.metrics import DeliveryMetrics, OperatorMetrics
+from bucketnotify.settings import DeliveryServiceSettings, LogSettings, OperatorSettings
 
 __all__ = ["main"]
 
@@ -151,6 +154,8 @@ async def run_delivery(settings: DeliveryServiceSettings, operator: OperatorSett
     api = await connect()
     identity = settings.identity or f"{socket.gethostname()}-{os.getpid()}"
     store = await _store(settings, operator)
+    metrics = DeliveryMetrics()
+    writer = _record_writer(settings, operator, identity, metrics)
     ownership = Ownership(
         api,
         identity,
@@ -175,6 +180,8 @@ async def run_delivery(settings: DeliveryServiceSettings, operator: OperatorSett
             reservation_timeout_s=settings.reservation_timeout_seconds,
             stats_interval_s=settings.stats_interval_seconds,
         ),
+        metrics=metrics,
+        recorder=Recorder(writer, identity) if writer is not None else None,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -189,34 +196,84 @@ async def run_delivery(settings: DeliveryServiceSettings, operator: OperatorSett
         settings.listen_host,
         settings.listen_port,
     )
+    if writer is not None:
+        await writer.start()
     try:
         await service.run(stop)
     finally:
         await runner.cleanup()
+        if writer is not None:
+            # Last: the rounds and the ingest are done, so every record is in the buffer.
+            await writer.aclose()
         await api.close()
+
+
+def _record_writer(
+    settings: DeliveryServiceSettings,
+    operator: OperatorSettings,
+    identity: str,
+    metrics: DeliveryMetrics,
+) -> RecordWriter | None:
+    """The writer of delivery records (BUCKETNOTIFY_DELIVERY_RECORDS); None when off."""
+    try:
+        target = records_target_for(settings.records, settings.store, operator)
+    except StoreConfigError as exc:
+        raise SystemExit(str(exc)) from None
+    except OSError as exc:
+        raise SystemExit(
+            f"BUCKETNOTIFY_DELIVERY_RECORDS: cannot write to {exc.filename}: {exc.strerror}"
+        ) from None
+    if target is None:
+        log.info("delivery records: off")
+        return None
+    log.info("delivery records: to %s", target)
+    return RecordWriter(
+        target,
+        replica=identity,
+        metrics=metrics,
+        flush_interval_s=settings.records_flush_seconds,
+        batch_size=settings.records_batch_size,
+        max_buffered=settings.records_buffer_max,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bucketnotify")
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser(
-        "operator", help="reconcile Topics into the gateway (settings: BUCKETNOTIFY_* env)"
-    )
-    commands.add_parser(
-        "delivery",
-        help="serve the ingest and deliver persistent Topics (BUCKETNOTIFY_DELIVERY_* env)",
-    )
+    servers = [
+        commands.add_parser(
+            "operator", help="reconcile Topics into the gateway (settings: BUCKETNOTIFY_* env)"
+        ),
+        commands.add_parser(
+            "delivery",
+            help="serve the ingest and deliver persistent Topics (BUCKETNOTIFY_DELIVERY_* env)",
+        ),
+    ]
+    for server in servers:
+        server.add_argument(
+            "--log-format",
+            choices=["auto", "json", "plain"],
+            help="json lines, plain text, or auto: plain on a terminal, else json"
+            " (default: $BUCKETNOTIFY_LOG_FORMAT or auto)",
+        )
+        server.add_argument(
+            "--log-level",
+            choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+            help="default: $BUCKETNOTIFY_LOG_LEVEL or INFO",
+        )
     admin.register(commands)
     args = parser.parse_args(argv)
     if args.command in admin.COMMANDS:
         return admin.run(args)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    log_settings = LogSettings()
+    logs.configure(args.log_format or log_settings.format, args.log_level or log_settings.level)
+    operator = OperatorSettings()
+    if operator.gateway_secret_key is not None:
+        logs.remember_secrets([operator.gateway_secret_key.get_secret_value()])
     if args.command == "operator":
-        asyncio.run(run_operator(OperatorSettings()))
+        asyncio.run(run_operator(operator))
     elif args.command == "delivery":
-        asyncio.run(run_delivery(DeliveryServiceSettings(), OperatorSettings()))
+        asyncio.run(run_delivery(DeliveryServiceSettings(), operator))
     return 0
 
 

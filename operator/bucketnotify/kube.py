@@ -7,14 +7,19 @@ directly.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import secrets
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+from aiohttp.helpers import get_env_proxy_for_url
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
+from yarl import URL
 
+from bucketnotify import logs
 from bucketnotify.api.common import GROUP, VERSION, CARef
 
 __all__ = ["Kube", "SecretMissing", "connect", "current_namespace"]
@@ -53,7 +58,40 @@ async def connect() -> client.ApiClient:
         config.load_incluster_config()  # type: ignore[no-untyped-call]
     else:
         await config.load_kube_config(config_file=path)
-    return client.ApiClient()
+    configuration = client.Configuration.get_default_copy()
+    _proxy_from_env(configuration)
+    api = client.ApiClient(configuration)
+    _without_env_lookups(api)
+    return api
+
+
+def _proxy_from_env(configuration: client.Configuration) -> None:
+    """$HTTPS_PROXY / $NO_PROXY for the API server, read once here instead of per request."""
+    if configuration.proxy or not configuration.host:
+        return
+    with contextlib.suppress(LookupError):
+        proxy, auth = get_env_proxy_for_url(URL(configuration.host))
+        configuration.proxy = str(proxy)
+        if auth is not None:
+            configuration.proxy_headers = {"Proxy-Authorization": auth.encode()}
+
+
+def _without_env_lookups(api: client.ApiClient) -> None:
+    """The library's session looks up the proxy and ~/.netrc again for every request
+    (``trust_env=True``), each in a thread of the loop's shared default executor: two
+    queued jobs per API call, which queued Lease renewals behind store I/O. The proxy is
+    set once by ``_proxy_from_env``; the API server takes certificates or tokens, never
+    netrc. So the same connection pool goes on in a session that does neither."""
+    rest = api.rest_client
+    session: aiohttp.ClientSession = rest.pool_manager
+    connector = session.connector
+    session.detach()  # hands the pool over without closing it
+    rest.pool_manager = aiohttp.ClientSession(
+        connector=connector,
+        trust_env=False,
+        # As the library's own: a watch event of a large object fits (etcd's bound 1.5 MiB).
+        read_bufsize=2**21,
+    )
 
 
 def current_namespace() -> str:
@@ -82,7 +120,10 @@ class Kube:
                 raise SecretMissing(f"Secret {namespace}/{name} does not exist") from None
             raise
         raw: dict[str, str] = secret.data or {}
-        return {k: base64.b64decode(v).decode() for k, v in raw.items()}
+        data = {k: base64.b64decode(v).decode() for k, v in raw.items()}
+        # Whatever a driver or a URL later echoes of these, the logs will not show it.
+        logs.remember_secrets(v for k, v in data.items() if logs.secret_key_name(k))
+        return data
 
     async def secret_key(self, namespace: str, name: str, key: str) -> str:
         data = await self.secret_data(namespace, name)

@@ -154,6 +154,26 @@ class DeliveryMetrics:
             ("replica",),
             registry=r,
         )
+        self.records_written = Counter(
+            "bucketnotify_records_written",
+            "Delivery records written to the records store.",
+            registry=r,
+        )
+        self.records_dropped = Counter(
+            "bucketnotify_records_dropped",
+            "Delivery records dropped unwritten because the buffer was full (oldest first).",
+            registry=r,
+        )
+        self.records_write_failures = Counter(
+            "bucketnotify_records_write_failures",
+            "Batch writes to the records store that failed (the batch is kept and retried).",
+            registry=r,
+        )
+        self.records_buffered = Gauge(
+            "bucketnotify_records_buffered",
+            "Delivery records in memory waiting to be written.",
+            registry=r,
+        )
 
     _per_topic = (
         "event_triggered",

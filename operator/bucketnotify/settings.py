@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["DeliveryServiceSettings", "OperatorSettings"]
+__all__ = ["DeliveryServiceSettings", "LogSettings", "OperatorSettings"]
 
 
 class OperatorSettings(BaseSettings):
@@ -108,6 +110,20 @@ class DeliveryServiceSettings(BaseSettings):
     """How often the persistent_topic_len and _size gauges are read from the store (one
     LIST per shard on the S3 store, by the owner of each queue's shard 0). The metrics are
     served on the ingest port, ``GET /metrics``."""
+    records: str = "auto"
+    """Where delivery records go (docs/records.md): ``auto`` next to the queue store
+    (``s3://<bucket>/records`` or the directory ``records`` beside a dir:// store), ``off``,
+    ``dir://<absolute path>`` or ``s3://<bucket>[/<prefix>]`` on the default gateway. On by
+    default: the reports of the Spark job are made from them."""
+    records_flush_seconds: float = Field(default=5.0, gt=0)
+    """How often buffered records are written: one object per partition hour and flush,
+    so a replica writes about 720 small objects an hour at most while busy."""
+    records_batch_size: int = Field(default=5000, ge=1)
+    """Records per file at most; this many waiting are written at once, before the flush
+    interval is up."""
+    records_buffer_max: int = Field(default=50_000, ge=1)
+    """Records held in memory at most (about 0.5 KiB each) while the records store cannot
+    be written; beyond it the oldest are dropped and counted. At least the batch size."""
 
     @model_validator(mode="after")
     def _deadline_between_renewal_and_expiry(self) -> DeliveryServiceSettings:
@@ -120,3 +136,27 @@ class DeliveryServiceSettings(BaseSettings):
                 f" {self.lease_duration_seconds}): a replica must stop before its Lease expires"
             )
         return self
+
+    @model_validator(mode="after")
+    def _records_batch_fits_the_buffer(self) -> DeliveryServiceSettings:
+        if self.records_batch_size > self.records_buffer_max:
+            raise ValueError(
+                f"RECORDS_BATCH_SIZE ({self.records_batch_size}) must not exceed"
+                f" RECORDS_BUFFER_MAX ({self.records_buffer_max})"
+            )
+        return self
+
+
+class LogSettings(BaseSettings):
+    """Logging of the operator and the delivery service (BUCKETNOTIFY_LOG_* variables; the
+    commands' --log-format and --log-level win)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="BUCKETNOTIFY_LOG_", use_attribute_docstrings=True, frozen=True
+    )
+
+    format: Literal["auto", "json", "plain"] = "auto"
+    """json: one JSON object per line (kopf's field names), for log collectors; plain: for
+    people; auto: plain on a terminal, JSON otherwise (so JSON in a pod)."""
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Lowest level written. Secrets are redacted at every level."""

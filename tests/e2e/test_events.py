@@ -44,7 +44,7 @@ def s3_client(rgw: LocalService) -> Any:
 # Kafka delivery is the delivery service's job and is tested with it.
 @pytest.fixture(params=["http", "amqp"])
 async def sink(
-    request: pytest.FixtureRequest, rabbitmq: LocalService
+    request: pytest.FixtureRequest, rabbitmq: LocalService, namespace: str
 ) -> AsyncIterator[tuple[str, Sink]]:
     topic = f"e2e-{request.param}-{uuid.uuid4().hex[:8]}"
     made: Sink
@@ -52,7 +52,11 @@ async def sink(
         made = HttpSink()
     else:
         made = await AmqpSink(
-            rabbitmq["AMQP_URL"], rabbitmq["AMQP_HOST"], rabbitmq["AMQP_PORT"], topic
+            # The gateway routes by its topic name: <namespace>.<Topic name> by default.
+            rabbitmq["AMQP_URL"],
+            rabbitmq["AMQP_HOST"],
+            rabbitmq["AMQP_PORT"],
+            f"{namespace}.{topic}",
         ).start()
     yield topic, made
     await made.close()

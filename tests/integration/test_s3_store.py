@@ -7,13 +7,14 @@ split over two pages) is exercised without writing thousands of objects.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from bucketnotify.delivery.queue import QueueLimits, QueueName
+from bucketnotify.delivery.queue import QueueFull, QueueLimits, QueueName, Reservation
 from bucketnotify.delivery.stores import s3 as s3_module
 from bucketnotify.delivery.stores.s3 import S3Store
 from bucketnotify.gateway.connection import GatewayConnection
@@ -134,6 +135,35 @@ async def test_commit_is_one_put_and_one_delete(
     await store.remove(QUEUE, 0, [e.id for e in listed[50:]])
     assert calls == ["DeleteObject"]
     assert await store.list(QUEUE, 0) == []
+
+
+async def test_reserves_waiting_for_their_turn_share_one_scan_and_keep_the_limit(
+    rgw: LocalService, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ingest's group commit reserves every shard it touches at once: the reserves
+    that queue up behind one scan are checked together against the next, one by one."""
+    store = S3Store(connection(rgw), bucket, f"t-{uuid.uuid4().hex[:10]}/")
+    await store.create(QUEUE, 8, QueueLimits(max_entries=4, max_bytes=1000))
+    await put(store, 0, b"committed")
+    calls: list[str] = []
+    real = store._call
+
+    async def counted(operation: str, request: Any) -> Any:
+        calls.append(operation.split()[0])
+        return await real(operation, request)
+
+    monkeypatch.setattr(store, "_call", counted)
+    results = await asyncio.gather(
+        *(store.reserve(QUEUE, shard, 1, 1, NOW) for shard in range(1, 7)),
+        return_exceptions=True,
+    )
+    granted = [r for r in results if isinstance(r, Reservation)]
+    assert [r.shard for r in granted] == [1, 2, 3]  # 1 committed + 3 reserved = 4 of 4
+    assert all(isinstance(r, QueueFull) for r in results[3:])
+    # The first alone (the others were not waiting yet), then the other five together.
+    assert calls.count("ListObjectsV2") == 4
+    assert calls.count("PutObject") == 3
+    assert (await store.stats(QUEUE, NOW)).reservations == 3
 
 
 async def test_a_rewrite_cut_short_is_finished_by_the_next_removal(

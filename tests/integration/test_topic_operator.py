@@ -186,7 +186,9 @@ def test_drift_on_the_gateway_is_repaired(
         "the deleted gateway topic to be re-created",
     )
 
-    gateway.upsert(name, {"push-endpoint": "http://127.0.0.1:9/evil", "OpaqueData": "theirs"})
+    gateway.upsert(
+        f"{namespace}.{name}", {"push-endpoint": "http://127.0.0.1:9/evil", "OpaqueData": "theirs"}
+    )
     repaired = wait_until(
         lambda: gateway_topic(gateway, arn),
         lambda t: t.endpoint_address == "http://127.0.0.1:9/d",
@@ -229,7 +231,7 @@ def test_cleartext_credentials_are_refused_without_leaking_them(
     assert condition["reason"] == "CleartextCredentials"
     assert "useSSL: true" in condition["message"]
     assert "arn" not in status
-    assert all(not t.endswith(f":{name}") for t in gateway.list_arns())
+    assert all(not t.endswith(f":{namespace}.{name}") for t in gateway.list_arns())
 
     seen = json.dumps(kubectl.get("topic", name, namespace)) + events(kubectl, namespace)
     assert password not in seen

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import multiprocessing
 import os
 import time
@@ -118,3 +119,70 @@ async def test_processes_sharing_the_directory_keep_the_limit_and_one_order(
     for w in range(4):
         mine = [b for b in bodies(listed) if b.startswith(f"w{w}-".encode())]
         assert mine == sorted(mine)
+
+
+def _lock_file(root: Path, shard: int) -> Path:
+    return root / ".locks" / QUEUE.namespace / QUEUE.topic / f"shard-{shard}.lock"
+
+
+def _sneak_in_batch(root: Path, shard: int, body: bytes) -> None:
+    """A batch renamed into place behind the store's back, as a commit does just before
+    it counts it."""
+    name = f"{time.time_ns():020d}-{'a' * 12}.n000001.b{len(body)}"
+    line = {"i": 0, "event_id": "sneaked", "ingest_time": 0, "attempts": 0, "not_before": 0}
+    line["body"] = body.decode()
+    directory = root / QUEUE.namespace / QUEUE.topic / f"shard-{shard}"
+    (directory / name).write_text(json.dumps(line) + "\n")
+
+
+async def test_reserve_does_not_trust_the_counts_of_a_writer_that_died_mid_commit(
+    tmp_path: Path,
+) -> None:
+    """A commit marks its shard's counts dirty before the rename and clean after; dying in
+    between must make the next reader count the names, or the limit would drift."""
+    store = LocalDirStore(tmp_path)
+    await store.create(QUEUE, 2, QueueLimits(max_entries=3, max_bytes=1000))
+    await put(store, 0, b"1", b"2")
+    lock = _lock_file(tmp_path, 0)
+    record = lock.read_bytes()
+    assert b" c " in record  # clean after a finished commit
+    lock.write_bytes(record.replace(b" c ", b" d "))
+    _sneak_in_batch(tmp_path, 0, b"3")
+
+    assert (await store.stats(QUEUE, NOW)).entries == 3
+    with pytest.raises(QueueFull):
+        await store.reserve(QUEUE, 1, 1, 1, NOW)
+
+
+async def test_counts_from_before_a_reboot_are_not_trusted(tmp_path: Path) -> None:
+    """Lock files are not fsynced: after a reboot their counts may be older than the names."""
+    store = LocalDirStore(tmp_path)
+    await store.create(QUEUE, 1, QueueLimits(max_entries=3, max_bytes=1000))
+    await put(store, 0, b"1", b"2")
+    lock = _lock_file(tmp_path, 0)
+    record = lock.read_bytes()
+    other_boot = record[:-37] + b"00000000-0000-0000-0000-000000000000\n"
+    lock.write_bytes(other_boot)
+    _sneak_in_batch(tmp_path, 0, b"3")
+
+    with pytest.raises(QueueFull):
+        await store.reserve(QUEUE, 0, 1, 1, NOW)
+    assert (await store.stats(QUEUE, NOW)).entries == 3
+    assert lock.read_bytes()[-37:] == record[-37:]  # counted, and written back for this boot
+
+
+async def test_a_queue_of_an_older_release_is_counted_from_its_names(tmp_path: Path) -> None:
+    """No incarnation, lock files holding only the batch time: what an upgrade finds."""
+    store = LocalDirStore(tmp_path)
+    await store.create(QUEUE, 1, QueueLimits(max_entries=4, max_bytes=1000))
+    first = await put(store, 0, b"1", b"2")
+    (tmp_path / QUEUE.namespace / QUEUE.topic / "incarnation").unlink()
+    lock = _lock_file(tmp_path, 0)
+    lock.write_bytes(lock.read_bytes()[:20])
+
+    assert (await store.stats(QUEUE, NOW)).entries == 2
+    second = await put(store, 0, b"3", b"4")
+    with pytest.raises(QueueFull):
+        await store.reserve(QUEUE, 0, 1, 1, NOW)
+    listed = await store.list(QUEUE, 0)
+    assert listed == first + second  # batch ids still after the stored batch time

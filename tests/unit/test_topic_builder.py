@@ -22,7 +22,12 @@ from bucketnotify.controller.topic_builder import (
 def build(
     spec: dict[str, Any], credentials: Credentials | None = None, **kw: Any
 ) -> dict[str, str]:
-    options: dict[str, Any] = {"allow_cleartext_secrets": False, "ingest_url": None, **kw}
+    options: dict[str, Any] = {
+        "allow_cleartext_secrets": False,
+        "ingest_url": None,
+        "gateway_endpoint": "https://gateway",
+        **kw,
+    }
     return gateway_attributes(TopicSpec.model_validate(spec), credentials=credentials, **options)
 
 

@@ -206,3 +206,105 @@ async def test_a_failing_dead_letter_sink_keeps_the_events(store: LocalDirStore)
     result = await round_(store, down, T0 + 62, policy, dead_letter=sink)
     assert result.dead_lettered == 1 and [e.event_id for e in taken] == ["x"]
     assert await store.list(QUEUE, 0) == []
+
+
+def outcomes(result: Any) -> list[tuple[str, str, int, str | None]]:
+    """(outcome, event id, attempts, error) of each EventOutcome, in order."""
+    return [(o.outcome.value, o.entry.event_id, o.attempts, o.error) for o in result.outcomes]
+
+
+async def test_each_push_and_each_drop_is_one_outcome_with_its_attempts(
+    store: LocalDirStore,
+) -> None:
+    """Outcomes (the stuff of delivery records) count what the round's counters count:
+    delivered and failed per push, attempts including that push; expired with no push."""
+    await enqueue(store, [("ok", record("a", 1)), ("bad", record("b", 2))])
+
+    def handler(delivery: Delivery) -> None:
+        if delivery.record["n"] == 2:
+            raise RejectedError("503 from endpoint")
+
+    policy = DeliveryPolicy(max_retries=1)
+    first = await round_(store, MockEndpoint(handler), T0, policy)
+    assert outcomes(first) == [
+        ("delivered", "ok", 1, None),
+        ("failed", "bad", 1, "503 from endpoint"),
+    ]
+    second = await round_(store, MockEndpoint(handler), T0 + 1, policy)
+    assert outcomes(second) == [("failed", "bad", 2, "503 from endpoint")]
+    third = await round_(store, MockEndpoint(handler), T0 + 2, policy)
+    assert outcomes(third) == [("expired", "bad", 2, "maxRetries 1 used up after 2 attempts")]
+    assert (first.delivered, first.failed + second.failed, third.expired) == (1, 2, 1)
+    delivered = first.outcomes[0]
+    assert delivered.record == record("a", 1) and delivered.entry.ingest_time == T0
+
+
+async def test_time_to_live_names_its_reason(store: LocalDirStore) -> None:
+    await enqueue(store, [("x", record("x", 1))])
+    result = await round_(store, MockEndpoint(), T0 + 61, DeliveryPolicy(time_to_live_s=60))
+    assert outcomes(result) == [("expired", "x", 0, "timeToLive of 60 s passed")]
+
+
+async def test_undeliverable_is_rejected_and_duplicates_are_outcomes(
+    store: LocalDirStore,
+) -> None:
+    await enqueue(store, [("big", record("x", 1)), ("d", record("y", 2)), ("d", record("y", 2))])
+
+    def handler(delivery: Delivery) -> None:
+        if delivery.record["n"] == 1:
+            raise UndeliverableError("message too large")
+
+    result = await round_(store, MockEndpoint(handler), T0)
+    assert sorted(outcomes(result)) == [
+        ("delivered", "d", 1, None),
+        ("duplicate", "d", 0, None),
+        ("rejected", "big", 1, "message too large"),
+    ]
+    assert (result.delivered, result.rejected, result.duplicates) == (1, 1, 1)
+
+
+async def test_dead_lettered_outcomes_only_when_the_sink_took_them(
+    store: LocalDirStore,
+) -> None:
+    await enqueue(store, [("x", record("x", 1)), ("y", record("y", 2))])
+
+    def handler(delivery: Delivery) -> None:
+        raise UndeliverableError("message too large")
+
+    async def take(entries: Sequence[Entry]) -> None:
+        pass
+
+    async def refuse(entries: Sequence[Entry]) -> None:
+        raise LookupError("no such topic")
+
+    refused = await round_(store, MockEndpoint(handler), T0, dead_letter=refuse)
+    # The pushes were refused, the events stay: two failed attempts, as push_failed counts.
+    assert sorted(outcomes(refused)) == [
+        ("failed", "x", 1, "message too large"),
+        ("failed", "y", 1, "message too large"),
+    ]
+    taken = await round_(store, MockEndpoint(handler), T0 + 1, dead_letter=take)
+    assert sorted(outcomes(taken)) == [
+        ("dead_lettered", "x", 1, "message too large"),
+        ("dead_lettered", "y", 1, "message too large"),
+    ]
+    assert await store.list(QUEUE, 0) == []
+
+
+async def test_a_fenced_round_has_push_outcomes_but_no_drops(store: LocalDirStore) -> None:
+    """Fenced: the pushes happened (and are counted), the removals did not."""
+    await enqueue(store, [("a", record("a", 1)), ("b", record("b", 2)), ("c", record("c", 3))])
+
+    def handler(delivery: Delivery) -> None:
+        if delivery.record["n"] == 2:
+            raise UndeliverableError("message too large")
+        if delivery.record["n"] == 3:
+            raise RejectedError("503")
+
+    result = await round_(store, MockEndpoint(handler), T0, owned=False)
+    assert result.fenced
+    assert sorted(outcomes(result)) == [
+        ("delivered", "a", 1, None),
+        ("failed", "b", 1, "message too large"),
+        ("failed", "c", 1, "503"),
+    ]

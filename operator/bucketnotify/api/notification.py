@@ -48,6 +48,11 @@ OVERLAP_RULES: list[JsonValue] = [
 ]
 
 
+# XML 1.0, in which filters travel to the gateway, cannot carry most control characters and
+# turns a carriage return into a newline: refuse them where a person can see why.
+NO_CONTROL = r"^[^\x00-\x1f\x7f]*$"
+
+
 class TopicRef(Model):
     """A Topic in the same namespace."""
 
@@ -65,20 +70,20 @@ class KeyFilter(Model):
         }
     )
 
-    prefix: str | None = Field(default=None, min_length=1, max_length=1024)
+    prefix: str | None = Field(default=None, min_length=1, max_length=1024, pattern=NO_CONTROL)
     """The key starts with this."""
-    suffix: str | None = Field(default=None, min_length=1, max_length=1024)
+    suffix: str | None = Field(default=None, min_length=1, max_length=1024, pattern=NO_CONTROL)
     """The key ends with this."""
-    regex: str | None = Field(default=None, min_length=1, max_length=1024)
+    regex: str | None = Field(default=None, min_length=1, max_length=1024, pattern=NO_CONTROL)
     """ECMAScript regular expression (the gateway's C++ std::regex) matching the whole key."""
 
 
 class FilterRule(Model):
     """One name/value rule on object metadata or tags."""
 
-    name: str = Field(min_length=1, max_length=256)
+    name: str = Field(min_length=1, max_length=256, pattern=NO_CONTROL)
     """Metadata key (x-amz-meta-...) or tag key."""
-    value: str = Field(max_length=1024)
+    value: str = Field(max_length=1024, pattern=NO_CONTROL)
     """Value the metadata entry or tag must have."""
 
 

@@ -13,18 +13,25 @@ import datetime as dt
 import functools
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import kopf
 
 from bucketnotify.api.common import GROUP, VERSION
 from bucketnotify.controller.conditions import ready_condition
+from bucketnotify.controller.events import change_events, drift_events
 from bucketnotify.controller.notifications import (
     delete_notification,
     reconcile_notification,
     send_test_event,
 )
-from bucketnotify.controller.topic_builder import referenced_secrets
+from bucketnotify.controller.topic_builder import (
+    NameClaim,
+    arn_topic_name,
+    gateway_scope,
+    referenced_secrets,
+    wanted_gateway_topic_name,
+)
 from bucketnotify.controller.topics import (
     NotReconcilable,
     Outcome,
@@ -110,11 +117,68 @@ def _annotation(body: kopf.BodyEssence | None, key: str) -> str | None:
     return annotations.get(key)
 
 
+def _post_change(
+    body: kopf.Body,
+    kind: Literal["topic", "notification"],
+    cause: str,
+    status: kopf.Status,
+    existed: bool,
+    outcome: Outcome,
+    kwargs: dict[str, Any],
+) -> None:
+    """Post the Events of a change handler run (``controller.events`` decides which)."""
+    for event in change_events(
+        kind=kind,
+        cause=cause,
+        previous=ready_condition(list(status.get("conditions") or [])),
+        existed=existed,
+        ready=outcome.ready,
+        reason=outcome.reason,
+        message=outcome.message,
+        retry=int(kwargs.get("retry") or 0),
+    ):
+        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+
+
 def _write(patch: kopf.Patch, current: kopf.Status, status: dict[str, Any]) -> None:
     # Only what changed: a quiet drift check must not write the object every interval.
     for key, value in status.items():
         if current.get(key) != value:
             patch.status[key] = value
+
+
+@kopf.index(*TOPICS)
+def topics_by_gateway_name(
+    namespace: str | None,
+    name: str,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    meta: kopf.Meta,
+    **_: Any,
+) -> dict[Any, NameClaim]:
+    """(gateway scope, gateway topic name) → the Topics wanting that name."""
+    try:
+        parsed = parse_spec(dict(spec))
+    except NotReconcilable:
+        return {}
+    ns = _ns(namespace)
+    arn: str | None = status.get("arn")
+    wanted = wanted_gateway_topic_name(ns, name, parsed, arn)
+    holds = arn is not None and arn_topic_name(arn) == wanted
+    created = str(meta.get("creationTimestamp") or "")
+    return {(gateway_scope(ns, parsed), wanted): NameClaim(ns, name, created, holds)}
+
+
+def _claims_of(
+    kwargs: dict[str, Any], namespace: str, spec: kopf.Spec
+) -> Callable[[str], list[NameClaim]]:
+    """The Topics wanting a gateway name in the same gateway scope as this one."""
+    index: kopf.Index[Any, NameClaim] = kwargs["topics_by_gateway_name"]
+    try:
+        scope = gateway_scope(namespace, parse_spec(dict(spec)))
+    except NotReconcilable:
+        scope = ""
+    return lambda gateway_name: list(index.get((scope, gateway_name), []))
 
 
 @kopf.on.create(*TOPICS)
@@ -142,10 +206,11 @@ async def topic_changed(
         status=dict(status),
         generation=meta.get("generation"),
         owner=dict(body),
+        claims_of=_claims_of(kwargs, _ns(namespace), spec),
     )
     _write(patch, status, outcome.status)
+    _post_change(body, "topic", reason, status, bool(status.get("arn")), outcome, kwargs)
     if outcome.ready:
-        kopf.info(body, reason="Synced", message=outcome.message)
         if reason != "resume":
             # The gateway applies a topic change only to notifications written after it
             # (reference tip): re-apply every BucketNotification that uses this Topic.
@@ -156,7 +221,6 @@ async def topic_changed(
                     "bucketnotifications", _ns(namespace), dependent, {TOPIC_RESYNC: marker}
                 )
         return
-    kopf.warn(body, reason=outcome.reason, message=outcome.message)
     _report_not_ready(outcome.reason)
     if outcome.retry:
         raise kopf.TemporaryError(outcome.message, delay=RETRY_DELAY_S)
@@ -172,10 +236,8 @@ async def topic_drift(
     meta: kopf.Meta,
     patch: kopf.Patch,
     memo: kopf.Memo,
-    **_: Any,
+    **kwargs: Any,
 ) -> None:
-    previous = ready_condition(list(status.get("conditions") or []))
-    was_ready = previous is not None and previous.get("status") == "True"
     outcome = await reconcile_topic(
         kube=memo.kube,
         settings=memo.settings,
@@ -186,27 +248,32 @@ async def topic_drift(
         generation=meta.get("generation"),
         owner=dict(body),
         only_if_drifted=True,
+        claims_of=_claims_of(kwargs, _ns(namespace), spec),
     )
-    _report_drift(body, patch, status, outcome, was_ready)
+    _report_drift(body, "topic", patch, status, bool(status.get("arn")), outcome)
 
 
 def _report_drift(
-    body: kopf.Body, patch: kopf.Patch, status: kopf.Status, outcome: Outcome, was_ready: bool
+    body: kopf.Body,
+    kind: Literal["topic", "notification"],
+    patch: kopf.Patch,
+    status: kopf.Status,
+    existed: bool,
+    outcome: Outcome,
 ) -> None:
     _write(patch, status, outcome.status)
     if not outcome.ready:
         _report_not_ready(outcome.reason)
-    if outcome.repaired:
-        kopf.warn(
-            body,
-            reason="DriftRepaired",
-            message="the gateway differed from the spec and was rewritten: "
-            + ", ".join(outcome.repaired),
-        )
-    if outcome.ready and not was_ready:
-        kopf.info(body, reason="Recovered", message=outcome.message)
-    elif not outcome.ready and was_ready:
-        kopf.warn(body, reason=outcome.reason, message=outcome.message)
+    for event in drift_events(
+        kind=kind,
+        previous=ready_condition(list(status.get("conditions") or [])),
+        existed=existed,
+        ready=outcome.ready,
+        reason=outcome.reason,
+        message=outcome.message,
+        repaired=outcome.repaired,
+    ):
+        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
 
 
 def register_drift_timer(registry: kopf.OperatorRegistry, interval: float) -> None:
@@ -327,7 +394,8 @@ async def notification_changed(
     memo: kopf.Memo,
     old: kopf.BodyEssence | None = None,
     new: kopf.BodyEssence | None = None,
-    **_: Any,
+    reason: str = "",
+    **kwargs: Any,
 ) -> None:
     outcome, test_event = await reconcile_notification(
         kube=memo.kube,
@@ -344,20 +412,18 @@ async def notification_changed(
         and _annotation(old, TOPIC_RESYNC) != _annotation(new, TOPIC_RESYNC),
     )
     new_status = dict(outcome.status)
-    if outcome.ready:
-        kopf.info(body, reason="Synced", message=outcome.message)
-        if test_event is not None:
-            try:
-                sent = await send_test_event(memo.kube, _ns(namespace), dict(spec), test_event)
-            except EndpointError as exc:
-                kopf.warn(body, reason="TestEventNotSent", message=str(exc))
-                new_status["testEventSent"] = False
-            else:
-                kopf.info(body, reason="TestEventSent", message=sent)
-                new_status["testEventSent"] = True
+    _post_change(body, "notification", reason, status, bool(status.get("applied")), outcome, kwargs)
+    if test_event is not None:  # only ever there when Ready
+        try:
+            sent = await send_test_event(memo.kube, _ns(namespace), dict(spec), test_event)
+        except EndpointError as exc:
+            kopf.warn(body, reason="TestEventNotSent", message=str(exc))
+            new_status["testEventSent"] = False
+        else:
+            kopf.info(body, reason="TestEventSent", message=sent)
+            new_status["testEventSent"] = True
     _write(patch, status, new_status)
     if not outcome.ready:
-        kopf.warn(body, reason=outcome.reason, message=outcome.message)
         _report_not_ready(outcome.reason)
         if outcome.retry:
             raise kopf.TemporaryError(outcome.message, delay=RETRY_DELAY_S)
@@ -375,8 +441,6 @@ async def notification_drift(
     memo: kopf.Memo,
     **_: Any,
 ) -> None:
-    previous = ready_condition(list(status.get("conditions") or []))
-    was_ready = previous is not None and previous.get("status") == "True"
     outcome, _event = await reconcile_notification(
         kube=memo.kube,
         settings=memo.settings,
@@ -388,7 +452,7 @@ async def notification_drift(
         generation=meta.get("generation"),
         only_if_drifted=True,
     )
-    _report_drift(body, patch, status, outcome, was_ready)
+    _report_drift(body, "notification", patch, status, bool(status.get("applied")), outcome)
 
 
 @kopf.on.delete(*NOTIFICATIONS)

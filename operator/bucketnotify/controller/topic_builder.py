@@ -8,6 +8,7 @@ service's ingest, which then owns retries, TTL and the endpoint's credentials.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -15,13 +16,20 @@ from bucketnotify.api.topic import AmqpEndpoint, KafkaEndpoint, TopicSpec
 
 __all__ = [
     "Credentials",
+    "NameClaim",
     "TopicBuildError",
+    "arn_topic_name",
+    "default_gateway_topic_name",
     "differences",
+    "endpoint_topic_name",
     "gateway_attributes",
+    "gateway_scope",
     "gateway_topic_name",
     "ingest_endpoint",
     "ingest_token_secret",
+    "name_owner",
     "referenced_secrets",
+    "wanted_gateway_topic_name",
 ]
 
 # The attributes we set and later compare with what the gateway reports.
@@ -44,8 +52,90 @@ class TopicBuildError(Exception):
         self.reason = reason
 
 
-def gateway_topic_name(metadata_name: str, spec: TopicSpec) -> str:
-    return spec.name or metadata_name
+def default_gateway_topic_name(namespace: str, metadata_name: str) -> str:
+    """``<namespace>.<name>``: gateway topics belong to a tenant, not a namespace, so the
+    bare name would let ``a/orders`` and ``b/orders`` share one gateway topic (and its
+    persistent queue). A namespace (a DNS label) has no dot, so the first dot splits it."""
+    return f"{namespace}.{metadata_name}"
+
+
+def arn_topic_name(arn: str) -> str:
+    """The topic name an ARN (``arn:aws:sns:<zonegroup>:<tenant>:<name>``) ends with."""
+    return arn.rsplit(":", 1)[-1]
+
+
+def endpoint_topic_name(metadata_name: str, spec: TopicSpec) -> str:
+    """The AMQP routing key or Kafka topic our delivery service uses for a persistent Topic.
+
+    Deliberately not namespace-qualified: it names something on the user's own broker, and
+    changing it would silently route existing Topics' events elsewhere."""
+    return spec.endpoint_topic or spec.name or metadata_name
+
+
+def wanted_gateway_topic_name(
+    namespace: str, metadata_name: str, spec: TopicSpec, arn: str | None
+) -> str:
+    """The name a Topic asks for before conflicts are settled (see ``gateway_topic_name``)."""
+    if spec.name:
+        return spec.name
+    return arn_topic_name(arn) if arn else default_gateway_topic_name(namespace, metadata_name)
+
+
+def gateway_scope(namespace: str, spec: TopicSpec) -> str:
+    """Which gateway tenant a Topic's name lives in, as far as the operator can tell without
+    reading Secrets: the operator's default gateway, or one gatewayRef Secret."""
+    return "" if spec.gateway_ref is None else f"{namespace}/{spec.gateway_ref.secret_name}"
+
+
+@dataclass(frozen=True)
+class NameClaim:
+    """A Topic wanting a gateway topic name; ``holds`` when it has created it already."""
+
+    namespace: str
+    name: str
+    created: str
+    """metadata.creationTimestamp (RFC 3339, so it sorts as text)."""
+    holds: bool
+
+
+def name_owner(claims: list[NameClaim]) -> NameClaim:
+    """Who of several Topics wanting one gateway name gets it: one already holding it (the
+    oldest, should an older release have let several share it), else the oldest; ties by
+    namespace and name so that every replica and every retry decides alike."""
+    return min(claims, key=lambda c: (not c.holds, c.created, c.namespace, c.name))
+
+
+def gateway_topic_name(
+    namespace: str,
+    metadata_name: str,
+    spec: TopicSpec,
+    arn: str | None,
+    created: str,
+    claims_of: Callable[[str], list[NameClaim]],
+) -> str:
+    """The gateway topic name of a Topic, or TopicBuildError ``NameConflict``.
+
+    ``spec.name`` when set; else the name of the gateway topic the Topic already has (a
+    Topic created by an older release keeps its bare name across the upgrade); else
+    ``<namespace>.<name>``. ``claims_of(name)`` lists the Topics wanting a name. A Topic
+    that kept a bare name another Topic also held moves to ``<namespace>.<name>``: the two
+    overwrote each other's endpoint before. An explicit ``spec.name`` is never moved.
+    """
+    default = default_gateway_topic_name(namespace, metadata_name)
+    wanted = wanted_gateway_topic_name(namespace, metadata_name, spec, arn)
+    held = arn is not None and arn_topic_name(arn) == wanted
+    me = NameClaim(namespace, metadata_name, created, held)
+    others = [c for c in claims_of(wanted) if (c.namespace, c.name) != (namespace, metadata_name)]
+    owner = name_owner([me, *others])
+    if owner == me:
+        return wanted
+    if not spec.name and wanted != default:
+        return gateway_topic_name(namespace, metadata_name, spec, None, created, claims_of)
+    raise TopicBuildError(
+        "NameConflict",
+        f"gateway topic name {wanted!r} belongs to Topic {owner.namespace}/{owner.name};"
+        " set spec.name to a name of its own (or delete the other Topic)",
+    )
 
 
 def referenced_secrets(spec: TopicSpec) -> set[str]:
@@ -137,14 +227,35 @@ def ingest_endpoint(ingest_url: str, namespace: str, name: str, token: str) -> s
     return f"{base}/v1/topics/{quote(namespace, safe='')}/{quote(name, safe='')}/{token}"
 
 
+def _refuse_cleartext_to_gateway(
+    credentials: Credentials | None, gateway_endpoint: str, allow: bool
+) -> None:
+    # The reference: user and password "must be provided only over HTTPS"; the gateway
+    # refuses them otherwise, but only after the request carried them in the clear.
+    if credentials is not None and not gateway_endpoint.startswith("https://") and not allow:
+        raise TopicBuildError(
+            "CleartextCredentials",
+            f"the gateway connection ({gateway_endpoint}) is not HTTPS, and a non-persistent"
+            " topic hands the broker credentials to the gateway: use an https:// gateway,"
+            " persistent: true (the credentials then stay with the delivery service) or ask"
+            " the operator's admin to allow cleartext secrets",
+        )
+
+
 def gateway_attributes(
     spec: TopicSpec,
     *,
     credentials: Credentials | None,
     allow_cleartext_secrets: bool,
     ingest_url: str | None,
+    gateway_endpoint: str,
 ) -> dict[str, str]:
-    """The CreateTopic attributes for ``spec``; ``ingest_url`` is the Topic's own ingest."""
+    """The CreateTopic attributes for ``spec``; ``ingest_url`` is the Topic's own ingest,
+    ``gateway_endpoint`` the URL the operator sends them to.
+
+    Credentials that would cross a transport without TLS (to the broker, or inside the
+    CreateTopic request to the gateway) are refused unless ``allow_cleartext_secrets``.
+    """
     common: dict[str, str] = {}
     if spec.opaque_data is not None:
         common["OpaqueData"] = spec.opaque_data
@@ -158,6 +269,13 @@ def gateway_attributes(
                 "persistent topics are delivered by the delivery service, and the operator"
                 " has no ingest URL (set BUCKETNOTIFY_INGEST_URL)",
             )
+        # Our delivery service, not the gateway, talks to the broker: the same rule holds.
+        if spec.endpoint.amqp is not None:
+            secure = spec.endpoint.amqp.url.startswith("amqps://")
+            _refuse_cleartext("AMQP", secure, credentials, allow_cleartext_secrets)
+        elif spec.endpoint.kafka is not None:
+            secure = spec.endpoint.kafka.use_ssl
+            _refuse_cleartext("Kafka", secure, credentials, allow_cleartext_secrets)
         handoff = spec.delivery.handoff if spec.delivery else "persistent"
         return {
             **common,
@@ -183,6 +301,7 @@ def gateway_attributes(
     else:
         assert endpoint.kafka is not None  # the schema requires exactly one endpoint
         kind_attributes = _kafka(endpoint.kafka, credentials, allow_cleartext_secrets)
+    _refuse_cleartext_to_gateway(credentials, gateway_endpoint, allow_cleartext_secrets)
     return {**common, **kind_attributes, "persistent": "false"}
 
 

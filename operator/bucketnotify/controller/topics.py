@@ -7,6 +7,7 @@ Blocking gateway calls run in a worker thread so one slow gateway does not stall
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -18,7 +19,9 @@ from bucketnotify.controller.conditions import ready_status
 from bucketnotify.controller.topic_builder import (
     INGEST_TOKEN_KEY,
     Credentials,
+    NameClaim,
     TopicBuildError,
+    arn_topic_name,
     differences,
     gateway_attributes,
     gateway_topic_name,
@@ -134,6 +137,13 @@ def parse_spec(spec: dict[str, Any]) -> TopicSpec:
     return parse_model(TopicSpec, spec)
 
 
+ClaimsOf = Callable[[str], list[NameClaim]]
+
+
+def _no_claims(_name: str) -> list[NameClaim]:
+    return []
+
+
 async def _desired(
     kube: Kube,
     name: str,
@@ -141,8 +151,15 @@ async def _desired(
     raw_spec: dict[str, Any],
     settings: OperatorSettings,
     owner: dict[str, Any] | None,
+    arn: str | None,
+    claims_of: ClaimsOf,
 ) -> tuple[TopicSpec, GatewayConnection, str, dict[str, str]]:
     spec = parse_spec(raw_spec)
+    created = str(((owner or {}).get("metadata") or {}).get("creationTimestamp") or "")
+    try:
+        topic_name = gateway_topic_name(namespace, name, spec, arn, created, claims_of)
+    except TopicBuildError as exc:
+        raise NotReconcilable(exc.reason, str(exc), retry=True) from None
     try:
         connection = await gateway_connection(kube, namespace, spec.gateway_ref, settings)
         credentials = await endpoint_credentials(kube, namespace, spec)
@@ -161,10 +178,11 @@ async def _desired(
             credentials=credentials,
             allow_cleartext_secrets=settings.allow_cleartext_secrets,
             ingest_url=ingest,
+            gateway_endpoint=connection.endpoint,
         )
     except TopicBuildError as exc:
         raise NotReconcilable(exc.reason, str(exc)) from None
-    return spec, connection, gateway_topic_name(name, spec), attributes
+    return spec, connection, topic_name, attributes
 
 
 async def reconcile_topic(
@@ -178,9 +196,11 @@ async def reconcile_topic(
     generation: int | None,
     owner: dict[str, Any] | None = None,
     only_if_drifted: bool = False,
+    claims_of: ClaimsOf = _no_claims,
 ) -> Outcome:
     """Make the gateway topic equal to the spec (``owner``: the Topic object, which owns the
-    ingest token Secret of a persistent Topic).
+    ingest token Secret of a persistent Topic; ``claims_of(name)``: the Topics wanting a
+    gateway topic name, which settles who of them gets it).
 
     With ``only_if_drifted`` (the drift timer) the gateway is read first and written only
     when it differs, so a quiet cluster costs one read per Topic and interval.
@@ -209,22 +229,29 @@ async def reconcile_topic(
 
     try:
         parsed, connection, topic_name, attributes = await _desired(
-            kube, name, namespace, spec, settings, owner
+            kube, name, namespace, spec, settings, owner, arn, claims_of
         )
         endpoint_kind = parsed.endpoint.kind
         client = TopicClient(connection)
         repaired: list[str] = []
-        if only_if_drifted and arn:
+        if only_if_drifted and arn and arn_topic_name(arn) == topic_name:
             current = await asyncio.to_thread(client.get, arn)
             if current is None:
                 repaired = ["topic"]
             else:
-                repaired = differences(attributes, current.endpoint_address, current.endpoint_args)
+                # EndpointArgs echoes values unescaped (an "&" in opaqueData splits it);
+                # the OpaqueData attribute is the value itself.
+                args = {**current.endpoint_args, "OpaqueData": current.opaque_data}
+                repaired = differences(attributes, current.endpoint_address, args)
             if not repaired:
                 return outcome(True, "Synced", f"gateway topic {arn} is in sync")
         arn = await asyncio.to_thread(client.upsert, topic_name, attributes)
     except NotReconcilable as exc:
-        return outcome(False, exc.reason, str(exc), retry=exc.retry)
+        refused = outcome(False, exc.reason, str(exc), retry=exc.retry)
+        if exc.reason == "NameConflict" and status.get("arn"):
+            # The gateway topic is another Topic's: deleting this one must not remove it.
+            refused.status["arn"] = None
+        return refused
     except GatewayError as exc:
         return outcome(False, exc.reason, str(exc), retry=True)
     return outcome(True, "Synced", f"gateway topic {arn} is in sync", repaired=repaired)

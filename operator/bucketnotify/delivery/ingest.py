@@ -10,9 +10,10 @@ gateway (or, for hand-off ``sync``, the S3 client) sees any other answer as a fa
   full persistent queues).
 
 Nothing is enqueued for any of them: a request reserves room in every shard it touches
-before it commits to any. Each request costs one reservation and one commit per shard it
-touches; grouping concurrent requests into one store write (for the S3 store's request
-count) is not done yet.
+before it commits to any. Concurrent requests of one Topic are written together
+(``groupcommit``): one reservation and one commit per shard the group touches, so under
+load one batch file and fsync, or one object, holds the events of several requests, each
+answered only once they are durable.
 
 ``GET /metrics`` on the same server serves the replica's Prometheus metrics
 (docs/metrics.md).
@@ -31,7 +32,9 @@ from typing import Any
 
 from aiohttp import web
 
+from bucketnotify.delivery.groupcommit import GroupCommit
 from bucketnotify.delivery.queue import QueueFull, QueueName, QueueStore, Reservation, shard_of
+from bucketnotify.delivery.recording import Recorder
 from bucketnotify.metrics import CONTENT_TYPE_LATEST, DeliveryMetrics
 
 __all__ = ["MAX_BODY_BYTES", "Ingest", "IngestTopic", "build_app", "event_id"]
@@ -73,6 +76,7 @@ class Ingest:
         resolve: Resolver | None = None,
         committed: Callable[[QueueName, int], None] | None = None,
         metrics: DeliveryMetrics | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
         self.store = store
         self.metrics = metrics if metrics is not None else DeliveryMetrics()
@@ -84,9 +88,18 @@ class Ingest:
         self._committed = committed
         """Told about every shard that got new entries, so a local owner starts at once
         instead of at its next poll."""
+        self._recorder = recorder
+        """Writes an ``ingested`` delivery record per committed event."""
+        self._groups = GroupCommit(self._write)
 
-    async def commit(self, queue: QueueName, by_shard: dict[int, list[tuple[str, bytes]]]) -> None:
-        """All shards or none: every reservation is taken before anything is committed."""
+    async def commit(self, queue: QueueName, by_shard: dict[int, list[tuple[str, bytes]]]) -> float:
+        """All shards or none, durably, together with concurrent commits of the queue.
+
+        Returns the ingest time the entries got (epoch seconds)."""
+        return await self._groups.commit(queue, by_shard)
+
+    async def _write(self, queue: QueueName, by_shard: dict[int, list[tuple[str, bytes]]]) -> float:
+        """One store write: every reservation is taken before anything is committed."""
         now = time.time()
         reserved = await asyncio.gather(
             *(
@@ -105,14 +118,16 @@ class Ingest:
         # A commit that fails after another succeeded leaves those events queued; the
         # gateway then sends the whole body again and the duplicates are recognised by
         # their identity when delivered: a duplicate, never a loss.
+        committed_at = time.time()
         try:
             await asyncio.gather(
-                *(self.store.commit(r, by_shard[r.shard], time.time()) for r in reservations)
+                *(self.store.commit(r, by_shard[r.shard], committed_at) for r in reservations)
             )
         finally:
             if self._committed is not None:
                 for shard in by_shard:
                     self._committed(queue, shard)
+        return committed_at
 
     async def handle(self, request: web.Request) -> web.Response:
         response = await self._handle(request)
@@ -149,9 +164,12 @@ class Ingest:
             by_shard.setdefault(shard, []).append((event_id(record), body))
         started = time.perf_counter()
         try:
-            await self.commit(topic.queue, by_shard)
+            committed_at = await self.commit(topic.queue, by_shard)
         except QueueFull:
             return web.json_response({"error": "queue full"}, status=503)
+        if self._recorder is not None:
+            events = [(record, event_id(record)) for record in records]
+            self._recorder.ingested(topic.queue, events, topic.shards, committed_at)
         self.metrics.ingest_commit_seconds.labels(namespace, name).observe(
             time.perf_counter() - started
         )
@@ -159,10 +177,19 @@ class Ingest:
         return web.json_response({"committed": len(records)}, status=200)
 
 
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def _records(raw: bytes) -> Sequence[dict[str, Any]] | None:
     try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, ValueError):
+        # UTF-8 without a BOM (RFC 8259), as the gateway sends: json.loads would also take
+        # UTF-16/32 and NaN/Infinity, which no endpoint could be sent on as JSON.
+        body = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
+        # Lone surrogates (from \ud800 escapes) cannot be hashed, sharded or forwarded as
+        # UTF-8; nesting deeper than the encoder's recursion limit cannot be forwarded at all.
+        json.dumps(body, ensure_ascii=False).encode()
+    except (UnicodeError, ValueError, RecursionError):
         return None
     if not isinstance(body, dict) or not isinstance(body.get("Records"), list):
         return None

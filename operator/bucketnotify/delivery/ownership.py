@@ -14,9 +14,16 @@ holds fewer than its share and hands back the excess when it holds more, so owne
 spreads evenly instead of going to the first comer.
 
 Fencing: a replica counts a partition as its own only until ``renew_deadline`` after its
-last successful renewal, and the deadline is shorter than the lease duration. A replica that
-cannot renew (API server unreachable, process paused) therefore stops removing entries
-before anyone else may take the partition. Clocks: expiry is judged from the Lease's
+last successful renewal, and the deadline is shorter than the lease duration. The deadline
+runs from just before the renewal was sent, when the renewTime it writes was taken, not
+from its answer: a renewal that took long must not stretch the deadline past the lease.
+A replica that cannot renew (API server unreachable, process paused) therefore stops
+removing entries before anyone else may take the partition.
+
+A round renews the held partitions concurrently, each write on its own time: one slow or
+failed call delays or drops only its own partition, and a round takes about as long as its
+slowest call instead of the sum of all. Every call has a timeout of ``renew_deadline``, past
+which its answer could not keep the partition anyway. Clocks: expiry is judged from the Lease's
 renewTime against the local clock, so replicas' clocks must agree to well within a second
 (NTP), as Kubernetes leader election already assumes.
 """
@@ -186,10 +193,12 @@ class Ownership:
     async def tick(self) -> None:
         """Renew what we hold, then take or give partitions towards our fair share."""
         ns = self.settings.namespace
-        now = _now()
-        await self._renew_member(now)
+        await self._renew_member(_now())
         selector = f"{GROUP_LABEL}={self.settings.group}"
-        listed = await self._leases.list_namespaced_lease(ns, label_selector=selector)
+        listed = await self._leases.list_namespaced_lease(
+            ns, label_selector=selector, _request_timeout=self._timeout
+        )
+        now = _now()
         members = [
             lease
             for lease in listed.items
@@ -204,16 +213,15 @@ class Ownership:
         }
         before = set(self._held)
 
-        # Renew ours; drop any the API server says someone else holds now.
+        # Renew ours, all at once; drop any the API server says someone else holds now.
+        renewals = {}
         for partition in list(self._held):
             lease = partitions.get(self._partition_name(partition))
             if lease is None or lease.spec.holder_identity != self.identity:
                 self._held.pop(partition, None)
-                continue
-            if not await self._write(lease, self.identity, now, renew=True):
-                self._held.pop(partition, None)
             else:
-                self._held[partition] = time.monotonic()
+                renewals[partition] = lease
+        await asyncio.gather(*(self._renew(p, lease) for p, lease in renewals.items()))
 
         # Give back what exceeds the fair share (a newcomer joined).
         while len(self._held) > share:
@@ -231,20 +239,47 @@ class Ownership:
                 continue
             name = self._partition_name(partition)
             lease = partitions.get(name)
+            sent = time.monotonic()
             if lease is None:
-                if await self._create(self._body(name, "partition", self.identity, now)):
-                    self._held[partition] = time.monotonic()
-            elif _expired(lease, now) and await self._write(lease, self.identity, now, renew=False):
-                self._held[partition] = time.monotonic()
+                if await self._create(self._body(name, "partition", self.identity, _now())):
+                    self._held[partition] = sent
+            elif _expired(lease, now) and await self._write(
+                lease, self.identity, _now(), renew=False
+            ):
+                self._held[partition] = sent
 
         if set(self._held) != before:
             log.info("%s owns partitions %s", self.identity, sorted(self._held))
             self.changed.set()
 
+    @property
+    def _timeout(self) -> float:
+        return self.settings.renew_deadline_s
+
+    async def _renew(self, partition: int, lease: Any) -> None:
+        """One held partition: renewed (its deadline runs from now), lost, or left as it
+        was when the call failed (the deadline runs on from the last renewal)."""
+        sent = time.monotonic()
+        try:
+            renewed = await self._write(lease, self.identity, _now(), renew=True)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("renewing the Lease of partition %d failed: %s", partition, exc)
+            return
+        if renewed:
+            # Only if still ours: a hand-back or stop may have dropped it meanwhile.
+            if partition in self._held:
+                self._held[partition] = sent
+        else:
+            self._held.pop(partition, None)
+
     async def _renew_member(self, now: dt.datetime) -> None:
         name = self._member_name(self.identity)
         try:
-            lease = await self._leases.read_namespaced_lease(name, self.settings.namespace)
+            lease = await self._leases.read_namespaced_lease(
+                name, self.settings.namespace, _request_timeout=self._timeout
+            )
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -254,7 +289,9 @@ class Ownership:
 
     async def _create(self, body: client.V1Lease) -> bool:
         try:
-            await self._leases.create_namespaced_lease(self.settings.namespace, body)
+            await self._leases.create_namespaced_lease(
+                self.settings.namespace, body, _request_timeout=self._timeout
+            )
         except ApiException as exc:
             if exc.status == 409:
                 return False  # someone else was faster
@@ -270,7 +307,7 @@ class Ownership:
         lease.spec.lease_duration_seconds = self.settings.lease_duration_s
         try:
             await self._leases.replace_namespaced_lease(
-                lease.metadata.name, self.settings.namespace, lease
+                lease.metadata.name, self.settings.namespace, lease, _request_timeout=self._timeout
             )
         except ApiException as exc:
             if exc.status in (404, 409):

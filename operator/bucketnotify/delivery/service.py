@@ -28,6 +28,12 @@ each round's ``RoundResult`` and around each push wave; a queue's length and siz
 every ``stats_interval_s`` and exported only by the owner of its shard 0, so a sum over
 replicas counts each queue once.
 
+Delivery records (``delivery.recording``): the ingest's commits and each round's
+``RoundResult.outcomes`` go to the ``Recorder``, the same results the metrics count.
+
+Kubernetes Events on the Topics (``delivery.events``): told about every round, endpoint
+(re)open and ingest 503; they decide the transitions and post in the background.
+
 An endpoint that cannot be opened as specified (missing credentials or CA, an unsupported
 SASL mechanism) does not stop the ingest: events wait in the queue until the Topic or its
 Secret is fixed.
@@ -53,15 +59,17 @@ from bucketnotify.api.common import GROUP, VERSION
 from bucketnotify.api.topic import TopicSpec
 from bucketnotify.controller.topic_builder import (
     INGEST_TOKEN_KEY,
-    gateway_topic_name,
+    endpoint_topic_name,
     ingest_token_secret,
 )
 from bucketnotify.delivery.endpoints.base import Delivery, Endpoint, PushOutcome
 from bucketnotify.delivery.endpoints.errors import ConfigurationError
 from bucketnotify.delivery.endpoints.factory import open_endpoint
+from bucketnotify.delivery.events import EventRecorder, TopicEvents
 from bucketnotify.delivery.ingest import Ingest, IngestTopic, build_app
 from bucketnotify.delivery.ownership import Ownership, partition_of
 from bucketnotify.delivery.queue import Entry, QueueLimits, QueueName, QueueStore, shard_of
+from bucketnotify.delivery.recording import Recorder
 from bucketnotify.delivery.worker import (
     LIST_BATCH,
     DeadLetterSink,
@@ -121,6 +129,8 @@ class TopicRuntime:
     dead_letter: str | None = None
     """Topic (same namespace) whose queue takes this one's dropped events."""
     delivered: dict[int, DeliveredCache] = field(default_factory=dict)
+    endpoint_kind: str | None = None
+    """http, amqp or kafka (for delivery records)."""
 
 
 def _fingerprint(*parts: object) -> str:
@@ -171,8 +181,12 @@ class DeliveryService:
         namespaces: list[str],
         timings: ServiceTimings = ServiceTimings(),
         metrics: DeliveryMetrics | None = None,
+        recorder: Recorder | None = None,
+        events: TopicEvents | None = None,
     ) -> None:
         self.metrics = metrics if metrics is not None else DeliveryMetrics()
+        self._recorder = recorder
+        """Delivery records of the ingest's commits and of every round (never raises)."""
         self._custom = client.CustomObjectsApi(api)
         self._kube = Kube(api)
         self._store = store
@@ -182,7 +196,9 @@ class DeliveryService:
         self.timings = timings
         self.topics: dict[TopicKey, TopicRuntime] = {}
         self.ingest_topics: dict[TopicKey, IngestTopic] = {}
-        self.ingest = Ingest(store, self.ingest_topics, self.resolve, self._wake, self.metrics)
+        self.ingest = Ingest(
+            store, self.ingest_topics, self.resolve, self._wake, self.metrics, recorder
+        )
         # Unknown Topics looked up recently: a stray or hostile sender must not turn every
         # request into an API server call.
         self._misses: dict[TopicKey, float] = {}
@@ -192,9 +208,13 @@ class DeliveryService:
         self._stopping = False
         self._stored: set[QueueName] = set()
         """Queues the store held at the last sweep (finds queues to drain after a restart)."""
+        self.events = events or TopicEvents(EventRecorder(api, instance=ownership.identity))
+        """Kubernetes Events on the Topics (delivery.events)."""
 
     def app(self) -> web.Application:
-        return build_app(self.ingest)
+        app = build_app(self.ingest)
+        app.middlewares.append(self.events.ingest_middleware)
+        return app
 
     # --- Topics ---------------------------------------------------------------------------
 
@@ -334,13 +354,14 @@ class DeliveryService:
             shards = old.shards  # the queue keeps the shards it was written with
         endpoint: Endpoint | None = None
         problem: str | None = None
+        problem_reason = ""
         try:
             credentials, ca_pem = await self._endpoint_inputs(namespace, spec)
             fingerprint = _fingerprint(
                 spec.model_dump(), credentials, ca_pem, generation, shards, draining
             )
         except SecretMissing as exc:
-            problem = str(exc)
+            problem, problem_reason = str(exc), "SecretNotFound"
             fingerprint = _fingerprint(problem, generation, draining)
         if old is not None and old.fingerprint == fingerprint:
             old.secrets_read_at = time.monotonic()
@@ -349,15 +370,16 @@ class DeliveryService:
             try:
                 endpoint = open_endpoint(
                     spec.endpoint,
-                    endpoint_topic=spec.endpoint_topic or gateway_topic_name(name, spec),
+                    endpoint_topic=endpoint_topic_name(name, spec),
                     credentials=credentials,
                     ca_pem=ca_pem,
                 )
             except ConfigurationError as exc:
-                problem = str(exc)
+                problem, problem_reason = str(exc), "EndpointInvalid"
         if problem is not None and (old is None or old.problem != problem):
             # Events keep being accepted and wait in the queue until this is fixed.
             log.error("topic %s/%s: not delivering: %s", namespace, name, problem)
+        self.events.endpoint_state(namespace, name, problem, problem_reason)
         self.topics[key] = TopicRuntime(
             queue=queue,
             shards=shards,
@@ -374,6 +396,7 @@ class DeliveryService:
             draining=draining,
             dead_letter=delivery.dead_letter_topic if delivery else None,
             delivered=old.delivered if old is not None else {},
+            endpoint_kind=spec.endpoint.kind,
         )
         self.metrics.add_topic(namespace, name)
         if old is not None:
@@ -406,6 +429,7 @@ class DeliveryService:
         await self._store.delete(queue)
         self._stored.discard(queue)
         self.metrics.remove_topic(*key)
+        self.events.forget(*key)
         log.info("queue %s deleted: %s", queue, reason)
 
     async def sweep(self) -> None:
@@ -520,6 +544,9 @@ class DeliveryService:
             log.exception("round of %s shard %d failed", queue, shard)
             return None
         self._count(queue, result)
+        self.events.round_done(queue, result)
+        if self._recorder is not None:
+            self._recorder.round(queue, shard, runtime.endpoint_kind, result)
         if (
             result.delivered
             or result.failed
@@ -639,3 +666,4 @@ class DeliveryService:
             for runtime in self.topics.values():
                 if runtime.endpoint is not None:
                     await runtime.endpoint.aclose()
+            await self.events.aclose()

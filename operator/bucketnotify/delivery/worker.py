@@ -19,26 +19,43 @@ Decisions are made here; the store and the endpoint are adapters behind their in
   some events) is removed without being pushed.
 - Fencing: nothing is removed or updated once this replica no longer owns the shard; the
   new owner sends those entries again (a duplicate, never a loss).
+- Outcomes: ``RoundResult.outcomes`` names what became of each event this round, one
+  ``EventOutcome`` per delivery record (``bucketnotify.records``); it holds only what the
+  counters of the round count too, so records and metrics add up to the same numbers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bucketnotify.delivery.endpoints.base import Delivery, Endpoint, PushOutcome
 from bucketnotify.delivery.queue import Entry, QueueName, QueueStore
+from bucketnotify.records import Outcome
 
-__all__ = ["DeadLetterSink", "DeliveredCache", "DeliveryPolicy", "RoundResult", "process_shard"]
+__all__ = [
+    "DeadLetterSink",
+    "DeliveredCache",
+    "DeliveryPolicy",
+    "EventOutcome",
+    "RoundResult",
+    "process_shard",
+]
 
 DeadLetterSink = Callable[[Sequence[Entry]], Awaitable[None]]
 """Takes dropped entries durably (another Topic's queue) or raises."""
 
 LIST_BATCH = 1024
+# A round has at most this many pushes started (the endpoints' default in-flight bound), and
+# each one beyond the first window asks whether the shard is still ours when it starts: a
+# replica paused past its Lease that resumes mid-round sends at most the pushes already
+# under way, not the rest of a batch the next owner now delivers.
+FENCE_WINDOW = 64
 
 
 @dataclass(frozen=True)
@@ -46,6 +63,21 @@ class DeliveryPolicy:
     time_to_live_s: int = 0
     max_retries: int = 0
     retry_sleep_s: int = 0
+
+
+@dataclass(frozen=True)
+class EventOutcome:
+    """What became of one queue entry in a round: the stuff of one delivery record."""
+
+    outcome: Outcome
+    entry: Entry
+    record: dict[str, Any]
+    """The event as the gateway sent it."""
+    attempts: int
+    """Push attempts made, counting this round's push of it if there was one."""
+    at: float
+    """Epoch seconds of the outcome."""
+    error: str | None = None
 
 
 @dataclass
@@ -68,6 +100,7 @@ class RoundResult:
     errors: list[str] = field(default_factory=list)
     latencies: list[float] = field(default_factory=list)
     """Seconds from the ingest to the acknowledgement of each delivered entry."""
+    outcomes: list[EventOutcome] = field(default_factory=list)
 
 
 class DeliveredCache:
@@ -95,10 +128,13 @@ def _object_of(record: dict[str, Any]) -> tuple[str, str]:
     )
 
 
-def _expired(entry: Entry, policy: DeliveryPolicy, now: float) -> bool:
+def _expiry(entry: Entry, policy: DeliveryPolicy, now: float) -> str | None:
+    """Why ``entry`` has expired, or None while it has not."""
     if policy.time_to_live_s and now - entry.ingest_time > policy.time_to_live_s:
-        return True
-    return bool(policy.max_retries) and entry.attempts > policy.max_retries
+        return f"timeToLive of {policy.time_to_live_s} s passed"
+    if policy.max_retries and entry.attempts > policy.max_retries:
+        return f"maxRetries {policy.max_retries} used up after {entry.attempts} attempts"
+    return None
 
 
 async def process_shard(
@@ -114,7 +150,20 @@ async def process_shard(
     dead_letter: DeadLetterSink | None = None,
 ) -> RoundResult:
     result = RoundResult()
+    fenced = False
+    window = asyncio.Semaphore(FENCE_WINDOW)
+    started = 0
+
+    def owned() -> bool:
+        # Once lost, lost for the whole round: a partition taken back later must start from
+        # a fresh listing, not from this round's stale one.
+        nonlocal fenced
+        fenced = fenced or not still_owned()
+        return not fenced
+
     dropped: list[Entry] = []
+    # Outcomes that stand only once the round's removals do (dropped, duplicates), by entry.
+    drops: dict[str, EventOutcome] = {}
     entries = await store.list(queue, shard, LIST_BATCH)
     result.listed = len(entries)
     remove: list[str] = []
@@ -128,9 +177,13 @@ async def process_shard(
         if entry.event_id in delivered:
             result.duplicates += 1
             remove.append(entry.id)
-        elif _expired(entry, policy, now):
+            drops[entry.id] = EventOutcome(Outcome.DUPLICATE, entry, record, entry.attempts, now)
+        elif reason := _expiry(entry, policy, now):
             result.expired += 1
             dropped.append(entry)
+            drops[entry.id] = EventOutcome(
+                Outcome.EXPIRED, entry, record, entry.attempts, now, reason
+            )
         elif entry.not_before > now or obj in blocked:
             # Waiting for its retry time, and everything after it for the same object waits too.
             blocked.add(obj)
@@ -150,19 +203,39 @@ async def process_shard(
             if entry.event_id in delivered or entry.event_id in seen_in_wave:
                 result.duplicates += 1
                 remove.append(entry.id)
+                drops[entry.id] = EventOutcome(
+                    Outcome.DUPLICATE, entry, record, entry.attempts, now
+                )
                 continue
             seen_in_wave[entry.event_id] = entry
             deliveries.append(Delivery(entry.id, record))
-        outcomes: Sequence[PushOutcome] = await endpoint.send(deliveries) if deliveries else []
+
+        async def push(delivery: Delivery) -> PushOutcome | None:
+            nonlocal started
+            async with window:
+                # The caller starts a round only on a shard it owns: the first window goes
+                # out on that; every later push asks again when it gets its turn.
+                if started >= FENCE_WINDOW and not owned():
+                    return None  # stays queued, unpushed, for the next owner
+                started += 1
+                (outcome,) = await endpoint.send([delivery])
+                return outcome
+
+        pushed = await asyncio.gather(*(push(d) for d in deliveries))
+        outcomes = [o for o in pushed if o is not None]
         acked_at = time.time()
         by_id = {e.id: (e, r) for e, r in batch}
         for outcome in outcomes:
             entry, record = by_id[outcome.id]
+            attempts = entry.attempts + 1
             if outcome.ok:
                 result.delivered += 1
                 result.latencies.append(max(0.0, acked_at - entry.ingest_time))
                 remove.append(entry.id)
                 delivered.add(entry.event_id)
+                result.outcomes.append(
+                    EventOutcome(Outcome.DELIVERED, entry, record, attempts, acked_at)
+                )
             elif not outcome.retryable:
                 # Retrying cannot help (e.g. too large for the broker): drop it as lost, and
                 # keep the object's later events waiting no longer.
@@ -171,10 +244,16 @@ async def process_shard(
                 dropped.append(entry)
                 if outcome.error:
                     result.errors.append(outcome.error)
+                drops[entry.id] = EventOutcome(
+                    Outcome.REJECTED, entry, record, attempts, acked_at, outcome.error
+                )
             else:
                 result.failed += 1
                 if outcome.error:
                     result.errors.append(outcome.error)
+                result.outcomes.append(
+                    EventOutcome(Outcome.FAILED, entry, record, attempts, acked_at, outcome.error)
+                )
                 blocked.add(_object_of(record))
                 retry.append(
                     Entry(
@@ -188,16 +267,25 @@ async def process_shard(
                 )
         wave += 1
 
-    if not still_owned():
+    if not owned():
         result.fenced = True
+        # Its pushes happened, the drops did not: a refused push is one more failed attempt
+        # of an event that stays queued for the next owner.
+        result.outcomes += [_refused(o) for o in drops.values() if o.outcome is Outcome.REJECTED]
         return result
     if dropped and dead_letter is not None:
         result.expired -= len(dropped)
         try:
             await dead_letter(dropped)
             result.dead_lettered = len(dropped)
+            for entry in dropped:
+                drops[entry.id] = replace(drops[entry.id], outcome=Outcome.DEAD_LETTERED)
         except Exception as exc:
             result.errors.append(f"dead-letter topic refused {len(dropped)} events: {exc}")
+            for entry in dropped:
+                kept = drops.pop(entry.id)
+                if kept.outcome is Outcome.REJECTED:
+                    result.outcomes.append(_refused(kept))
             dropped = []
     remove += [e.id for e in dropped]
     if remove:
@@ -205,4 +293,12 @@ async def process_shard(
     if retry:
         await store.update(queue, shard, retry)
         result.retried = len(retry)
+    # A drop happens when its removal (or its dead-letter commit) is done.
+    removed_at = time.time()
+    result.outcomes += [replace(o, at=removed_at) for o in drops.values()]
     return result
+
+
+def _refused(outcome: EventOutcome) -> EventOutcome:
+    """A refused push whose event was not dropped after all: a failed attempt."""
+    return replace(outcome, outcome=Outcome.FAILED)

@@ -271,10 +271,10 @@ def _local(tag: str) -> str:
     return tag.rpartition("}")[2]
 
 
-def _child_text(element: ET.Element, name: str) -> str:
+def _child_text(element: ET.Element, name: str, strip: bool = True) -> str:
     for child in element:
         if _local(child.tag) == name:
-            return (child.text or "").strip()
+            return (child.text or "").strip() if strip else child.text or ""
     return ""
 
 
@@ -296,7 +296,14 @@ def _rules(filter_element: ET.Element | None, name: str) -> tuple[FilterRule, ..
             continue
         for rule in group:
             if _local(rule.tag) == "FilterRule":
-                rules.append(FilterRule(_child_text(rule, "Name"), _child_text(rule, "Value")))
+                # Unstripped: the gateway keeps a value's spaces, and so must the comparison
+                # with the spec, or a prefix ending in a space is "drift" forever.
+                rules.append(
+                    FilterRule(
+                        _child_text(rule, "Name", strip=False),
+                        _child_text(rule, "Value", strip=False),
+                    )
+                )
     return tuple(rules)
 
 
@@ -315,8 +322,8 @@ def parse_configuration(body: bytes) -> Configs:
         filter_element = next((c for c in element if _local(c.tag) == "Filter"), None)
         configs.append(
             NotificationConfig(
-                id=_child_text(element, "Id"),
-                topic_arn=_child_text(element, "Topic"),
+                id=_child_text(element, "Id", strip=False),
+                topic_arn=_child_text(element, "Topic", strip=False),
                 events=tuple((c.text or "").strip() for c in element if _local(c.tag) == "Event"),
                 key_filters=_rules(filter_element, "S3Key"),
                 metadata_filters=_rules(filter_element, "S3Metadata"),

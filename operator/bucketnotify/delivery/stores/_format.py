@@ -258,12 +258,26 @@ def usage(
     now: float,
 ) -> QueueStats:
     """Stats from names alone; shards past ``shards`` still holding entries are included."""
+    counts = {
+        shard: (sum(b.current.count for b in found), sum(b.current.bytes for b in found))
+        for shard, found in batches_by_shard.items()
+    }
+    return usage_of_counts(shards, counts, reservations, now)
+
+
+def usage_of_counts(
+    shards: int,
+    counts_by_shard: dict[int, tuple[int, int]],
+    reservations: Iterable[Reservation],
+    now: float,
+) -> QueueStats:
+    """Stats from (entries, bytes) per shard; shards past ``shards`` count while not empty."""
     numbers = {n: [0, 0, 0] for n in range(shards)}
-    for shard, found in batches_by_shard.items():
-        if found or shard in numbers:
-            counts = numbers.setdefault(shard, [0, 0, 0])
-            counts[0] += sum(b.current.count for b in found)
-            counts[1] += sum(b.current.bytes for b in found)
+    for shard, (entries, size) in counts_by_shard.items():
+        if entries or shard in numbers:
+            held = numbers.setdefault(shard, [0, 0, 0])
+            held[0] += entries
+            held[1] += size
     for reservation in reservations:
         if reservation.expires_at > now:
             numbers.setdefault(reservation.shard, [0, 0, 0])[2] += 1

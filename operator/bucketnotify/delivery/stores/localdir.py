@@ -3,12 +3,14 @@
 Layout under ``root`` (names as in ``_format``: a listing is all ``stats`` needs)::
 
     <namespace>/<topic>/meta.json                  shards and limits
+    <namespace>/<topic>/incarnation                random id of this queue's life
     <namespace>/<topic>/shard-<n>/<batch name>     one file per committed batch, JSON lines
     <namespace>/<topic>/reservations/<name>        one empty file per open reservation
     <namespace>/<topic>/.tmp/                      files being written
     .locks/<namespace>/<topic>/queue.lock          flock: reserve, create, delete
     .locks/<namespace>/<topic>/shard-<n>.lock      flock: commit, list, remove, update;
-                                                   holds the shard's last batch time
+                                                   holds the shard's last batch time and
+                                                   its entries and bytes (see Costs)
     .trash/                                        deleted queues on their way out
 
 Durability: a file is written in ``.tmp``, fsynced, renamed into place and the directory
@@ -25,23 +27,33 @@ Lock files live outside the queue directory so that ``delete`` (an atomic rename
 ``.trash``) does not pull them from under a waiting process. flock works on local file
 systems; a network file system is not supported.
 
-Costs: ``reserve`` and ``stats`` read the names in every shard directory, so they grow
-with the backlog (batch files, not entries); ``list`` reads only the files it returns.
-Commits of one shard take turns only for the rename; the write and fsync of the file
-happen outside the lock. Blocking I/O runs in worker threads.
+Costs: ``reserve`` and ``stats`` read one small record per shard, whatever the backlog:
+each shard's lock file keeps its entries and bytes, changed under the shard's exclusive
+lock by every commit and rewrite together with the names, so a reader under the shared
+lock sees the numbers a listing would give. The record is trusted only while it is
+*clean*: it is marked dirty before the names change and clean again after, and it names
+the queue's incarnation and the machine's boot id. A writer that died in between (dirty),
+a reboot (lock files are not fsynced, so the record may be older than the names), a queue
+deleted and created again (another incarnation), a lock file of an older release (no
+record): the next reader counts the shard from its names once, under the exclusive lock,
+and writes the record back. ``list`` reads only the files it returns; ``remove`` and
+``update`` list the shard's names. Commits of one shard take turns only for the rename;
+the write and fsync of the file happen outside the lock. Blocking I/O runs in the store's
+own threads (``_threads``), not in the event loop's shared default executor.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import fcntl
 import os
+import re
 import shutil
 import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from bucketnotify.delivery.queue import (
@@ -54,7 +66,6 @@ from bucketnotify.delivery.queue import (
     Reservation,
 )
 from bucketnotify.delivery.stores._format import (
-    Batch,
     BatchName,
     batch_of,
     batches,
@@ -72,54 +83,60 @@ from bucketnotify.delivery.stores._format import (
     parse_reservation,
     reservation_name,
     updated,
-    usage,
+    usage_of_counts,
 )
+from bucketnotify.delivery.stores._threads import IOThreads
 
 __all__ = ["LocalDirStore"]
 
 TMP_MAX_AGE_S = 3600.0
 """A temporary file this old belongs to a writer that died; ``reclaim`` removes it."""
 
+IO_THREADS = 8
+"""Blocking calls at once: enough for the fsyncs of concurrent commits to overlap (the file
+system journals them together), few enough to leave the two cores to the event loop."""
+
 
 class LocalDirStore:
     """A ``QueueStore`` in the directory ``root`` (created when missing)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, io_threads: int = IO_THREADS) -> None:
         self.root = Path(root)
+        self._threads = IOThreads("localdir-store", io_threads)
 
     async def create(self, queue: QueueName, shards: int, limits: QueueLimits) -> None:
-        await asyncio.to_thread(self._create, queue, shards, limits)
+        await self._threads.run(self._create, queue, shards, limits)
 
     async def delete(self, queue: QueueName) -> None:
-        await asyncio.to_thread(self._delete, queue)
+        await self._threads.run(self._delete, queue)
 
     async def reserve(
         self, queue: QueueName, shard: int, entries: int, size: int, now: float
     ) -> Reservation:
-        return await asyncio.to_thread(self._reserve, queue, shard, entries, size, now)
+        return await self._threads.run(self._reserve, queue, shard, entries, size, now)
 
     async def commit(
         self, reservation: Reservation, events: Sequence[tuple[str, bytes]], now: float
     ) -> list[Entry]:
-        return await asyncio.to_thread(self._commit, reservation, list(events), now)
+        return await self._threads.run(self._commit, reservation, list(events), now)
 
     async def abort(self, reservation: Reservation) -> None:
-        await asyncio.to_thread(self._release, reservation)
+        await self._threads.run(self._release, reservation)
 
     async def remove(self, queue: QueueName, shard: int, entry_ids: Sequence[str]) -> None:
-        await asyncio.to_thread(self._remove, queue, shard, set(entry_ids))
+        await self._threads.run(self._remove, queue, shard, set(entry_ids))
 
     async def update(self, queue: QueueName, shard: int, entries: Sequence[Entry]) -> None:
-        await asyncio.to_thread(self._update, queue, shard, list(entries))
+        await self._threads.run(self._update, queue, shard, list(entries))
 
     async def stats(self, queue: QueueName, now: float) -> QueueStats:
-        return await asyncio.to_thread(self._stats, queue, now)
+        return await self._threads.run(self._stats, queue, now)
 
     async def reclaim(self, queue: QueueName, now: float) -> int:
-        return await asyncio.to_thread(self._reclaim, queue, now)
+        return await self._threads.run(self._reclaim, queue, now)
 
     async def queues(self) -> Queues:
-        return await asyncio.to_thread(self._queues)
+        return await self._threads.run(self._queues)
 
     # Paths
 
@@ -142,6 +159,7 @@ class LocalDirStore:
         with _flock(self._lock(queue, "queue")):
             for sub in [".tmp", "reservations", *(f"shard-{n}" for n in range(shards))]:
                 (directory / sub).mkdir(parents=True, exist_ok=True)
+            self._ensure_incarnation(queue)
             _replace_durably(directory / "meta.json", encode_meta(shards, limits))
             # The new directories' own entries must survive a crash too.
             for path in (directory.parent, self.root):
@@ -169,24 +187,55 @@ class LocalDirStore:
         found = (parse_reservation(queue, n) for n in _names(self._dir(queue) / "reservations"))
         return [r for r in found if r is not None]
 
-    def _batches(self, queue: QueueName) -> dict[int, list[Batch]]:
-        found: dict[int, list[Batch]] = {}
+    def _incarnation(self, queue: QueueName) -> str | None:
+        """The id of the queue's current life; None for a queue an older release made."""
+        try:
+            found = (self._dir(queue) / "incarnation").read_text().strip()
+        except FileNotFoundError:
+            return None
+        return found if _INCARNATION.fullmatch(found) else None
+
+    def _ensure_incarnation(self, queue: QueueName) -> str:
+        """The incarnation, made if missing; under the queue's lock (create, reserve)."""
+        found = self._incarnation(queue)
+        if found is None:
+            found = uuid.uuid4().hex
+            _replace_durably(self._dir(queue) / "incarnation", found.encode())
+        return found
+
+    def _count(self, queue: QueueName, shard: int) -> _Counts:
+        found = list(batches(_names(self._shard_dir(queue, shard))))
+        return _Counts(sum(b.current.count for b in found), sum(b.current.bytes for b in found))
+
+    def _shard_counts(self, queue: QueueName, shard: int, incarnation: str | None) -> _Counts:
+        """The shard's entries and bytes, from its record, or counted when that is unknown."""
+        lock = self._lock(queue, f"shard-{shard}")
+        # Shared lock: commits and rewrites change names and record under the exclusive one.
+        with _flock(lock, shared=True) as fd:
+            counts = _read_record(fd).counts_for(incarnation)
+        if counts is not None:
+            return counts
+        with _flock(lock) as fd:
+            record = _read_record(fd)
+            counts = record.counts_for(incarnation)
+            if counts is None:
+                counts = self._count(queue, shard)
+                _write_record(fd, record.stamp, counts, incarnation)
+            return counts
+
+    def _usage(
+        self, queue: QueueName, shards: int, now: float, incarnation: str | None
+    ) -> tuple[QueueStats, list[Reservation]]:
+        # Reservations first: a commit renames its batch in and counts it before it drops
+        # its reservation, so one not seen here is in the counts that follow.
+        reservations = self._reservations(queue)
+        counts = {}
         for name in _names(self._dir(queue)):
             if name.startswith("shard-") and name[6:].isdigit():
                 shard = int(name[6:])
-                # Shared lock: a rewrite renames and unlinks under the exclusive one, and a
-                # listing that overlapped it could miss the batch altogether.
-                with _flock(self._lock(queue, name), shared=True):
-                    found[shard] = list(batches(_names(self._shard_dir(queue, shard))))
-        return found
-
-    def _usage(
-        self, queue: QueueName, shards: int, now: float
-    ) -> tuple[QueueStats, list[Reservation]]:
-        # Reservations first: a commit renames its batch in before it drops its reservation,
-        # so one not seen here is in the listing of batches that follows.
-        reservations = self._reservations(queue)
-        return usage(shards, self._batches(queue), reservations, now), reservations
+                found = self._shard_counts(queue, shard, incarnation)
+                counts[shard] = (found.entries, found.bytes)
+        return usage_of_counts(shards, counts, reservations, now), reservations
 
     def _reserve(
         self, queue: QueueName, shard: int, entries: int, size: int, now: float
@@ -194,7 +243,8 @@ class LocalDirStore:
         with _flock(self._lock(queue, "queue")):
             shards, limits = self._meta(queue)
             check_request(shards, shard, entries, size)
-            stats, reservations = self._usage(queue, shards, now)
+            incarnation = self._ensure_incarnation(queue)
+            stats, reservations = self._usage(queue, shards, now, incarnation)
             check_room(stats, reservations, limits, entries, size, now)
             reservation = new_reservation(queue, shard, entries, size, now, limits)
             path = self._dir(queue) / "reservations" / reservation_name(reservation)
@@ -219,10 +269,19 @@ class LocalDirStore:
             raise QueueNotFound(f"queue {queue} does not exist") from None
         try:
             with _flock(self._lock(queue, f"shard-{shard}")) as lock:
-                batch, stamp = new_batch_id(_read_stamp(lock))
-                os.pwrite(lock, f"{stamp:020d}".encode(), 0)
+                # The incarnation before the names: see _rewrite.
+                incarnation = self._incarnation(queue)
+                record = _read_record(lock)
+                batch, stamp = new_batch_id(record.stamp)
+                # Dirty until the batch is in and counted: a crash in between makes the
+                # next reader count the names.
+                _write_record(lock, stamp, None, incarnation)
                 entries = new_entries(batch, events, now)
                 tmp.rename(directory / str(BatchName.of(batch, entries)))
+                counts = record.counts_for(incarnation)
+                if counts is not None:
+                    added = _Counts(len(entries), sum(len(e.body) for e in entries))
+                    _write_record(lock, stamp, counts + added, incarnation)
             _fsync_dir(directory)
         except FileNotFoundError:
             tmp.unlink(missing_ok=True)
@@ -254,13 +313,21 @@ class LocalDirStore:
         Changes to batches that are not there any more are ignored.
         """
         directory = self._shard_dir(queue, shard)
-        with _flock(self._lock(queue, f"shard-{shard}")), _deleted_queue():
+        with _flock(self._lock(queue, f"shard-{shard}")) as lock, _deleted_queue():
+            # Read before the names: a queue deleted and made again in between then leaves
+            # a record of the old incarnation, which nobody trusts, never the other way.
+            incarnation = self._incarnation(queue)
+            stamp = _read_record(lock).stamp
             present = {b.current.batch: b for b in batches(_names(directory))}
+            counts = {b: (p.current.count, p.current.bytes) for b, p in present.items()}
+            if any(b in present for b in changes):
+                _write_record(lock, stamp, None, incarnation)
             unlink: list[str] = []
             for batch_id, entries in changes.items():
                 batch = present.get(batch_id)
                 if batch is None:
                     continue
+                counts[batch_id] = (len(entries or []), sum(len(e.body) for e in entries or []))
                 if entries:
                     name = BatchName.of(batch_id, entries)
                     tmp = _write_tmp(self._dir(queue) / ".tmp", encode_batch(entries))
@@ -274,6 +341,8 @@ class LocalDirStore:
             for old in unlink:
                 (directory / old).unlink(missing_ok=True)
             _fsync_dir(directory)
+            total = _Counts(sum(n for n, _ in counts.values()), sum(b for _, b in counts.values()))
+            _write_record(lock, stamp, total, incarnation)
 
     def _read(self, queue: QueueName, shard: int, batch_ids: set[str]) -> dict[str, list[Entry]]:
         directory = self._shard_dir(queue, shard)
@@ -311,7 +380,9 @@ class LocalDirStore:
 
     def _stats(self, queue: QueueName, now: float) -> QueueStats:
         shards, _ = self._meta(queue)
-        stats, _ = self._usage(queue, shards, now)
+        # None for a queue of an older release (counted from its names until reserve, under
+        # the queue's lock, gives it an incarnation).
+        stats, _ = self._usage(queue, shards, now, self._incarnation(queue))
         return stats
 
     def _reclaim(self, queue: QueueName, now: float) -> int:
@@ -343,7 +414,7 @@ class LocalDirStore:
 
     # Last in the class: below this, `list` would name the method, not the builtin.
     async def list(self, queue: QueueName, shard: int, max_entries: int = 1024) -> list[Entry]:
-        return await asyncio.to_thread(self._list, queue, shard, max_entries)
+        return await self._threads.run(self._list, queue, shard, max_entries)
 
 
 def _names(directory: Path) -> list[str]:
@@ -373,9 +444,82 @@ def _deleted_queue() -> contextlib.suppress:
     return contextlib.suppress(FileNotFoundError)
 
 
-def _read_stamp(lock: int) -> int:
-    data = os.pread(lock, 20, 0)
-    return int(data) if data.isdigit() else 0
+_INCARNATION = re.compile(r"[0-9a-f]{32}")
+_UNKNOWN_INCARNATION = "0" * 32
+_BOOT_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_RECORD = re.compile(
+    rb"(?P<stamp>\d{20}) (?P<entries>\d{12}) (?P<bytes>\d{20}) (?P<state>[cd]) "
+    rb"(?P<incarnation>[0-9a-f]{32}) (?P<boot>[0-9a-f-]{36})\n"
+)
+
+
+def _boot_id() -> str | None:
+    """This boot of the machine (Linux); None elsewhere, and then no record is trusted."""
+    try:
+        found = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+    return found if _BOOT_ID.fullmatch(found) else None
+
+
+BOOT_ID = _boot_id()
+
+
+@dataclass(frozen=True)
+class _Counts:
+    entries: int
+    bytes: int
+
+    def __add__(self, other: _Counts) -> _Counts:
+        return _Counts(self.entries + other.entries, self.bytes + other.bytes)
+
+
+@dataclass(frozen=True)
+class _Record:
+    """What a shard's lock file holds: the last batch time, and the counts if clean."""
+
+    stamp: int
+    counts: _Counts | None = None
+    incarnation: str = ""
+    boot: str = ""
+
+    def counts_for(self, incarnation: str | None) -> _Counts | None:
+        """The counts, if they describe the names of ``incarnation`` on this boot."""
+        if (
+            self.counts is None
+            or incarnation is None
+            or incarnation == _UNKNOWN_INCARNATION
+            or self.incarnation != incarnation
+            or BOOT_ID is None
+            or self.boot != BOOT_ID
+        ):
+            return None
+        return self.counts
+
+
+def _read_record(lock: int) -> _Record:
+    data = os.pread(lock, 256, 0)
+    # The stamp alone is what releases before the counts wrote.
+    stamp = int(data[:20]) if data[:20].isdigit() else 0
+    match = _RECORD.fullmatch(data)
+    if match is None or match["state"] != b"c":
+        return _Record(stamp)
+    counts = _Counts(int(match["entries"]), int(match["bytes"]))
+    return _Record(stamp, counts, match["incarnation"].decode(), match["boot"].decode())
+
+
+def _write_record(lock: int, stamp: int, counts: _Counts | None, incarnation: str | None) -> None:
+    """Clean with ``counts``, or dirty (None: the names are changing, or are not known).
+
+    Fixed length, so one pwrite replaces the whole record (an older stamp-only one too).
+    """
+    clean = counts is not None and incarnation is not None and BOOT_ID is not None
+    entries, size = (counts.entries, counts.bytes) if counts is not None else (0, 0)
+    record = (
+        f"{stamp:020d} {entries:012d} {size:020d} {'c' if clean else 'd'} "
+        f"{incarnation or _UNKNOWN_INCARNATION} {BOOT_ID or '0' * 36}\n"
+    )
+    os.pwrite(lock, record.encode(), 0)
 
 
 def _write_tmp(directory: Path, data: bytes) -> Path:

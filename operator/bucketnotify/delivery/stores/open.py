@@ -15,7 +15,7 @@ from bucketnotify.delivery.stores.s3 import S3Store
 from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.settings import DeliveryServiceSettings, OperatorSettings
 
-__all__ = ["StoreConfigError", "open_store", "store_for"]
+__all__ = ["StoreConfigError", "gateway_connection", "open_store", "store_for"]
 
 
 class StoreConfigError(ValueError):
@@ -28,24 +28,26 @@ def store_for(url: str, operator: OperatorSettings) -> QueueStore:
     if scheme == "dir" and rest.startswith("/"):
         return LocalDirStore(Path(rest))
     if scheme == "s3" and rest:
-        if not (
-            operator.gateway_endpoint
-            and operator.gateway_access_key
-            and operator.gateway_secret_key
-        ):
-            raise StoreConfigError(
-                "an s3:// store needs BUCKETNOTIFY_GATEWAY_ENDPOINT, _ACCESS_KEY, _SECRET_KEY"
-            )
-        connection = GatewayConnection(
-            operator.gateway_endpoint,
-            operator.gateway_access_key,
-            operator.gateway_secret_key.get_secret_value(),
-            operator.gateway_region,
-        )
-        return S3Store(connection, rest)
+        return S3Store(gateway_connection(operator, "an s3:// store"), rest)
     # The value itself stays out of the message: a URL may carry more than its owner meant
     # to show.
     raise StoreConfigError("BUCKETNOTIFY_DELIVERY_STORE: use dir:///absolute/path or s3://bucket")
+
+
+def gateway_connection(operator: OperatorSettings, what: str) -> GatewayConnection:
+    """The default gateway (BUCKETNOTIFY_GATEWAY_*), which ``what`` needs."""
+    if not (
+        operator.gateway_endpoint and operator.gateway_access_key and operator.gateway_secret_key
+    ):
+        raise StoreConfigError(
+            f"{what} needs BUCKETNOTIFY_GATEWAY_ENDPOINT, _ACCESS_KEY, _SECRET_KEY"
+        )
+    return GatewayConnection(
+        operator.gateway_endpoint,
+        operator.gateway_access_key,
+        operator.gateway_secret_key.get_secret_value(),
+        operator.gateway_region,
+    )
 
 
 async def open_store(settings: DeliveryServiceSettings, operator: OperatorSettings) -> QueueStore:

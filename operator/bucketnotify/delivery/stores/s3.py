@@ -14,8 +14,12 @@ hold, and no namespace name can collide with it.
 Requests:
 
 - ``reserve``: LIST of the reservations, LIST of the shards (one per 1000 batch objects in
-  the queue), PUT of the marker; the meta object is cached for ``meta_cache_s``. So a
-  committed batch of any size costs 5 requests (plus a LIST per 1000 objects of backlog).
+  the queue), PUT of the marker; the meta object is cached for ``meta_cache_s``. Reserves
+  of one queue that wait for each other share the two LISTs: the first in turn checks
+  every waiting one against one scan, counting those it granted before, and PUTs their
+  markers together. So a group commit touching K shards costs 2 + 3K requests (2 LISTs, K
+  marker PUTs, K batch PUTs, K marker DELETEs), not 5K, plus a LIST per 1000 objects of
+  backlog.
 - ``commit`` of N events: one PUT of the batch and one DELETE of the marker, whatever N is,
   so the ingest's group commit makes the cost per event small.
 - ``list``: one LIST per 1000 batch objects up to ``max_entries``, and a GET per batch object,
@@ -39,8 +43,9 @@ replica changed a batch while this one still cached it, a rewrite from the cache
 entries the other removed: duplicates, never losses.
 
 Reservations across replicas: ``reserve`` LISTs the markers, then the batches, checks,
-and PUTs its marker. Within a process the reserves of one queue take turns, so a replica
-alone never overshoots. A check misses only the markers other replicas PUT while its own
+and PUTs its marker. Within a process the reserves of one queue take turns (a turn may
+serve several, counting each against the ones before it), so a replica alone never
+overshoots. A check misses only the markers other replicas PUT while its own
 LISTs run; each of them reserves one at a time too, and needs the same LISTs for it, so
 that is about one reservation per other replica (strictly: the reserves they complete
 during this one's LISTs). The queue can thus exceed its limits by about (replicas - 1)
@@ -66,13 +71,14 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 from botocore.exceptions import ClientError
 
 from bucketnotify.delivery.queue import (
     Entry,
+    QueueFull,
     QueueLimits,
     QueueName,
     QueueNotFound,
@@ -101,6 +107,7 @@ from bucketnotify.delivery.stores._format import (
     updated,
     usage,
 )
+from bucketnotify.delivery.stores._threads import IOThreads
 from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.gateway.errors import mapped_errors
 
@@ -120,6 +127,19 @@ class _Cached:
 
     batch: Batch
     entries: list[Entry]
+
+
+@dataclass
+class _Wanted:
+    """A reserve waiting for its queue's turn."""
+
+    shard: int
+    entries: int
+    size: int
+    now: float
+    granted: asyncio.Future[Reservation] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
 
 
 class S3Store:
@@ -144,6 +164,8 @@ class S3Store:
         self._s3: S3Client = connection.s3()
         self._meta_cache_s = meta_cache_s
         self._requests = asyncio.Semaphore(max_requests)
+        self._threads = IOThreads("s3-store", max_requests)
+        self._wanted: dict[QueueName, list[_Wanted]] = {}
         self._meta: dict[QueueName, tuple[float, int, QueueLimits]] = {}
         self._reserving: dict[QueueName, asyncio.Lock] = {}
         self._owning: dict[tuple[QueueName, int], asyncio.Lock] = {}
@@ -230,25 +252,70 @@ class S3Store:
     async def reserve(
         self, queue: QueueName, shard: int, entries: int, size: int, now: float
     ) -> Reservation:
-        async with self._reserving.setdefault(queue, asyncio.Lock()):
+        wanted = _Wanted(shard, entries, size, now)
+        self._wanted.setdefault(queue, []).append(wanted)
+        try:
+            async with self._reserving.setdefault(queue, asyncio.Lock()):
+                if not wanted.granted.done():
+                    await self._reserve_waiting(queue)
+        except asyncio.CancelledError:
+            wanted.granted.cancel()  # a turn still to come skips it
+            raise
+        return wanted.granted.result()
+
+    async def _reserve_waiting(self, queue: QueueName) -> None:
+        """One turn: every reserve of ``queue`` waiting now, checked against one scan."""
+        waiting = self._wanted.pop(queue, [])
+        try:
             shards, limits = await self._get_meta(queue)
-            if shard >= shards:  # perhaps more shards since the meta was cached
+            if any(w.shard >= shards for w in waiting):  # more shards since it was cached?
                 shards, limits = await self._get_meta(queue, fresh=True)
-            check_request(shards, shard, entries, size)
-            stats, reservations = await self._usage(queue, shards, now)
-            check_room(stats, reservations, limits, entries, size, now)
-            reservation = new_reservation(queue, shard, entries, size, now, limits)
-            # The name says it all; the body is for people looking at the bucket.
-            body = json.dumps(
-                {
-                    "shard": shard,
-                    "entries": entries,
-                    "bytes": size,
-                    "expires_at": reservation.expires_at,
-                }
+            found, reservations = await self._scan(queue)
+            granted: list[tuple[_Wanted, Reservation]] = []
+            for w in waiting:
+                if w.granted.done():
+                    continue
+                try:
+                    check_request(shards, w.shard, w.entries, w.size)
+                    stats = usage(shards, found, reservations, w.now)
+                    check_room(stats, reservations, limits, w.entries, w.size, w.now)
+                except (ValueError, QueueFull) as exc:
+                    w.granted.set_exception(exc)
+                    continue
+                reservation = new_reservation(queue, w.shard, w.entries, w.size, w.now, limits)
+                reservations = [*reservations, reservation]
+                granted.append((w, reservation))
+            written = await asyncio.gather(
+                *(self._put_marker(r) for _, r in granted), return_exceptions=True
             )
-            await self._put(self._marker(reservation), body.encode(), "application/json")
-        return reservation
+            for (w, reservation), error in zip(granted, written, strict=True):
+                if w.granted.done():
+                    continue  # its caller went away; the marker expires unused
+                if isinstance(error, BaseException):
+                    w.granted.set_exception(error)
+                else:
+                    w.granted.set_result(reservation)
+        except asyncio.CancelledError:
+            # The turn's own caller went away: the next in turn serves the rest (a marker
+            # already PUT for one of them expires unused).
+            self._wanted.setdefault(queue, [])[:0] = [w for w in waiting if not w.granted.done()]
+            raise
+        except Exception as exc:
+            for w in waiting:
+                if not w.granted.done():
+                    w.granted.set_exception(exc)
+
+    async def _put_marker(self, reservation: Reservation) -> None:
+        # The name says it all; the body is for people looking at the bucket.
+        body = json.dumps(
+            {
+                "shard": reservation.shard,
+                "entries": reservation.entries,
+                "bytes": reservation.bytes,
+                "expires_at": reservation.expires_at,
+            }
+        )
+        await self._put(self._marker(reservation), body.encode(), "application/json")
 
     async def commit(
         self, reservation: Reservation, events: Sequence[tuple[str, bytes]], now: float
@@ -289,6 +356,11 @@ class S3Store:
     async def _usage(
         self, queue: QueueName, shards: int, now: float
     ) -> tuple[QueueStats, list[Reservation]]:
+        found, reservations = await self._scan(queue)
+        return usage(shards, found, reservations, now), reservations
+
+    async def _scan(self, queue: QueueName) -> tuple[dict[int, list[Batch]], list[Reservation]]:
+        """The batches of every shard and the reservation markers, as two LISTs."""
         # Markers first, in a LIST of their own: a commit PUTs its batch before it deletes
         # its marker, so a marker missing here means the batch is in the LIST that follows.
         reservations = await self._reservations(queue)
@@ -298,8 +370,7 @@ class S3Store:
             shard, _, name = key[len(start) :].partition("/")
             if shard.isdigit():
                 names.setdefault(int(shard), []).append(name)
-        found = {shard: list(batches(sorted(n))) for shard, n in names.items()}
-        return usage(shards, found, reservations, now), reservations
+        return {shard: list(batches(sorted(n))) for shard, n in names.items()}, reservations
 
     # Reading, by the shard's owner
 
@@ -373,7 +444,8 @@ class S3Store:
 
         await _all(*(one(b, e) for b, e in changes.items()))
 
-    # Requests: blocking boto3 calls in worker threads, errors mapped, a bounded number
+    # Requests: blocking boto3 calls in the store's own threads (``_threads``), errors
+    # mapped, a bounded number
 
     async def _call(self, operation: str, request: Callable[[], T]) -> T:
         def mapped() -> T:
@@ -381,7 +453,7 @@ class S3Store:
                 return request()
 
         async with self._requests:
-            return await asyncio.to_thread(mapped)
+            return await self._threads.run(mapped)
 
     async def _put(self, key: str, body: bytes, content_type: str) -> None:
         await self._call(

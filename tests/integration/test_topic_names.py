@@ -1,0 +1,176 @@
+"""Gateway topic names across namespaces (real apiserver, real RGW).
+
+The bug this pins down: the gateway topic name was ``spec.name or metadata.name`` inside one
+gateway tenant, so Topics ``a/orders`` and ``b/orders`` wrote one gateway topic (and its
+persistent queue), each overwriting the other's endpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from bucketnotify.gateway.connection import GatewayConnection
+from bucketnotify.gateway.topics import GatewayTopic, TopicClient
+from tests.kubectl import Kubectl
+from tests.localservices import LocalService
+from tests.operator import StartOperator
+from tests.resources import apply, condition
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.usefixtures("crds")
+
+# The operator retries a Topic in NameConflict this often (handlers.RETRY_DELAY_S), plus
+# margin for a loaded machine.
+TAKE_OVER_S = 15 + 30
+
+
+@pytest.fixture()
+def gateway(rgw: LocalService) -> TopicClient:
+    return TopicClient(
+        GatewayConnection(rgw["RGW_ENDPOINT"], rgw["RGW_ACCESS_KEY"], rgw["RGW_SECRET_KEY"])
+    )
+
+
+@pytest.fixture()
+def other_namespace(kubectl: Kubectl) -> str:
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    kubectl.run("create", "namespace", name)
+    return name
+
+
+def http(path: str) -> dict[str, Any]:
+    return {"endpoint": {"http": {"url": f"http://127.0.0.1:9/{path}"}}}
+
+
+def on_gateway(gateway: TopicClient, arn: str) -> GatewayTopic:
+    found = gateway.get(arn)
+    assert found is not None, f"no gateway topic {arn}"
+    return found
+
+
+def ready_condition(status: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in status["conditions"] if c["type"] == "Ready")
+
+
+def test_same_topic_name_in_two_namespaces_gives_two_gateway_topics(
+    kubectl: Kubectl,
+    namespace: str,
+    other_namespace: str,
+    start_operator: StartOperator,
+    gateway: TopicClient,
+) -> None:
+    start_operator(namespaces=json.dumps([namespace, other_namespace]))
+    for ns in (namespace, other_namespace):
+        apply(kubectl, ns, "Topic", "orders", http(ns))
+    arns = {
+        ns: condition(kubectl, ns, "topic", "orders")["arn"] for ns in (namespace, other_namespace)
+    }
+    for ns, arn in arns.items():
+        assert arn.endswith(f":{ns}.orders")
+        assert on_gateway(gateway, arn).endpoint_address == f"http://127.0.0.1:9/{ns}"
+    assert arns[namespace] != arns[other_namespace]
+
+    kubectl.run("delete", "topic", "orders", "-n", other_namespace, "--timeout=60s")
+    assert gateway.get(arns[other_namespace]) is None
+    assert on_gateway(gateway, arns[namespace]).endpoint_address.endswith(f"/{namespace}")
+
+
+def test_an_explicit_name_owned_by_another_topic_is_refused_not_shared(
+    kubectl: Kubectl,
+    namespace: str,
+    other_namespace: str,
+    start_operator: StartOperator,
+    gateway: TopicClient,
+) -> None:
+    start_operator(namespaces=json.dumps([namespace, other_namespace]))
+    shared = f"shared-{uuid.uuid4().hex[:8]}"
+    apply(kubectl, namespace, "Topic", "first", {**http("first"), "name": shared})
+    arn = condition(kubectl, namespace, "topic", "first")["arn"]
+    assert arn.endswith(f":{shared}")
+
+    apply(kubectl, other_namespace, "Topic", "second", {**http("second"), "name": shared})
+    status = condition(kubectl, other_namespace, "topic", "second", "False", "NameConflict")
+    message = ready_condition(status)["message"]
+    assert f"'{shared}' belongs to Topic {namespace}/first" in message
+    assert "set spec.name" in message
+    assert "arn" not in status
+    events = kubectl.run("get", "events", "-n", other_namespace, "-o", "json").stdout
+    assert "NameConflict" in events
+    assert on_gateway(gateway, arn).endpoint_address == "http://127.0.0.1:9/first"
+
+    # Deleting the refused Topic leaves the owner's gateway topic alone.
+    kubectl.run("delete", "topic", "second", "-n", other_namespace, "--timeout=60s")
+    assert on_gateway(gateway, arn).endpoint_address == "http://127.0.0.1:9/first"
+
+    # Once the owner is gone, a waiting claimant takes the name over.
+    apply(kubectl, other_namespace, "Topic", "third", {**http("third"), "name": shared})
+    condition(kubectl, other_namespace, "topic", "third", "False", "NameConflict")
+    kubectl.run("delete", "topic", "first", "-n", namespace, "--timeout=60s")
+    wait_until(
+        lambda: (kubectl.get("topic", "third", other_namespace).get("status") or {}).get("arn"),
+        lambda found: found is not None and found.endswith(f":{shared}"),
+        TAKE_OVER_S,
+        "the waiting Topic to take the freed name over",
+    )
+    condition(kubectl, other_namespace, "topic", "third")
+    wait_until(
+        lambda: on_gateway(gateway, arn).endpoint_address,
+        lambda address: address == "http://127.0.0.1:9/third",
+        30,
+        "the gateway topic to carry the new owner's endpoint",
+    )
+    kubectl.run("delete", "topic", "third", "-n", other_namespace, "--timeout=60s")
+
+
+def test_topics_of_an_older_release_keep_their_gateway_topic_and_sharers_are_separated(
+    kubectl: Kubectl,
+    namespace: str,
+    other_namespace: str,
+    start_operator: StartOperator,
+    gateway: TopicClient,
+) -> None:
+    """Upgrade: Topics made when the default name was the bare metadata.name. One that had
+    its gateway topic alone keeps it (its routing key, its notifications); two that shared
+    one: the older keeps it, the younger moves to ``<namespace>.<name>``."""
+    name = f"legacy-{uuid.uuid4().hex[:8]}"
+    arn = gateway.upsert(name, {"push-endpoint": "http://127.0.0.1:9/old"})
+    for ns in (namespace, other_namespace):
+        apply(kubectl, ns, "Topic", name, http(ns))
+        # What the older release wrote into the status.
+        kubectl.run(
+            "patch",
+            "topic",
+            name,
+            "-n",
+            ns,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps({"status": {"arn": arn}}),
+        )
+        time.sleep(1.1)  # creationTimestamp has whole seconds: make the order plain
+    start_operator(namespaces=json.dumps([namespace, other_namespace]))
+
+    older = condition(kubectl, namespace, "topic", name)
+    younger = wait_until(
+        lambda: kubectl.get("topic", name, other_namespace).get("status") or {},
+        lambda st: (
+            st.get("arn", "").endswith(f":{other_namespace}.{name}")
+            and ready_condition(st)["status"] == "True"
+        ),
+        60,
+        "the younger sharer moved to a name of its own",
+    )
+    assert older["arn"] == arn
+    assert on_gateway(gateway, arn).endpoint_address == f"http://127.0.0.1:9/{namespace}"
+    assert on_gateway(gateway, younger["arn"]).endpoint_address == (
+        f"http://127.0.0.1:9/{other_namespace}"
+    )
+    for ns in (namespace, other_namespace):
+        kubectl.run("delete", "topic", name, "-n", ns, "--timeout=60s")
+    assert gateway.get(arn) is None

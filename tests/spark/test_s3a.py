@@ -1,0 +1,69 @@
+"""The job reads records from the real gateway through s3a and writes its outputs there."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+from pydantic import SecretStr
+from pyspark.sql import SparkSession
+
+from bucketnotify_report.job import JobConfig, run
+from bucketnotify_report.session import configure_s3
+from bucketnotify_report.settings import S3Settings
+from tests.localservices import LocalService
+from tests.recordfiles import S3Files
+from tests.spark.dataset import DAY, write_late, write_main
+from tests.spark.test_job import assert_day
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture()
+def s3(rgw: LocalService) -> Any:
+    return boto3.client(
+        "s3",
+        endpoint_url=rgw["RGW_ENDPOINT"],
+        aws_access_key_id=rgw["RGW_ACCESS_KEY"],
+        aws_secret_access_key=rgw["RGW_SECRET_KEY"],
+        region_name=rgw["RGW_REGION"] or "default",
+    )
+
+
+@pytest.fixture()
+def bucket(s3: Any) -> Iterator[str]:
+    name = f"records-{uuid.uuid4().hex[:10]}"
+    s3.create_bucket(Bucket=name)
+    yield name
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=name):
+        for obj in page.get("Contents", []):
+            s3.delete_object(Bucket=name, Key=obj["Key"])
+    s3.delete_bucket(Bucket=name)
+
+
+def test_records_on_the_gateway(
+    spark: SparkSession, rgw: LocalService, s3: Any, bucket: str
+) -> None:
+    """The same files as the local test, uploaded to RGW, give the same figures through
+    s3a (hadoop-aws from Maven Central), with Parquet, summary and report written back."""
+    data = write_main(S3Files(s3, bucket, "records"))
+    write_late(data)
+    configure_s3(
+        spark,
+        S3Settings(
+            endpoint=rgw["RGW_ENDPOINT"],
+            access_key=rgw["RGW_ACCESS_KEY"],
+            secret_key=SecretStr(rgw["RGW_SECRET_KEY"]),
+        ),
+    )
+    config = JobConfig(f"s3a://{bucket}/records", f"s3a://{bucket}/reports", DAY, DAY)
+    result = run(spark, config)
+    assert_day(result, spark, data.written)
+    stored = s3.get_object(Bucket=bucket, Key=f"reports/summary/{DAY}.json")["Body"].read()
+    assert json.loads(stored) == json.loads(json.dumps(result.summary))
+    page = s3.get_object(Bucket=bucket, Key=f"reports/report/{DAY}.html")["Body"].read()
+    assert b"<svg" in page

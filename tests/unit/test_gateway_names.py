@@ -1,0 +1,103 @@
+"""Which gateway topic name a Topic gets (issue: Topics ``a/orders`` and ``b/orders`` shared
+one gateway topic, because gateway topics belong to a tenant, not a namespace)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bucketnotify.api.topic import TopicSpec
+from bucketnotify.controller.topic_builder import (
+    NameClaim,
+    TopicBuildError,
+    default_gateway_topic_name,
+    gateway_topic_name,
+    name_owner,
+)
+
+SPEC = TopicSpec.model_validate({"endpoint": {"http": {"url": "http://h/"}}})
+NAMED = TopicSpec.model_validate({"endpoint": {"http": {"url": "http://h/"}}, "name": "orders"})
+ARN = "arn:aws:sns:default::"
+
+# Kubernetes names: a namespace is a DNS label, an object name a DNS subdomain.
+labels = st.from_regex(r"\A[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?\Z")
+subdomains = st.lists(labels, min_size=1, max_size=3).map(".".join)
+
+
+@given(labels, subdomains, labels, subdomains)
+def test_default_names_of_different_topics_never_collide(
+    ns_a: str, name_a: str, ns_b: str, name_b: str
+) -> None:
+    same_topic = (ns_a, name_a) == (ns_b, name_b)
+    same_name = default_gateway_topic_name(ns_a, name_a) == default_gateway_topic_name(ns_b, name_b)
+    assert same_topic == same_name
+
+
+def test_a_new_topic_gets_a_namespace_qualified_name() -> None:
+    assert gateway_topic_name("a", "orders", SPEC, None, "t1", lambda _: []) == "a.orders"
+
+
+def test_a_topic_of_an_older_release_keeps_its_bare_gateway_name() -> None:
+    """Upgrade: renaming would orphan the gateway topic and change the routing key."""
+    mine = NameClaim("a", "orders", "t1", holds=True)
+    table = {"orders": [mine]}
+    name = gateway_topic_name("a", "orders", SPEC, f"{ARN}orders", "t1", lambda n: table.get(n, []))
+    assert name == "orders"
+
+
+def test_of_two_old_topics_sharing_a_bare_name_the_younger_moves_to_its_own() -> None:
+    older = NameClaim("a", "orders", "2024-01-01T00:00:00Z", holds=True)
+    younger = NameClaim("b", "orders", "2025-01-01T00:00:00Z", holds=True)
+    table = {"orders": [older, younger]}
+
+    def claims_of(name: str) -> list[NameClaim]:
+        return table.get(name, [])
+
+    assert gateway_topic_name("a", "orders", SPEC, f"{ARN}orders", older.created, claims_of) == (
+        "orders"
+    )
+    assert gateway_topic_name("b", "orders", SPEC, f"{ARN}orders", younger.created, claims_of) == (
+        "b.orders"
+    )
+
+
+def test_an_explicit_name_another_topic_holds_is_refused_naming_the_holder() -> None:
+    holder = NameClaim("a", "first", "2025-06-01T00:00:00Z", holds=True)
+    # Even an older Topic does not take a name that another one already holds.
+    with pytest.raises(TopicBuildError) as refused:
+        gateway_topic_name("b", "second", NAMED, None, "2020-01-01T00:00:00Z", lambda n: [holder])
+    assert refused.value.reason == "NameConflict"
+    assert "'orders' belongs to Topic a/first" in str(refused.value)
+    assert "set spec.name" in str(refused.value)
+
+
+def test_an_explicit_name_nobody_holds_goes_to_the_oldest_claimant() -> None:
+    older = NameClaim("a", "first", "2025-01-01T00:00:00Z", holds=False)
+    younger = NameClaim("b", "second", "2025-02-01T00:00:00Z", holds=False)
+
+    def claims_of(name: str) -> list[NameClaim]:
+        return [older, younger]
+
+    assert gateway_topic_name("a", "first", NAMED, None, older.created, claims_of) == "orders"
+    with pytest.raises(TopicBuildError):
+        gateway_topic_name("b", "second", NAMED, None, younger.created, claims_of)
+
+
+claim = st.builds(
+    NameClaim,
+    namespace=labels,
+    name=subdomains,
+    created=st.sampled_from(["2025-01-01T00:00:00Z", "2025-01-02T00:00:00Z"]),
+    holds=st.booleans(),
+)
+
+
+@given(st.lists(claim, min_size=1, max_size=6, unique_by=lambda c: (c.namespace, c.name)))
+def test_every_claimant_agrees_on_one_owner_whatever_the_order(found: list[NameClaim]) -> None:
+    """Replicas and retries see the index in any order: the decision must not depend on it."""
+    owner = name_owner(found)
+    assert name_owner(list(reversed(found))) == owner
+    assert name_owner(sorted(found, key=lambda c: c.name)) == owner
+    if any(c.holds for c in found):
+        assert owner.holds, "a Topic holding the name keeps it"
