@@ -40,20 +40,21 @@ services-down: ## stop the local services
 
 .PHONY: lint
 lint: install ## ruff (lint and format check), mypy strict, import layers
-	$(BIN)/ruff check operator tests bench demo
-	$(BIN)/ruff format --check operator tests bench demo
+	$(BIN)/ruff check operator spark tests bench demo
+	$(BIN)/ruff format --check operator spark tests bench demo
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
 .PHONY: fmt
 fmt: install ## format the code
-	$(BIN)/ruff check --fix operator tests bench demo
-	$(BIN)/ruff format operator tests bench demo
+	$(BIN)/ruff check --fix operator spark tests bench demo
+	$(BIN)/ruff format operator spark tests bench demo
 
 .PHONY: crds
-crds: install ## regenerate crds/ (and the chart's copy) from the API models
+crds: install tools ## regenerate crds/ from the API models, and the chart's copy and deploy/base with them
 	$(BIN)/python -m bucketnotify.api.crds crds
 	rm -f charts/bucketnotify/files/crds/*.yaml && cp crds/*.yaml charts/bucketnotify/files/crds/
+	$(BIN)/python -m tests.install.manifests
 
 .PHONY: crds-check
 crds-check: install ## fail when crds/ is not what the API models generate
@@ -75,8 +76,20 @@ test: install services-install tools lint crds-check ## lint, crds check, then e
 	$(BIN)/pytest -ra tests
 
 .PHONY: bench
-bench: install services-install ## delivery benchmark vs the gateway (BENCH_ARGS="--events 500 --scenarios gateway-sync,bucketnotify-sync")
-	$(BIN)/python -m bench.delivery $(BENCH_ARGS)
+bench: install services-install ## delivery vs the gateway, failover, operator at scale (BENCH_ARGS, FAILOVER_ARGS="--rounds 1", OPERATOR_ARGS="--topics 100 --notifications 100")
+	@# Each runs even when one before it failed: the figures of the others are still worth having.
+	rc=0; \
+	$(BIN)/python -m bench.delivery $(BENCH_ARGS) || rc=1; \
+	$(BIN)/python -m bench.failover $(FAILOVER_ARGS) || rc=1; \
+	$(BIN)/python -m bench.operator_scale $(OPERATOR_ARGS) || rc=1; \
+	exit $$rc
+
+REPORT_OUT ?= /tmp/bucketnotify-local/report
+
+.PHONY: report
+report: install ## the Spark report (local[*]) of RECORDS=<dir or s3a://bucket/prefix> for DATE=YYYY-MM-DD (default yesterday) into REPORT_OUT; docs/report.md
+	@test -n "$(RECORDS)" || { echo "RECORDS=<records prefix holding v1/> is required, see docs/report.md"; exit 2; }
+	$(BIN)/python -m bucketnotify_report --input "$(RECORDS)" --output "$(REPORT_OUT)" $(if $(DATE),--date $(DATE))
 
 .PHONY: demo
 demo: install services-up ## the system on this machine: services, operator, 2 delivery replicas, events arriving

@@ -136,13 +136,20 @@ class Options:
 class Run:
     """What every scenario of one run shares: services, clients, ids, where logs go."""
 
-    def __init__(self, options: Options, rgw: Service, kube: Service | None, out: Path) -> None:
+    def __init__(
+        self,
+        options: Options,
+        rgw: Service,
+        kube: Service | None,
+        out: Path,
+        benchmark: str = "delivery",
+    ) -> None:
         self.options = options
         self.rgw = rgw
         self.kube = kube
         self.id = time.strftime("%Y%m%d-%H%M%S")
         self.tag = uuid.uuid4().hex[:6]
-        self.log_dir = out / f"delivery-{self.id}-logs"
+        self.log_dir = out / f"{benchmark}-{self.id}-logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.clients = [s3_client(rgw) for _ in range(options.clients)]
         self.kubectl = Kubectl(kube["KUBECTL"], kube["KUBECONFIG_ADMIN"]) if kube else None
@@ -189,6 +196,8 @@ class Stack:
 
     programs: list[Program] = field(default_factory=list)
     proxy: RoundRobinProxy | None = None
+    namespace: str | None = None
+    """Where our Topic, Leases and operator live (bucketnotify scenarios)."""
 
     def check_alive(self) -> None:
         for program in self.programs:
@@ -211,6 +220,7 @@ def setup_bucketnotify(
     assert run.kube is not None and run.kubectl is not None
     kubectl = run.kubectl
     namespace = new_namespace(kubectl, f"bench-{scenario.name}"[:50])
+    ours.namespace = namespace
     print(f"  namespace {namespace}", flush=True)
     rgw = run.rgw
     gateway_env = {

@@ -106,6 +106,8 @@ class RecordingHttpServer:
                 try:
                     length = int(self.headers.get("Content-Length", "0"))
                     body = self.rfile.read(length)
+                    if len(body) < length:
+                        return  # the client died mid-request (a killed replica): not received
                     if outer.delay_s:
                         time.sleep(outer.delay_s)
                     headers = [(k.lower(), v) for k, v in self.headers.items()]

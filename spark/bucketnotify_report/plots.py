@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 import matplotlib
-from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
+from matplotlib.dates import AutoDateLocator, ConciseDateFormatter, DateFormatter, HourLocator
 from matplotlib.figure import Figure
 
 __all__ = ["hourly_svg", "latency_svg"]
@@ -59,6 +59,13 @@ def hourly_svg(hours: Sequence[dict[str, Any]], first: dt.date, last: dt.date) -
     def series(name: str) -> list[int]:
         return [int(by_hour[s][name]) if s in by_hour else 0 for s in slots]
 
+    # A step drawn "post" needs the end of the last hour to draw that hour too.
+    edges = [*slots, slots[-1] + dt.timedelta(hours=1)]
+
+    def steps(name: str) -> list[int]:
+        values = series(name)
+        return [*values, values[-1]]
+
     width = 1 / 24 * 0.8
     figure = Figure(figsize=(10, 5.2), layout="constrained")
     top, bottom = figure.subplots(2, 1, sharex=True, height_ratios=(3, 2))
@@ -66,7 +73,7 @@ def hourly_svg(hours: Sequence[dict[str, Any]], first: dt.date, last: dt.date) -
         slots, series("delivered"), width=width, align="edge", color=DELIVERED, label="delivered"
     )
     top.step(
-        slots, series("triggered"), where="post", color=TRIGGERED, linewidth=1.5, label="triggered"
+        edges, steps("triggered"), where="post", color=TRIGGERED, linewidth=1.5, label="triggered"
     )
     top.set_ylabel("events per hour")
     top.legend(loc="upper left", frameon=False, ncols=2)
@@ -78,18 +85,11 @@ def hourly_svg(hours: Sequence[dict[str, Any]], first: dt.date, last: dt.date) -
         color=FAILED,
         label="failed attempts",
     )
-    bottom.bar(
-        slots,
-        series("lost"),
-        width=width,
-        align="edge",
-        color=LOST,
-        label="lost",
-        bottom=series("failed_attempts"),
-    )
+    # Lost events are few beside failed attempts but matter most: a line of their own.
+    bottom.step(edges, steps("lost"), where="post", color=LOST, linewidth=1.8, label="lost")
     bottom.step(
-        slots,
-        series("duplicates_delivered"),
+        edges,
+        steps("duplicates_delivered"),
         where="post",
         color=DUPLICATE,
         linewidth=1.2,
@@ -99,14 +99,22 @@ def hourly_svg(hours: Sequence[dict[str, Any]], first: dt.date, last: dt.date) -
     bottom.legend(loc="upper left", frameon=False, ncols=3)
     for axes in (top, bottom):
         axes.set_ylim(bottom=0)
-        axes.set_xlim(slots[0], slots[-1] + dt.timedelta(hours=1))
-    # matplotlib.dates has no annotations for these two.
-    locator = AutoDateLocator(tz=dt.UTC)  # type: ignore[no-untyped-call]
-    bottom.xaxis.set_major_locator(locator)
-    bottom.xaxis.set_major_formatter(
-        ConciseDateFormatter(locator, tz=dt.UTC)  # type: ignore[no-untyped-call]
-    )
-    bottom.set_xlabel("hour (UTC)")
+        axes.set_xlim(edges[0], edges[-1])
+    if count == 24:
+        # matplotlib.dates has no annotations for its locators and formatters.
+        ticks = HourLocator(byhour=range(0, 24, 3), tz=dt.UTC)  # type: ignore[no-untyped-call]
+        bottom.xaxis.set_major_locator(ticks)
+        bottom.xaxis.set_major_formatter(
+            DateFormatter("%H:%M", tz=dt.UTC)  # type: ignore[no-untyped-call]
+        )
+        bottom.set_xlabel(f"hour of {first:%Y-%m-%d} (UTC)")
+    else:
+        locator = AutoDateLocator(tz=dt.UTC)  # type: ignore[no-untyped-call]
+        bottom.xaxis.set_major_locator(locator)
+        bottom.xaxis.set_major_formatter(
+            ConciseDateFormatter(locator, tz=dt.UTC, show_offset=False)  # type: ignore[no-untyped-call]
+        )
+        bottom.set_xlabel("hour (UTC)")
     return _svg(figure)
 
 
@@ -116,7 +124,7 @@ def latency_svg(topics: Sequence[dict[str, Any]]) -> str | None:
     if not measured:
         return None
     labels = [f"{t['namespace']}/{t['topic']}" for t in measured]
-    height = max(1.8, 0.55 * len(measured) + 1.0)
+    height = max(1.8, 0.4 * len(measured) + 1.0)
     figure = Figure(figsize=(10, height), layout="constrained")
     axes = figure.subplots()
     bar = 0.8 / 3

@@ -54,6 +54,11 @@ def session(settings: SessionSettings | None = None, *, s3a: bool = False) -> Sp
             .config("spark.driver.host", "127.0.0.1")
             .config("spark.driver.bindAddress", "127.0.0.1")
             .config("spark.ui.enabled", "false")
+            # On a starved machine (a shared CI runner) the local executor's heartbeat can
+            # miss the default 10 s/120 s; Spark 4 then fails re-registering it and the job
+            # hangs. Local mode has no executor to lose, so wait longer.
+            .config("spark.executor.heartbeatInterval", "60s")
+            .config("spark.network.timeout", "600s")
         )
         if s3a:
             builder = builder.config("spark.jars.packages", hadoop_aws_package()).config(

@@ -50,8 +50,8 @@ PUSH_DELAY_S = 1.0  # 64 pushes under way take a second: the pause lands mid-bat
 def received(receiver: RecordingHttpServer, into: list[tuple[str, float]]) -> int:
     """Take the newly acknowledged records as (key, time) into ``into``; how many there are."""
     for request in receiver.received():
-        if request.status != 200 or not request.body:
-            continue  # cut off before its body (a reset connection): nobody got that answer
+        if request.status != 200:
+            continue
         for record in json.loads(request.body)["Records"]:
             into.append((record["s3"]["object"]["key"], request.time))
     return len(into)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from kubernetes_asyncio import client, config
@@ -94,3 +96,39 @@ async def test_a_silent_replica_is_fenced_before_its_partitions_move(
         await asyncio.sleep(0.5)
         await survivor.tick()
     assert len(survivor.owned()) == 12
+
+
+async def test_one_renewal_that_hangs_does_not_fence_the_other_partitions(
+    api: client.ApiClient, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Renewals go out together: a call stuck on one partition's Lease (a slow API server,
+    a stalled connection) fences that partition alone, not every one renewed after it."""
+    settings = LeaseSettings(
+        namespace=namespace,
+        partitions=6,
+        lease_duration_s=8,
+        renew_interval_s=1.0,
+        renew_deadline_s=4.0,
+    )
+    replica = Ownership(api, "r", settings)
+    await settle([replica], rounds=2)
+    assert replica.owned() == set(range(6))
+    stuck = next(iter(replica._held))  # renewed first when renewals take turns
+    real = replica._leases.replace_namespaced_lease
+    forever = asyncio.Event()
+
+    async def replace(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == f"{settings.group}-partition-{stuck}":
+            await forever.wait()
+        return await real(name, *args, **kwargs)
+
+    monkeypatch.setattr(replica._leases, "replace_namespaced_lease", replace)
+    tick = asyncio.create_task(replica.tick())
+    try:
+        while replica.owns(stuck):  # noqa: ASYNC110 - waiting for the fence is the point
+            await asyncio.sleep(0.1)
+        assert replica.owned() == set(range(6)) - {stuck}
+    finally:
+        tick.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await tick

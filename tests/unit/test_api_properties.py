@@ -72,7 +72,7 @@ notification_like = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=400)
+@settings(max_examples=200)
 @given(st.one_of(topic_like, json_values))
 def test_any_topic_input_validates_or_raises_a_validation_error(raw: Any) -> None:
     try:
@@ -83,7 +83,7 @@ def test_any_topic_input_validates_or_raises_a_validation_error(raw: Any) -> Non
     assert TopicSpec.model_validate(spec.model_dump(by_alias=True)) == spec
 
 
-@settings(max_examples=400)
+@settings(max_examples=200)
 @given(st.one_of(notification_like, json_values))
 def test_any_notification_input_validates_or_raises_a_validation_error(raw: Any) -> None:
     try:
@@ -159,7 +159,7 @@ def test_a_valid_topic_survives_its_wire_form(raw: dict[str, Any]) -> None:
     assert spec.endpoint.kind in raw["endpoint"]
 
 
-@settings(max_examples=300)
+@settings(max_examples=150)
 @given(st.text(max_size=60))
 def test_any_regex_gets_an_answer_not_an_exception(regex: str) -> None:
     problem = regex_problem(regex)
@@ -192,7 +192,7 @@ configs = st.builds(
 )
 
 
-@settings(max_examples=300)
+@settings(max_examples=150)
 @given(st.lists(configs, min_size=1, max_size=3))
 def test_filter_rules_with_any_text_survive_the_gateway_xml(sent: list[NotificationConfig]) -> None:
     """What ``put`` renders, ``get`` parses back equal: anything else is endless drift."""

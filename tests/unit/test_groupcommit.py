@@ -35,21 +35,22 @@ class Writes:
 
     async def __call__(self, queue: QueueName, events: Events) -> float:
         self.calls.append(events)
-        if len(self.calls) == 1:
+        number = len(self.calls)
+        if number == 1:
             await self.release.wait()
         if self.fail_next is not None:
             error, self.fail_next = self.fail_next, None
             raise error
         if sum(len(e) for e in events.values()) > self.room:
             raise QueueFull("no room")
-        return float(len(self.calls))
+        return float(number)  # stands for the ingest time: which write it was
 
 
 async def test_requests_waiting_for_a_write_go_together_in_request_order() -> None:
     writes = Writes()
     groups = GroupCommit(writes, max_writes=1)
     first = asyncio.create_task(groups.commit(QUEUE, {0: [ev("a1")]}))
-    await asyncio.sleep(0)
+    await asyncio.sleep(0.01)  # the first write is under way
     later = [
         asyncio.create_task(groups.commit(QUEUE, {0: [ev("b1"), ev("b2")], 1: [ev("b3")]})),
         asyncio.create_task(groups.commit(QUEUE, {1: [ev("c1")]})),
@@ -67,7 +68,7 @@ async def test_requests_do_not_wait_while_fewer_writes_than_the_bound_are_under_
     writes = Writes()
     groups = GroupCommit(writes, max_writes=2)
     first = asyncio.create_task(groups.commit(QUEUE, {0: [ev("a")]}))
-    await asyncio.sleep(0)
+    await asyncio.sleep(0.01)  # the first write is under way
     second = await groups.commit(QUEUE, {0: [ev("b")]})  # while the first is stuck
     assert second == 2.0
     third = asyncio.create_task(groups.commit(QUEUE, {0: [ev("c")]}))
@@ -83,7 +84,7 @@ async def test_a_group_that_does_not_fit_is_tried_request_by_request() -> None:
     writes = Writes(room=2)
     groups = GroupCommit(writes, max_writes=1)
     first = asyncio.create_task(groups.commit(QUEUE, {0: [ev("a")]}))
-    await asyncio.sleep(0)
+    await asyncio.sleep(0.01)  # the first write is under way
     big = asyncio.create_task(groups.commit(QUEUE, {0: [ev("x1"), ev("x2"), ev("x3")]}))
     small = asyncio.create_task(groups.commit(QUEUE, {1: [ev("s1"), ev("s2")]}))
     writes.release.set()
@@ -98,7 +99,7 @@ async def test_a_failed_write_fails_every_request_in_it_and_the_next_group_goes_
     writes = Writes()
     groups = GroupCommit(writes, max_writes=1)
     first = asyncio.create_task(groups.commit(QUEUE, {0: [ev("a")]}))
-    await asyncio.sleep(0)
+    await asyncio.sleep(0.01)  # the first write is under way
     group = [asyncio.create_task(groups.commit(QUEUE, {0: [ev(f"g{n}")]})) for n in range(3)]
     writes.fail_next = OSError("disk gone")
     writes.release.set()
@@ -113,7 +114,7 @@ async def test_a_group_stops_at_its_bounds() -> None:
     writes = Writes()
     groups = GroupCommit(writes, max_writes=1, max_events=3)
     first = asyncio.create_task(groups.commit(QUEUE, {0: [ev("a")]}))
-    await asyncio.sleep(0)
+    await asyncio.sleep(0.01)  # the first write is under way
     rest = [asyncio.create_task(groups.commit(QUEUE, {0: [ev(f"r{n}")] * 2})) for n in range(3)]
     writes.release.set()
     await first
