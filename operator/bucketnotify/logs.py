@@ -221,4 +221,8 @@ def configure(
     root.handlers[:] = [h for h in root.handlers if not isinstance(h, _Handler)]
     root.addHandler(handler)
     root.setLevel(level.upper())
+    # httpx logs every request URL at INFO, and a webhook URL often carries its own token:
+    # only its warnings are worth a line, and only at DEBUG do we want the rest.
+    if root.level > logging.DEBUG:
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     return chosen

@@ -116,3 +116,15 @@ def test_figures_late_records_and_rerun(spark: SparkSession, tmp_path: Path) -> 
     days = sorted(p.name for p in (out / "hourly").iterdir() if p.name.startswith("date="))
     assert days == ["date=2026-11-19", "date=2026-11-20"]
     assert len(list((out / "hourly" / "date=2026-11-20").glob("*.parquet"))) == 1
+
+
+def test_a_day_without_records(spark: SparkSession, tmp_path: Path) -> None:
+    """A day with no record files is a report of zeros that says the files are missing,
+    not a crash."""
+    result = run(spark, JobConfig(str(tmp_path / "none"), str(tmp_path / "out"), DAY, DAY))
+    summary = result.summary
+    assert summary["input"]["dates_without_files"] == [str(DAY)]
+    assert summary["totals"]["triggered"] == summary["totals"]["delivered"] == 0
+    assert summary["totals"]["latency_p50"] is None
+    assert summary["topics"] == summary["hours"] == []
+    assert "no files at all for 2026-11-20" in Path(result.report_path).read_text()
