@@ -76,9 +76,10 @@ test: install services-install tools lint crds-check ## lint, crds check, then e
 	$(BIN)/pytest -ra tests
 
 .PHONY: bench
-bench: install services-install ## delivery vs the gateway, failover, operator at scale (BENCH_ARGS, FAILOVER_ARGS="--rounds 1", OPERATOR_ARGS="--topics 100 --notifications 100")
+bench: install services-install ## the ingest alone, delivery vs the gateway, failover, operator at scale (BENCH_ARGS, FAILOVER_ARGS="--rounds 1", OPERATOR_ARGS="--topics 100 --notifications 100")
 	@# Each runs even when one before it failed: the figures of the others are still worth having.
 	rc=0; \
+	$(BIN)/python -m bench.ingest || rc=1; \
 	$(BIN)/python -m bench.delivery $(BENCH_ARGS) || rc=1; \
 	$(BIN)/python -m bench.failover $(FAILOVER_ARGS) || rc=1; \
 	$(BIN)/python -m bench.operator_scale $(OPERATOR_ARGS) || rc=1; \
@@ -92,7 +93,7 @@ report: install ## the Spark report (local[*]) of RECORDS=<dir or s3a://bucket/p
 	$(BIN)/python -m bucketnotify_report --input "$(RECORDS)" --output "$(REPORT_OUT)" $(if $(DATE),--date $(DATE))
 
 .PHONY: demo
-demo: install services-up ## the system on this machine: services, operator, 2 delivery replicas, events arriving
+demo: install services-up ## the system on this machine: services, operator, 2 delivery replicas, the samples, events arriving, stats, metrics, Spark report
 	$(BIN)/python -m demo up
 
 .PHONY: demo-down

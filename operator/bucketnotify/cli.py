@@ -29,6 +29,7 @@ from bucketnotify.delivery.recording import Recorder, RecordWriter
 from bucketnotify.delivery.service import DeliveryService, ServiceTimings
 from bucketnotify.delivery.stores.open import StoreConfigError
 from bucketnotify.delivery.stores.open import open_store as _store
+from bucketnotify.gateway.pool import GatewayPool
 from bucketnotify.kube import Kube, connect
 from bucketnotify.metrics import DeliveryMetrics, OperatorMetrics
 from bucketnotify.settings import DeliveryServiceSettings, LogSettings, OperatorSettings
@@ -69,7 +70,11 @@ async def run_operator(settings: OperatorSettings) -> None:
     operator = kopf.operator(
         registry=registry,
         memo=kopf.Memo(
-            settings=settings, kube=Kube(api), bucket_locks=BucketLocks(), metrics=metrics
+            settings=settings,
+            kube=Kube(api),
+            bucket_locks=BucketLocks(),
+            gateways=GatewayPool(),
+            metrics=metrics,
         ),
         clusterwide=not settings.namespaces,
         namespaces=settings.namespaces,

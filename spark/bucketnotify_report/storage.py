@@ -43,6 +43,8 @@ def list_files(spark: SparkSession, uri: str) -> list[FileEntry]:
 def write_text(spark: SparkSession, uri: str, text: str) -> None:
     """Write ``text`` (UTF-8) to ``uri``, replacing it."""
     fs, path = _filesystem(spark, uri)
+    # No ".<name>.crc" beside a local file: nothing reads these files back through Hadoop.
+    fs.setWriteChecksum(False)
     stream = fs.create(path, True)
     try:
         stream.write(text.encode())

@@ -15,7 +15,12 @@ from bucketnotify.gateway.errors import (
     GatewayNotFound,
     GatewayUnreachable,
 )
-from bucketnotify.gateway.notifications import FilterRule, NotificationClient, NotificationConfig
+from bucketnotify.gateway.notifications import (
+    FilterRule,
+    NotificationClient,
+    NotificationConfig,
+    copy_topic_arn,
+)
 from bucketnotify.gateway.topics import TopicClient
 from tests.localservices import LocalService
 from tests.receivers import HttpReceiver
@@ -378,3 +383,24 @@ def test_metadata_and_tag_filters_filter(
         "team-a",
         "team-a",
     )
+
+
+def test_delete_removes_the_topic_copy_a_failed_delete_left(
+    client: NotificationClient, bucket: str, topics: Topics, topic_arn: str
+) -> None:
+    """Ceph 16 makes a topic ``<id>_<topic>`` for each notification; a DELETE answered 500
+    after removing the bucket's entry left it behind, and a second DELETE found nothing."""
+    client.put(bucket, NotificationConfig("copied", topic_arn, ()))
+    copy = copy_topic_arn(topic_arn, "copied")
+    assert topics.client.get(copy) is not None
+    client.delete(bucket, "copied")
+    assert topics.client.get(copy) is None
+    # The state such a DELETE leaves: the entry gone, the copy there (made as the PUT does).
+    topics.client.upsert(copy.rpartition(":")[2], {"push-endpoint": DEAD_ENDPOINT})
+
+    client.delete(bucket, "copied")
+    assert topics.client.get(copy) is not None  # the bucket no longer says which copy
+
+    client.delete(bucket, "copied", [topic_arn])
+    assert topics.client.get(copy) is None
+    assert client.list(bucket) == []

@@ -161,14 +161,14 @@ async def test_counts_from_before_a_reboot_are_not_trusted(tmp_path: Path) -> No
     await put(store, 0, b"1", b"2")
     lock = _lock_file(tmp_path, 0)
     record = lock.read_bytes()
-    other_boot = record[:-37] + b"00000000-0000-0000-0000-000000000000\n"
-    lock.write_bytes(other_boot)
+    boot = record.split(b" ")[-2]
+    lock.write_bytes(record.replace(boot, b"00000000-0000-0000-0000-000000000000"))
     _sneak_in_batch(tmp_path, 0, b"3")
 
     with pytest.raises(QueueFull):
         await store.reserve(QUEUE, 0, 1, 1, NOW)
     assert (await store.stats(QUEUE, NOW)).entries == 3
-    assert lock.read_bytes()[-37:] == record[-37:]  # counted, and written back for this boot
+    assert boot in lock.read_bytes()  # counted, and written back for this boot
 
 
 async def test_a_queue_of_an_older_release_is_counted_from_its_names(tmp_path: Path) -> None:
@@ -186,3 +186,17 @@ async def test_a_queue_of_an_older_release_is_counted_from_its_names(tmp_path: P
         await store.reserve(QUEUE, 0, 1, 1, NOW)
     listed = await store.list(QUEUE, 0)
     assert listed == first + second  # batch ids still after the stored batch time
+
+
+async def test_a_commit_by_an_older_release_makes_the_counts_untrusted(tmp_path: Path) -> None:
+    """An older release writes only the batch time (the first 20 bytes) and counts nothing."""
+    store = LocalDirStore(tmp_path)
+    await store.create(QUEUE, 1, QueueLimits(max_entries=3, max_bytes=1000))
+    await put(store, 0, b"1", b"2")
+    lock = _lock_file(tmp_path, 0)
+    with lock.open("r+b") as file:
+        file.write(f"{time.time_ns():020d}".encode())
+    _sneak_in_batch(tmp_path, 0, b"3")
+
+    with pytest.raises(QueueFull):
+        await store.reserve(QUEUE, 0, 1, 1, NOW)

@@ -1,7 +1,8 @@
 """Every kopf registration of the operator, each delegating to a plain function.
 
 The operator's memo holds ``settings`` (OperatorSettings), ``kube`` (Kube),
-``bucket_locks`` (BucketLocks) and ``metrics`` (OperatorMetrics); ``cli`` creates them
+``bucket_locks`` (BucketLocks), ``gateways`` (GatewayPool: the gateway clients, shared by
+every handler) and ``metrics`` (OperatorMetrics); ``cli`` creates them
 before kopf starts. Every reconciling handler is ``@_measured``: its count, result and
 duration go to the metrics.
 """
@@ -200,6 +201,7 @@ async def topic_changed(
     outcome = await reconcile_topic(
         kube=memo.kube,
         settings=memo.settings,
+        gateways=memo.gateways,
         name=name,
         namespace=_ns(namespace),
         spec=dict(spec),
@@ -241,6 +243,7 @@ async def topic_drift(
     outcome = await reconcile_topic(
         kube=memo.kube,
         settings=memo.settings,
+        gateways=memo.gateways,
         name=name,
         namespace=_ns(namespace),
         spec=dict(spec),
@@ -331,6 +334,7 @@ async def topic_deleted(
         delete=delete_topic(
             kube=memo.kube,
             settings=memo.settings,
+            gateways=memo.gateways,
             namespace=_ns(namespace),
             spec=dict(spec),
             status=dict(status),
@@ -401,6 +405,7 @@ async def notification_changed(
         kube=memo.kube,
         settings=memo.settings,
         locks=memo.bucket_locks,
+        gateways=memo.gateways,
         name=name,
         namespace=_ns(namespace),
         spec=dict(spec),
@@ -445,6 +450,7 @@ async def notification_drift(
         kube=memo.kube,
         settings=memo.settings,
         locks=memo.bucket_locks,
+        gateways=memo.gateways,
         name=name,
         namespace=_ns(namespace),
         spec=dict(spec),
@@ -478,6 +484,7 @@ async def notification_deleted(
             kube=memo.kube,
             settings=memo.settings,
             locks=memo.bucket_locks,
+            gateways=memo.gateways,
             name=name,
             namespace=_ns(namespace),
             spec=dict(spec),

@@ -2,7 +2,9 @@
 
 Writes to one bucket's configuration are serialised inside the operator (``BucketLocks``)
 because the client reads, merges and writes the whole configuration: two Ids written at once
-would otherwise race and one would be lost.
+would otherwise race and one would be lost. Writes to one gateway are serialised as well, and
+retried on a 5xx (``GatewayPool``), because Ceph 16 stores the copy of the topic each
+notification makes among the tenant's topics.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from bucketnotify.controller.topics import (
 from bucketnotify.delivery.endpoints.http import EndpointError, post_json
 from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.gateway.errors import GatewayAccessDenied, GatewayError, GatewayNotFound
-from bucketnotify.gateway.notifications import NotificationClient
+from bucketnotify.gateway.pool import GatewayPool
 from bucketnotify.kube import Kube, SecretMissing
 from bucketnotify.settings import OperatorSettings
 
@@ -114,6 +116,7 @@ async def reconcile_notification(
     kube: Kube,
     settings: OperatorSettings,
     locks: BucketLocks,
+    gateways: GatewayPool,
     name: str,
     namespace: str,
     spec: dict[str, Any],
@@ -155,29 +158,27 @@ async def reconcile_notification(
         bucket = resolved.spec.bucket
         desired = desired_configuration(resolved.spec, resolved.config_id, resolved.topic_arn)
         repaired: list[str] = []
-        with NotificationClient(resolved.connection) as client:
-            async with locks(resolved.connection, bucket):
-                try:
-                    # put() reads the bucket's configuration itself; a read here only serves
-                    # the drift check and re-creation.
-                    current = None
-                    if only_if_drifted or recreate:
-                        current = await asyncio.to_thread(client.get, bucket, resolved.config_id)
-                    if (
-                        current is not None
-                        and same_configuration(current, desired)
-                        and only_if_drifted
-                    ):
-                        return outcome(
-                            True, "Synced", f"Id {desired.id} on bucket {bucket} is in sync"
-                        ), None
-                    if only_if_drifted:
-                        repaired = ["configuration" if current else "missing configuration"]
-                    if recreate and current is not None:
-                        await asyncio.to_thread(client.delete, bucket, desired.id)
-                    await asyncio.to_thread(client.put, bucket, desired)
-                except GatewayError as exc:
-                    raise _gateway_failure(exc, bucket, resolved.connection) from None
+        async with locks(resolved.connection, bucket):
+            try:
+                gateway = await gateways.get(resolved.connection)
+                client = gateway.notifications
+                # put() reads the bucket's configuration itself; a read here only serves
+                # the drift check and re-creation.
+                current = None
+                if only_if_drifted or recreate:
+                    current = await gateway.read(client.get, bucket, resolved.config_id)
+                if current is not None and same_configuration(current, desired) and only_if_drifted:
+                    return outcome(
+                        True, "Synced", f"Id {desired.id} on bucket {bucket} is in sync"
+                    ), None
+                if only_if_drifted:
+                    repaired = ["configuration" if current else "missing configuration"]
+                if recreate and current is not None:
+                    # The ARN given: a retry after a failed first try no longer sees the entry.
+                    await gateway.write(client.delete, bucket, desired.id, [current.topic_arn])
+                await gateway.write(client.put, bucket, desired)
+            except GatewayError as exc:
+                raise _gateway_failure(exc, bucket, resolved.connection) from None
     except NotReconcilable as exc:
         return outcome(False, exc.reason, str(exc), retry=exc.retry), None
     applied = {"id": desired.id, "topicArn": desired.topic_arn, "events": list(desired.events)}
@@ -210,32 +211,75 @@ async def send_test_event(
     return f"s3:TestEvent sent to the HTTP endpoint of Topic {parsed.topic_ref.name}"
 
 
+# Ready reasons of a reconcile that stopped before its PUT, or whose PUT the gateway refused
+# as a whole: nothing of the notification can be on the gateway then. After any other
+# failure (a 5xx, no answer, the operator stopped halfway) part of a PUT may have landed.
+NOTHING_WRITTEN = frozenset(
+    {
+        "AccessDenied",
+        "BucketNotFound",
+        "GatewayRefused",
+        "InvalidFilter",
+        "InvalidSpec",
+        "NoGateway",
+        "SecretNotFound",
+        "TopicNotFound",
+        "TopicNotReady",
+    }
+)
+
+
 async def delete_notification(
     *,
     kube: Kube,
     settings: OperatorSettings,
     locks: BucketLocks,
+    gateways: GatewayPool,
     name: str,
     namespace: str,
     spec: dict[str, Any],
     status: dict[str, Any],
 ) -> None:
-    """Remove this notification's Id (only it) from its bucket; a bucket already gone is fine."""
+    """Remove this notification's Id (only it) from its bucket, and the copy of its topic
+    Ceph made for it; return only once a read shows both gone. A bucket already gone is fine.
+
+    Also when the notification never became Ready, unless its last reconcile stopped before
+    writing anything: a PUT answered with a 5xx may have put the Id or the copy in place.
+    """
     applied = status.get("applied")
     if not applied:
-        return  # never written to the gateway
-    parsed = parse_spec(spec)
+        ready = ready_condition(list(status.get("conditions") or []))
+        if ready is not None and ready.get("reason") in NOTHING_WRITTEN:
+            return
+    try:
+        parsed = parse_spec(spec)
+    except NotReconcilable:
+        if not applied:
+            return  # nothing can have been written for a spec that never parsed
+        raise
+    config_id = applied["id"] if applied else parsed.id or name
+    # The copies to look for: the bucket's entries name their topics, but an entry that an
+    # earlier, failed DELETE removed does not, nor does a PUT that failed halfway.
+    topic_arns = {applied["topicArn"]} if applied else set()
     ref = parsed.gateway_ref
-    if ref is None:
-        topic = await kube.get_object("topics", namespace, parsed.topic_ref.name)
-        if topic is not None:
+    topic = await kube.get_object("topics", namespace, parsed.topic_ref.name)
+    if topic is not None:
+        if ref is None:
             ref = TopicSpec.model_validate(topic["spec"]).gateway_ref
+        if (topic.get("status") or {}).get("arn"):
+            topic_arns.add(topic["status"]["arn"])
     try:
         connection = await gateway_connection(kube, namespace, ref, settings)
-    except SecretMissing as exc:
+    except (SecretMissing, NotReconcilable) as exc:
+        if not applied:
+            return  # no gateway to have written to
+        if isinstance(exc, NotReconcilable):
+            raise
         raise NotReconcilable("SecretNotFound", str(exc)) from None
-    with NotificationClient(connection) as client:
-        async with locks(connection, parsed.bucket):
-            # A bucket that is gone took its configuration with it.
-            with contextlib.suppress(GatewayNotFound):
-                await asyncio.to_thread(client.delete, parsed.bucket, applied["id"])
+    gateway = await gateways.get(connection)
+    async with locks(connection, parsed.bucket):
+        # A bucket that is gone took its configuration (and Ceph its copies) with it.
+        with contextlib.suppress(GatewayNotFound):
+            await gateway.write(
+                gateway.notifications.delete, parsed.bucket, config_id, sorted(topic_arns)
+            )

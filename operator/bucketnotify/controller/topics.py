@@ -1,12 +1,12 @@
 """Reconcile one Topic into the gateway: resolve its Secrets, build, upsert, report.
 
 Plain async functions with explicit arguments; ``handlers`` registers them with kopf.
-Blocking gateway calls run in a worker thread so one slow gateway does not stall the loop.
+Gateway calls go through the ``GatewayPool``: in a worker thread, so one slow gateway does
+not stall the loop, and writes one at a time per gateway.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -30,7 +30,7 @@ from bucketnotify.controller.topic_builder import (
 )
 from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.gateway.errors import GatewayError
-from bucketnotify.gateway.topics import TopicClient
+from bucketnotify.gateway.pool import GatewayPool
 from bucketnotify.kube import Kube, SecretMissing
 from bucketnotify.settings import OperatorSettings
 
@@ -189,6 +189,7 @@ async def reconcile_topic(
     *,
     kube: Kube,
     settings: OperatorSettings,
+    gateways: GatewayPool,
     name: str,
     namespace: str,
     spec: dict[str, Any],
@@ -232,10 +233,10 @@ async def reconcile_topic(
             kube, name, namespace, spec, settings, owner, arn, claims_of
         )
         endpoint_kind = parsed.endpoint.kind
-        client = TopicClient(connection)
+        gateway = await gateways.get(connection)
         repaired: list[str] = []
         if only_if_drifted and arn and arn_topic_name(arn) == topic_name:
-            current = await asyncio.to_thread(client.get, arn)
+            current = await gateway.read(gateway.topics.get, arn)
             if current is None:
                 repaired = ["topic"]
             else:
@@ -245,7 +246,7 @@ async def reconcile_topic(
                 repaired = differences(attributes, current.endpoint_address, args)
             if not repaired:
                 return outcome(True, "Synced", f"gateway topic {arn} is in sync")
-        arn = await asyncio.to_thread(client.upsert, topic_name, attributes)
+        arn = await gateway.write(gateway.topics.upsert, topic_name, attributes)
     except NotReconcilable as exc:
         refused = outcome(False, exc.reason, str(exc), retry=exc.retry)
         if exc.reason == "NameConflict" and status.get("arn"):
@@ -261,6 +262,7 @@ async def delete_topic(
     *,
     kube: Kube,
     settings: OperatorSettings,
+    gateways: GatewayPool,
     namespace: str,
     spec: dict[str, Any],
     status: dict[str, Any],
@@ -277,4 +279,5 @@ async def delete_topic(
         connection = await gateway_connection(kube, namespace, parsed.gateway_ref, settings)
     except SecretMissing as exc:
         raise NotReconcilable("SecretNotFound", str(exc)) from None
-    await asyncio.to_thread(TopicClient(connection).delete, arn)
+    gateway = await gateways.get(connection)
+    await gateway.write(gateway.topics.delete, arn)

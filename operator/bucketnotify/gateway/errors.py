@@ -4,7 +4,9 @@
     ├── GatewayUnreachable      no answer: connection refused, timeout, DNS
     ├── GatewayAccessDenied     wrong keys or no permission
     ├── GatewayInvalidArgument  the gateway refused what we sent
-    └── GatewayNotFound         the topic or bucket is not there
+    ├── GatewayNotFound         the topic or bucket is not there
+    └── GatewayServerError      a 5xx: worth trying again soon (Ceph 16 answers 500 when two
+                                writes to one tenant's topics meet)
 
 Messages never carry credentials: botocore's own messages name the operation and the
 gateway's error code, not the keys.
@@ -29,6 +31,7 @@ __all__ = [
     "GatewayError",
     "GatewayInvalidArgument",
     "GatewayNotFound",
+    "GatewayServerError",
     "GatewayUnreachable",
     "error_for_response",
     "mapped_errors",
@@ -55,6 +58,11 @@ class GatewayInvalidArgument(GatewayError):
 
 class GatewayNotFound(GatewayError):
     reason = "NotFound"
+
+
+class GatewayServerError(GatewayError):
+    # The reason of any other gateway failure: the condition says "GatewayError" as before.
+    reason = "GatewayError"
 
 
 ACCESS_DENIED = {
@@ -84,6 +92,8 @@ def error_for_response(operation: str, status: int, code: str, detail: str = "")
         return GatewayNotFound(message)
     if 400 <= status < 500:
         return GatewayInvalidArgument(message)
+    if status >= 500:
+        return GatewayServerError(message)
     return GatewayError(message)
 
 

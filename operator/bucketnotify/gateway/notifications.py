@@ -19,6 +19,14 @@ What Ceph 16.2 does, measured on the test gateway (DESIGN.md §9), and what foll
 - ``DELETE ?notification`` without an Id, or with an empty one, deletes every notification
   of the bucket: ``delete`` refuses an empty Id.
 - Error answers carry a Code and no Message.
+- A PUT also makes a topic of the user named ``<id>_<topic name>``, a copy of the topic
+  (``topic_to_unique`` in Ceph's ``rgw_rest_pubsub.cc``), and ``DELETE ?notification=<id>``
+  removes the bucket's entry first and that copy second, each a separate write. Either
+  write can fail on its own (500 when another write to the user's topics came between), and
+  a second DELETE then finds no entry and answers 200 while the copy stays, or answers 200
+  with the entry kept. ``delete_entries`` therefore re-reads the configuration until the Id
+  is gone, and ``remove_copy`` deletes the copy by its name with DeleteTopic (which takes
+  any topic of the user) and reads it back.
 """
 
 from __future__ import annotations
@@ -38,11 +46,13 @@ from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.gateway.errors import (
     GatewayError,
     GatewayInvalidArgument,
+    GatewayServerError,
     GatewayUnreachable,
     error_for_response,
 )
+from bucketnotify.gateway.topics import TopicClient
 
-__all__ = ["FilterRule", "NotificationClient", "NotificationConfig"]
+__all__ = ["FilterRule", "NotificationClient", "NotificationConfig", "copy_topic_arn"]
 
 S3_NAMESPACE = "http://s3.amazonaws.com/doc/2006-03-01/"
 
@@ -65,6 +75,25 @@ CEPH16_EVENTS = frozenset(EVENT_TYPES)
 
 # Ceph keeps one slot per key rule and reports them in this order.
 KEY_RULE_ORDER = ("prefix", "suffix", "regex")
+
+# Reads of the configuration after a DELETE before the Id is declared kept: a DELETE that
+# answered 200 can have left the entry (see the module's notes), and one more DELETE then
+# removes it.
+DELETE_ROUNDS = 3
+
+
+def copy_topic_arn(topic_arn: str, id: str) -> str:
+    """The ARN of the copy of ``topic_arn`` Ceph 16 makes for notification ``id``.
+
+    ``arn:aws:sns:<zonegroup>:<tenant>:<topic>`` becomes ``...:<id>_<topic>``. Only the name
+    counts (Ceph's DeleteTopic and GetTopicAttributes look the topic up by the ARN's last
+    part); the copy keeps the original's ARN in its own attributes, which is why ListTopics
+    shows the original ARN once more per notification instead of the copy's name.
+    """
+    prefix, _, name = topic_arn.rpartition(":")
+    if not prefix or not name:
+        raise ValueError(f"not a topic ARN: {topic_arn!r}")
+    return f"{prefix}:{id}_{name}"
 
 
 @dataclass(frozen=True)
@@ -127,20 +156,26 @@ def _sorted_rules(rules: Iterable[FilterRule]) -> tuple[FilterRule, ...]:
     return tuple(sorted(rules, key=lambda rule: (rule.name, rule.value)))
 
 
-Configs = list[NotificationConfig]  # `list` is a method name in NotificationClient
+# `list` is a method name in NotificationClient
+Configs = list[NotificationConfig]
+Topics = list[str]
 
 
 class NotificationClient:
     """GET, PUT and DELETE of ``/<bucket>?notification`` for one gateway user.
 
-    Blocking (httpx): call it from a worker thread in async code.
+    Blocking (httpx): call it from a worker thread in async code. Safe to share between
+    threads; building one costs a TLS context (~1 MiB, and up to a third of a second of CPU
+    on a loaded machine), so share one per connection rather than make one per call.
+    ``topics`` serves the removal of Ceph's topic copies; made from ``connection`` if None.
     """
 
-    def __init__(self, connection: GatewayConnection) -> None:
+    def __init__(self, connection: GatewayConnection, topics: TopicClient | None = None) -> None:
         self._endpoint = connection.endpoint.rstrip("/")
         self._credentials = Credentials(connection.access_key, connection.secret_key)
         self._region = connection.region
         self._http = httpx.Client(timeout=TIMEOUT)
+        self._topics = topics if topics is not None else TopicClient(connection)
 
     def close(self) -> None:
         self._http.close()
@@ -180,8 +215,9 @@ class NotificationClient:
         if len(same_id) > 1 or any(c.topic_arn != config.topic_arn for c in same_id):
             # A PUT would add an entry beside the old one instead of replacing it, and a
             # DELETE removes one entry at a time. Events are missed until the PUT below.
-            for _ in same_id:
-                self._delete_one(bucket, config.id)
+            for arn in self.delete_entries(bucket, config.id):
+                if arn != config.topic_arn:  # the PUT below remakes the copy of its topic
+                    self.remove_copy(config.id, arn)
         others = [c for c in current if c.id != config.id]
         # Ours first: Ceph 16 applies the entries in order and stops at the first it cannot,
         # so a foreign entry that no longer applies cannot keep ours out.
@@ -204,15 +240,68 @@ class NotificationClient:
                 detail = "events a Ceph 16 gateway does not know: " + ", ".join(unknown)
         raise error_for_response(operation, response.status_code, code, detail)
 
-    def delete(self, bucket: str, id: str) -> None:
-        """Delete the notification with this Id; one that is not there is not an error."""
+    def delete(self, bucket: str, id: str, topic_arns: Iterable[str] = ()) -> None:
+        """Delete the notification with this Id and Ceph's copies of its topics, and check
+        that they are gone; what is not there is not an error.
+
+        ``topic_arns``: topics the Id may have named besides those the bucket still shows
+        (an entry removed by an earlier, failed DELETE no longer says which copy it left).
+        """
+        arns: set[str] = {*topic_arns, *self.delete_entries(bucket, id)}
+        for arn in sorted(arns):
+            self.remove_copy(id, arn)
+
+    def delete_entries(self, bucket: str, id: str) -> Topics:
+        """Delete every entry of the bucket with this Id until a read shows none; returns
+        the topic ARNs the entries named (whose copies ``remove_copy`` deletes).
+
+        Raises GatewayServerError when the Id is still there after DELETE_ROUNDS reads.
+        """
         if not id:
             # An empty value deletes all the bucket's notifications.
             raise ValueError("a notification id must not be empty")
-        entries = sum(1 for config in self.list(bucket) if config.id == id)
-        # At least once even when the read found none, so that a concurrent create loses.
-        for _ in range(max(entries, 1)):
-            self._delete_one(bucket, id)
+        arns: Topics = []
+        failure: GatewayServerError | None = None
+        # At least one DELETE even when the read found none, so that a concurrent create loses.
+        at_least = 1
+        for _ in range(DELETE_ROUNDS):
+            entries = [config for config in self.list(bucket) if config.id == id]
+            arns += [c.topic_arn for c in entries if c.topic_arn not in arns]
+            if not entries and not at_least:
+                return arns
+            for _ in range(max(len(entries), at_least)):
+                try:
+                    self._delete_one(bucket, id)
+                except GatewayServerError as exc:
+                    # The entry may be gone and the copy not: the next read says which.
+                    failure = exc
+            at_least = 0
+        if not any(config.id == id for config in self.list(bucket)):
+            return arns
+        if failure is not None:
+            raise failure
+        raise GatewayServerError(
+            f"DeleteBucketNotification {bucket}/{id}: the gateway answered success but still"
+            f" has the Id after {DELETE_ROUNDS} tries"
+        )
+
+    def remove_copy(self, id: str, topic_arn: str) -> None:
+        """Delete the topic copy Ceph made of ``topic_arn`` for notification ``id``, and check
+        that it is gone.
+
+        Ceph's own DELETE of the notification removes it too; this is for the copy a failed
+        DELETE (or the rollback of a failed PUT) left. Should another bucket of the user hold
+        a notification with the same Id on the same topic, they share the copy: Ceph removes
+        it in that case as well, and delivers from the bucket's own record of the topic.
+        """
+        arn = copy_topic_arn(topic_arn, id)
+        if self._topics.get(arn) is None:
+            return  # a read, so that a clean gateway costs no write to the user's topics
+        self._topics.delete(arn)
+        if self._topics.get(arn) is not None:
+            raise GatewayServerError(
+                f"DeleteTopic {arn}: the gateway answered success but kept the topic"
+            )
 
     def _delete_one(self, bucket: str, id: str) -> None:
         self._send("DELETE", bucket, id, b"", f"DeleteBucketNotification {bucket}/{id}")

@@ -35,11 +35,13 @@ lock sees the numbers a listing would give. The record is trusted only while it 
 the queue's incarnation and the machine's boot id. A writer that died in between (dirty),
 a reboot (lock files are not fsynced, so the record may be older than the names), a queue
 deleted and created again (another incarnation), a lock file of an older release (no
-record): the next reader counts the shard from its names once, under the exclusive lock,
-and writes the record back. ``list`` reads only the files it returns; ``remove`` and
-``update`` list the shard's names. Commits of one shard take turns only for the rename;
-the write and fsync of the file happen outside the lock. Blocking I/O runs in the store's
-own threads (``_threads``), not in the event loop's shared default executor.
+record), a commit by an older release still running (it rewrites only the batch time,
+which the record repeats at its end): the next reader counts the shard from its names
+once, under the exclusive lock, and writes the record back. ``list`` reads only the
+files it returns; ``remove`` and ``update`` list the shard's names. Commits of one shard
+take turns only for the rename; the write and fsync of the file happen outside the lock.
+Blocking I/O runs in the store's own threads (``_threads``), not in the event loop's
+shared default executor.
 """
 
 from __future__ import annotations
@@ -449,7 +451,7 @@ _UNKNOWN_INCARNATION = "0" * 32
 _BOOT_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _RECORD = re.compile(
     rb"(?P<stamp>\d{20}) (?P<entries>\d{12}) (?P<bytes>\d{20}) (?P<state>[cd]) "
-    rb"(?P<incarnation>[0-9a-f]{32}) (?P<boot>[0-9a-f-]{36})\n"
+    rb"(?P<incarnation>[0-9a-f]{32}) (?P<boot>[0-9a-f-]{36}) (?P<again>\d{20})\n"
 )
 
 
@@ -502,7 +504,9 @@ def _read_record(lock: int) -> _Record:
     # The stamp alone is what releases before the counts wrote.
     stamp = int(data[:20]) if data[:20].isdigit() else 0
     match = _RECORD.fullmatch(data)
-    if match is None or match["state"] != b"c":
+    # The stamp twice: an older release still running on the directory rewrites only the
+    # first 20 bytes when it commits (and counts nothing), which must not pass as clean.
+    if match is None or match["state"] != b"c" or match["again"] != match["stamp"]:
         return _Record(stamp)
     counts = _Counts(int(match["entries"]), int(match["bytes"]))
     return _Record(stamp, counts, match["incarnation"].decode(), match["boot"].decode())
@@ -517,7 +521,7 @@ def _write_record(lock: int, stamp: int, counts: _Counts | None, incarnation: st
     entries, size = (counts.entries, counts.bytes) if counts is not None else (0, 0)
     record = (
         f"{stamp:020d} {entries:012d} {size:020d} {'c' if clean else 'd'} "
-        f"{incarnation or _UNKNOWN_INCARNATION} {BOOT_ID or '0' * 36}\n"
+        f"{incarnation or _UNKNOWN_INCARNATION} {BOOT_ID or '0' * 36} {stamp:020d}\n"
     )
     os.pwrite(lock, record.encode(), 0)
 
