@@ -19,65 +19,40 @@ import asyncio
 import contextlib
 import datetime as dt
 import json
-import os
 import shutil
 import subprocess
 import sys
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from bench.programs import free_port
 from bench.services import REPO, RUN_DIR, Service, ServiceError, start
 from bench.workload import s3_client
 from tests.kubectl import Kubectl
 
-from demo import arrivals, report, samples, uploads
-from demo.console import DemoError, Ticker, indent, info, step
-from demo.processes import BIN, STATE, STATE_DIR, State, alive, log_tail, stop, wait_listening
+from demo import arrivals, report, samples, show, uploads
+from demo.console import DemoError, info, step
+from demo.processes import STATE, STATE_DIR, State, alive, log_tail, stop
+from demo.stack import NAMESPACE, QUEUE_BUCKET, Stack, start_stack
 
-NAMESPACE = "bucketnotify-demo"
-QUEUE_BUCKET = "bucketnotify-demo-queues"
-REPLICAS = ("replica-1", "replica-2")
-PARTITIONS = 32
 ARRIVAL_TIMEOUT_S = 120
 # After the last expected event, how long an event a filter should have left out is given
 # to show up; the non-matching objects are written first, so they would be early.
 GRACE_S = 3
-# The metric families worth a first look; docs/metrics.md explains them all.
-SHOWN_METRICS = (
-    "pubsub_event_triggered_total",
-    "pubsub_push_ok_total",
-    "pubsub_push_failed_total",
-    "pubsub_event_lost_total",
-    "bucketnotify_delivery_latency_seconds_count",
-    "bucketnotify_lease_partitions_owned",
-    "bucketnotify_records_written_total",
-)
-OPERATOR_METRICS = ("bucketnotify_reconcile_total",)
 
 
 def up() -> None:
-    started = time.monotonic()
     if State.load() is not None:
         step("A demo is already running: stopping it first")
         down(stop_services=False)
     state = State()
-    state.data["namespace"] = NAMESPACE
     state.save()
 
     step("Local services (the first run installs and builds them: minutes; later runs: seconds)")
     services = {name: _service(name) for name in ("kube", "ceph", "rabbitmq", "kafka")}
     kube, rgw = services["kube"], services["ceph"]
     kubectl = Kubectl(kube["KUBECTL"], kube["KUBECONFIG_ADMIN"])
-    gateway_env = {
-        "BUCKETNOTIFY_GATEWAY_ENDPOINT": rgw["RGW_ENDPOINT"],
-        "BUCKETNOTIFY_GATEWAY_ACCESS_KEY": rgw["RGW_ACCESS_KEY"],
-        "BUCKETNOTIFY_GATEWAY_SECRET_KEY": rgw["RGW_SECRET_KEY"],
-        "BUCKETNOTIFY_GATEWAY_REGION": rgw.env.get("RGW_REGION") or "default",
-    }
 
     step("CRDs, the namespace and the buckets")
     kubectl.apply_path(REPO / "crds")
@@ -89,89 +64,66 @@ def up() -> None:
     for bucket in (samples.BUCKET, QUEUE_BUCKET):
         with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou):
             s3.create_bucket(Bucket=bucket)
-    removed = report.clear_records(s3, QUEUE_BUCKET)
     info(f"bucket {samples.BUCKET} (the samples' notifications), bucket {QUEUE_BUCKET} (queues)")
+    removed = report.clear_records(s3, QUEUE_BUCKET)
     if removed:
         info(f"removed {removed} delivery record files of an earlier run")
 
-    step("An HTTP endpoint for the events")
-    received = STATE_DIR / "received.jsonl"
-    received.write_text("")
-    port = free_port()
-    receiver = state.spawn(
-        "receiver",
-        [str(BIN / "python"), "-m", "demo.receiver", str(port), str(received)],
-        {},
-        port=port,
-    )
-    wait_listening(receiver)
-    receiver_url = f"http://127.0.0.1:{receiver['port']}/events"
-    info(f"{receiver_url} appends every event to {received}")
-
-    step("Two delivery replicas sharing a queue store on the gateway")
-    delivery_env = {
-        "KUBECONFIG": kube["KUBECONFIG_ADMIN"],
-        "BUCKETNOTIFY_DELIVERY_STORE": f"s3://{QUEUE_BUCKET}",
-        "BUCKETNOTIFY_DELIVERY_LEASE_NAMESPACE": NAMESPACE,
-        "BUCKETNOTIFY_DELIVERY_NAMESPACES": json.dumps([NAMESPACE]),
-        "BUCKETNOTIFY_DELIVERY_PARTITIONS": str(PARTITIONS),
-        # Records every second instead of every 5 s: the report step waits for them.
-        "BUCKETNOTIFY_DELIVERY_RECORDS_FLUSH_SECONDS": "1",
-        "BUCKETNOTIFY_DELIVERY_STATS_INTERVAL_SECONDS": "2",
-        "BUCKETNOTIFY_LOG_FORMAT": "plain",
-        **gateway_env,
-    }
-    replicas = []
-    for identity in REPLICAS:
-        replicas.append(
-            state.spawn(
-                identity,
-                [str(BIN / "bucketnotify"), "delivery"],
-                {
-                    **delivery_env,
-                    "BUCKETNOTIFY_DELIVERY_IDENTITY": identity,
-                    "BUCKETNOTIFY_DELIVERY_LISTEN_PORT": str(port := free_port()),
-                },
-                port=port,
-            )
-        )
-    for proc in replicas:
-        wait_listening(proc)
-        info(f"{proc['name']}: ingest and /metrics on http://127.0.0.1:{proc['port']}")
-    info(f"queues in s3://{QUEUE_BUCKET}, delivery records in s3://{QUEUE_BUCKET}/records")
-
-    step("The operator")
-    info(
-        "BUCKETNOTIFY_ALLOW_CLEARTEXT_SECRETS=true: the local RabbitMQ and Kafka have no TLS."
-        " For this local demo only; never on a cluster"
-    )
-    operator = state.spawn(
-        "operator",
-        [str(BIN / "bucketnotify"), "operator"],
-        {
-            "KUBECONFIG": kube["KUBECONFIG_ADMIN"],
-            **gateway_env,
-            "BUCKETNOTIFY_NAMESPACES": json.dumps([NAMESPACE]),
-            "BUCKETNOTIFY_LEADER_ELECTION_NAMESPACE": NAMESPACE,
-            # No Service spreads the ingest here: the gateway pushes to replica-1, which
-            # commits to the shared store; replica-2 delivers the shards it owns.
-            "BUCKETNOTIFY_INGEST_URL": f"http://127.0.0.1:{replicas[0]['port']}",
-            "BUCKETNOTIFY_METRICS_PORT": str(metrics_port := free_port()),
-            "BUCKETNOTIFY_ALLOW_CLEARTEXT_SECRETS": "true",
-            "BUCKETNOTIFY_LOG_FORMAT": "plain",
-        },
-        port=metrics_port,
-    )
-    wait_listening(operator)
-    info(f"operator: /metrics on http://127.0.0.1:{metrics_port}")
-    _wait_balanced(replicas)
-
-    brokers = samples.Brokers(receiver_url, services["rabbitmq"], services["kafka"])
+    stack = start_stack(state, kube, rgw)
+    brokers = samples.Brokers(stack.receiver_url, services["rabbitmq"], services["kafka"])
     objs = samples.for_this_machine(samples.render(kube["KUBECTL"]), brokers, NAMESPACE)
+    first_day = dt.datetime.now(dt.UTC).date()
+    expected = _samples_and_events(kubectl, s3, objs, stack, services)
+
+    step("Queue stats of the persistent Topics (bucketnotify topic stats)")
+    show.topic_stats(
+        [
+            o["metadata"]["name"]
+            for o in objs
+            if o["kind"] == "Topic" and o["spec"].get("persistent")
+        ],
+        stack,
+    )
+
+    step("Metrics (excerpt; all of them: docs/metrics.md)")
+    show.metrics(stack)
+
+    step("The Spark report of the delivery records (docs/report.md)")
+    events = sum(sum(want.values()) for want in expected.values())
+    written = report.wait_records_written(
+        [p["port"] for p in stack.replicas],
+        at_least=2 * events,  # ingested + delivered each
+    )
+    records_dir, report_dir = STATE_DIR / "records", STATE_DIR / "report"
+    shutil.rmtree(records_dir, ignore_errors=True)
+    copied = report.copy_records(s3, QUEUE_BUCKET, records_dir)
+    info(
+        f"{written} records written by the replicas; {copied} files copied from"
+        f" s3://{QUEUE_BUCKET}/records to {records_dir}"
+    )
+    today = dt.datetime.now(dt.UTC).date()
+    show.report_summary(report.run_report(records_dir, report_dir, first_day, today))
+
+    step("Running. Explore, then stop everything with `make demo-down`")
+    info(f"export KUBECONFIG={kube['KUBECONFIG_ADMIN']}")
+    info(f"kubectl get topics,bucketnotifications -n {NAMESPACE}")
+    info(f".venv/bin/bucketnotify topic list -n {NAMESPACE}")
+    info(f"tail -f {stack.received}")
+    info(f"logs: {STATE_DIR}/*.log; `python -m demo status`")
+
+
+def _service(name: str) -> Service:
+    info(f"{name}: starting or reusing deploy/local/{name}.sh")
+    return start(name)
+
+
+def _samples_and_events(
+    kubectl: Kubectl, s3: Any, objs: list[samples.Obj], stack: Stack, services: dict[str, Service]
+) -> uploads.Expected:
+    """Applies the samples, uploads the objects and shows the events arriving; what the
+    filters had to let through, which arrived exactly so."""
     exchange, routing_key = samples.exchange_of(objs)
     kafka_topic = samples.kafka_topic_of(objs)
-    amqp_admin_url = services["rabbitmq"]["AMQP_URL"]
-
     step("deploy/samples (kubectl kustomize), pointed at this machine")
     info(f"AMQP: exchange {exchange} (declared by the demo), queue bound to key {routing_key}")
     info(f"Kafka: topic {kafka_topic}, read by the demo from its current end")
@@ -196,19 +148,12 @@ def up() -> None:
             uploads.perform(s3, samples.BUCKET, op)
 
     expected = uploads.expected_events()
-    first_day = dt.datetime.now(dt.UTC).date()
-    got = asyncio.run(
-        _deliver(
-            [
-                arrivals.HttpWatcher(received),
-                arrivals.AmqpWatcher(amqp_admin_url, exchange, routing_key),
-                arrivals.KafkaWatcher(services["kafka"]["KAFKA_BOOTSTRAP"], kafka_topic),
-            ],
-            expected,
-            apply_samples,
-            upload,
-        )
-    )
+    watchers: list[arrivals.Watcher] = [
+        arrivals.HttpWatcher(stack.received),
+        arrivals.AmqpWatcher(services["rabbitmq"]["AMQP_URL"], exchange, routing_key),
+        arrivals.KafkaWatcher(services["kafka"]["KAFKA_BOOTSTRAP"], kafka_topic),
+    ]
+    got = asyncio.run(_deliver(watchers, expected, apply_samples, upload))
     problems = arrivals.check(got, expected)
     if problems:
         raise DemoError(
@@ -230,56 +175,7 @@ def up() -> None:
         " ingest (Ceph 16.2: seconds late) and retries while it is down; handoff sync makes"
         " the S3 request wait for the ingest instead"
     )
-
-    step("Queue stats of the persistent Topics (bucketnotify topic stats)")
-    for obj in objs:
-        if obj["kind"] == "Topic" and obj["spec"].get("persistent"):
-            name = obj["metadata"]["name"]
-            info(f"$ bucketnotify topic stats {name} -n {NAMESPACE}")
-            stats = subprocess.run(
-                [str(BIN / "bucketnotify"), "topic", "stats", name, "-n", NAMESPACE],
-                env={**os.environ, **delivery_env},
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            print(indent(stats.stdout or stats.stderr), flush=True)
-
-    step("Metrics (excerpt; all of them: docs/metrics.md)")
-    for proc in replicas:
-        info(f"{proc['name']}: http://127.0.0.1:{proc['port']}/metrics")
-        print(indent(_metrics_excerpt(proc["port"], SHOWN_METRICS)), flush=True)
-    info(f"operator: http://127.0.0.1:{metrics_port}/metrics")
-    print(indent(_metrics_excerpt(metrics_port, OPERATOR_METRICS)), flush=True)
-
-    step("The Spark report of the delivery records (docs/report.md)")
-    events = sum(sum(want.values()) for want in expected.values())
-    written = report.wait_records_written(
-        [p["port"] for p in replicas],
-        at_least=2 * events,  # ingested + delivered each
-    )
-    records_dir, report_dir = STATE_DIR / "records", STATE_DIR / "report"
-    shutil.rmtree(records_dir, ignore_errors=True)
-    copied = report.copy_records(s3, QUEUE_BUCKET, records_dir)
-    info(
-        f"{written} records written by the replicas; {copied} files copied from"
-        f" s3://{QUEUE_BUCKET}/records to {records_dir}"
-    )
-    today = dt.datetime.now(dt.UTC).date()
-    summary = report.run_report(records_dir, report_dir, first_day, today)
-    _show_summary(summary)
-
-    step(f"Running ({time.monotonic() - started:.0f} s). Explore, then stop with `make demo-down`")
-    info(f"export KUBECONFIG={kube['KUBECONFIG_ADMIN']}")
-    info(f"kubectl get topics,bucketnotifications -n {NAMESPACE}")
-    info(f".venv/bin/bucketnotify topic list -n {NAMESPACE}")
-    info(f"tail -f {received}")
-    info(f"logs: {STATE_DIR}/*.log; `python -m demo status`")
-
-
-def _service(name: str) -> Service:
-    info(f"{name}: starting or reusing deploy/local/{name}.sh")
-    return start(name)
+    return expected
 
 
 async def _deliver(
@@ -307,31 +203,6 @@ async def _deliver(
     return got
 
 
-def _wait_balanced(replicas: list[dict[str, Any]], timeout: float = 90) -> None:
-    """Until the replicas share the ownership Leases: events are uploaded once both work."""
-    ticker = Ticker("the replicas are sharing the Leases")
-    deadline = time.monotonic() + timeout
-    owned: dict[str, float] = {}
-    while time.monotonic() < deadline:
-        owned = {
-            p["name"]: sum(
-                float(line.rsplit(" ", 1)[1])
-                for line in _metric_lines(p["port"], ("bucketnotify_lease_partitions_owned",))
-            )
-            for p in replicas
-        }
-        if all(owned.values()) and sum(owned.values()) == PARTITIONS:
-            shares = ", ".join(f"{name} {n:.0f}" for name, n in owned.items())
-            info(f"ownership Leases: {shares} of {PARTITIONS} partitions")
-            return
-        ticker.tick(str(owned))
-        time.sleep(0.5)
-    raise DemoError(
-        f"the replicas do not share the {PARTITIONS} Leases after {timeout:.0f} s ({owned});"
-        f" see their logs in {STATE_DIR}"
-    )
-
-
 def _wait_ready(kubectl: Kubectl, kind: str, name: str, timeout: float = 90) -> None:
     deadline = time.monotonic() + timeout
     reason = "no status yet"
@@ -346,49 +217,6 @@ def _wait_ready(kubectl: Kubectl, kind: str, name: str, timeout: float = 90) -> 
         reason = f"{ready.get('reason')}: {ready.get('message')}" if ready else reason
         time.sleep(0.5)
     raise DemoError(f"{kind} {NAMESPACE}/{name} is not Ready after {timeout:.0f} s ({reason})")
-
-
-def _metric_lines(port: int, families: tuple[str, ...]) -> list[str]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text: str = response.read().decode()
-    return [line for line in text.splitlines() if line.startswith(families)]
-
-
-def _metrics_excerpt(port: int, families: tuple[str, ...]) -> str:
-    lines = [
-        line
-        for line in _metric_lines(port, families)
-        if "namespace=" not in line or f'namespace="{NAMESPACE}"' in line
-    ]
-    return "\n".join(lines) or "(none yet)"
-
-
-def _show_summary(summary: dict[str, Any]) -> None:
-    outputs = summary["outputs"]
-    totals = summary["totals"]
-    info(f"report (HTML): {outputs['report']}")
-    info(f"summary:       {outputs['summary']}")
-    info(f"hourly:        {outputs['parquet']}")
-    info(
-        f"totals: {totals['triggered']} triggered, {totals['delivered']} delivered,"
-        f" {totals['failed_attempts']} failed attempts, {totals['lost']} lost,"
-        f" {totals['duplicates_delivered']} duplicates delivered"
-    )
-    for topic in summary["topics"]:
-        info(
-            f"  {topic['topic']:<12} delivered {topic['delivered']:>3}"
-            f"  latency p50 {_seconds(topic['latency_p50'])}"
-            f"  p99 {_seconds(topic['latency_p99'])}"
-            f"  queue lag p50 {_seconds(topic['queue_lag_p50'])}"
-        )
-    info("latency: from the S3 request to the endpoint; queue lag: from our ingest's commit")
-    bad = summary["input"]
-    if bad["bad_files"] or sum(bad["bad_lines"].values()):
-        info(f"bad input: {len(bad['bad_files'])} files; see the summary")
-
-
-def _seconds(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f} s"
 
 
 def down(stop_services: bool = True) -> None:

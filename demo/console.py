@@ -11,8 +11,11 @@ class DemoError(RuntimeError):
     """The demo cannot go on; the message says what failed and where its log is."""
 
 
+_STARTED = time.monotonic()
+
+
 def step(text: str) -> None:
-    print(f"\n==> {text}", flush=True)
+    print(f"\n==> [{time.monotonic() - _STARTED:4.0f} s] {text}", flush=True)
 
 
 def info(text: str) -> None:

@@ -187,6 +187,7 @@ async def run_delivery(settings: DeliveryServiceSettings, operator: OperatorSett
         ),
         metrics=metrics,
         recorder=Recorder(writer, identity) if writer is not None else None,
+        allow_cleartext_secrets=settings.allow_cleartext_secrets,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -106,6 +106,10 @@ class DeliveryServiceSettings(BaseSettings):
     reservation_timeout_seconds: float = Field(default=30.0, gt=0)
     """A reservation not committed within this long (its writer died) stops counting
     against the queue's bounds and is reclaimed at the next sweep."""
+    allow_cleartext_secrets: bool = False
+    """Connect with broker credentials over plain AMQP or Kafka without TLS. Keep it equal
+    to the operator's ``ALLOW_CLEARTEXT_SECRETS``: the operator refuses such Topics, this
+    refuses to connect for a Topic edited after the operator accepted it."""
     stats_interval_seconds: float = Field(default=10.0, gt=0)
     """How often the persistent_topic_len and _size gauges are read from the store (one
     LIST per shard on the S3 store, by the owner of each queue's shard 0). The metrics are

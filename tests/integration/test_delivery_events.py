@@ -23,6 +23,8 @@ from kubernetes_asyncio import client, config
 
 from bucketnotify.controller.topic_builder import ingest_token_secret
 from bucketnotify.delivery.events import COMPONENT, EventRecorder
+from bucketnotify.delivery.queue import QueueName
+from bucketnotify.delivery.stores.localdir import LocalDirStore
 from tests.delivery import free_port
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
@@ -92,26 +94,101 @@ def port() -> int:
     return free_port()
 
 
+def replica_env(kube: LocalService, namespace: str, port: int, tmp_path: Path) -> dict[str, str]:
+    return {
+        "KUBECONFIG": kube["KUBECONFIG_ADMIN"],
+        "BUCKETNOTIFY_DELIVERY_STORE": f"dir://{tmp_path / 'queues'}",
+        "BUCKETNOTIFY_DELIVERY_LISTEN_PORT": str(port),
+        "BUCKETNOTIFY_DELIVERY_LEASE_NAMESPACE": namespace,
+        "BUCKETNOTIFY_DELIVERY_NAMESPACES": json.dumps([namespace]),
+        "BUCKETNOTIFY_DELIVERY_IDENTITY": "replica-ev",
+        "BUCKETNOTIFY_DELIVERY_REFRESH_INTERVAL_SECONDS": "1",
+        "BUCKETNOTIFY_LOG_FORMAT": "json",
+        "BUCKETNOTIFY_LOG_LEVEL": "DEBUG",
+    }
+
+
 @pytest.fixture()
 def replica(kube: LocalService, namespace: str, port: int, tmp_path: Path) -> Iterator[Program]:
-    """One delivery replica writing JSON logs at DEBUG, the most talkative level."""
+    """One delivery replica writing JSON logs at DEBUG, the most talkative level; the local
+    RabbitMQ has no TLS, so it may send credentials in the clear."""
     program = Program(
         ["delivery"],
         {
-            "KUBECONFIG": kube["KUBECONFIG_ADMIN"],
-            "BUCKETNOTIFY_DELIVERY_STORE": f"dir://{tmp_path / 'queues'}",
-            "BUCKETNOTIFY_DELIVERY_LISTEN_PORT": str(port),
-            "BUCKETNOTIFY_DELIVERY_LEASE_NAMESPACE": namespace,
-            "BUCKETNOTIFY_DELIVERY_NAMESPACES": json.dumps([namespace]),
-            "BUCKETNOTIFY_DELIVERY_IDENTITY": "replica-ev",
-            "BUCKETNOTIFY_DELIVERY_REFRESH_INTERVAL_SECONDS": "1",
-            "BUCKETNOTIFY_LOG_FORMAT": "json",
-            "BUCKETNOTIFY_LOG_LEVEL": "DEBUG",
+            **replica_env(kube, namespace, port, tmp_path),
+            "BUCKETNOTIFY_DELIVERY_ALLOW_CLEARTEXT_SECRETS": "true",
         },
     )
     yield program
     program.stop()
     print(f"--- delivery log ---\n{program.log()[-4000:]}")
+
+
+def test_broker_credentials_without_tls_are_refused_and_the_events_wait(
+    kube: LocalService,
+    kubectl: Kubectl,
+    namespace: str,
+    rabbitmq: LocalService,
+    port: int,
+    tmp_path: Path,
+) -> None:
+    """A Topic the operator would refuse (credentials over plain AMQP) may still reach the
+    replica, e.g. edited after it was accepted: the replica does not connect with the
+    password, says why on the Topic, and keeps the events queued."""
+    password = rabbitmq["AMQP_PASSWORD"]
+    program = Program(["delivery"], replica_env(kube, namespace, port, tmp_path))
+    try:
+        kubectl.run(
+            "create",
+            "secret",
+            "generic",
+            "mq-creds",
+            "-n",
+            namespace,
+            f"--from-literal=username={rabbitmq['AMQP_USER']}",
+            f"--from-literal=password={password}",
+        )
+        apply(
+            kubectl,
+            namespace,
+            "Topic",
+            "plain",
+            {
+                "endpoint": {
+                    "amqp": {
+                        "url": f"amqp://{rabbitmq['AMQP_HOST']}:{rabbitmq['AMQP_PORT']}",
+                        "exchange": "amq.topic",
+                        "credentialsRef": {"secretName": "mq-creds"},
+                    }
+                },
+                "persistent": True,
+                "delivery": {"shards": 1},
+            },
+        )
+        token = token_secret(kubectl, namespace, "plain")
+        wait_until(
+            lambda: post(port, namespace, "plain", token, ["a", "b"]),
+            lambda status: status == 200,
+            30,
+            "the ingest to accept events for Topic plain",
+        )
+        refused = wait_until(
+            lambda: topic_events(kubectl, namespace, "plain"),
+            lambda ev: "CleartextCredentials" in reasons(ev),
+            30,
+            "CleartextCredentials on Topic plain",
+        )
+        event = {e["reason"]: e for e in refused}["CleartextCredentials"]
+        assert event["type"] == "Warning"
+        assert "without TLS" in event["message"] and "amqps://" in event["message"]
+        assert "EndpointReady" not in reasons(refused)
+        store = LocalDirStore(tmp_path / "queues")
+        stats = asyncio.run(store.stats(QueueName(namespace, "plain"), time.time()))
+        assert stats.entries == 2, "the accepted events wait in the queue"
+    finally:
+        program.stop()
+    assert password not in program.log()
+    assert "CleartextCredentials" in program.log() or "without TLS" in program.log()
 
 
 def test_failure_recovery_loss_full_queue_and_missing_secret_are_topic_events_without_secrets(

@@ -18,6 +18,9 @@ from tests.spark.dataset import DAY, Written, write_late, write_main
 
 FLOAT = pytest.approx  # percentiles interpolate: equal up to the last bit or two
 
+# A few Spark runs per test; on a shared two-core machine one run can take minutes.
+pytestmark = pytest.mark.timeout(1800)
+
 
 def hourly(spark: SparkSession, parquet: str, day: str) -> dict[tuple[str, ...], dict[str, Any]]:
     rows = (

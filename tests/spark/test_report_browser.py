@@ -14,6 +14,9 @@ from tests.localservices import LOCAL
 from tests.recordfiles import LocalFiles
 from tests.spark.dataset import DAY, write_late, write_main
 
+# A few Spark runs per test; on a shared two-core machine one run can take minutes.
+pytestmark = pytest.mark.timeout(1800)
+
 
 @pytest.fixture(scope="module")
 def chromium() -> str:

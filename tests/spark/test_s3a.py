@@ -27,7 +27,8 @@ from tests.recordfiles import S3Files
 from tests.spark.dataset import DAY, write_late, write_main
 from tests.spark.test_job import assert_day
 
-pytestmark = pytest.mark.integration
+# A few Spark runs per test; on a shared two-core machine one run can take minutes.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
 
 @pytest.fixture()

@@ -9,7 +9,12 @@ from typing import Any
 import pytest
 
 from bucketnotify.api.topic import TopicSpec
-from bucketnotify.controller.topic_builder import Credentials, TopicBuildError, gateway_attributes
+from bucketnotify.controller.topic_builder import (
+    Credentials,
+    TopicBuildError,
+    broker_cleartext_refusal,
+    gateway_attributes,
+)
 
 SECRET = Credentials("alice", "p4ss-word")
 INGEST = "http://delivery:8085/v1/topics/ns/t/token"
@@ -70,3 +75,23 @@ def test_a_persistent_topic_keeps_credentials_from_a_plain_http_gateway() -> Non
     attributes = build({"endpoint": amqp("amqps://b"), "persistent": True}, gateway="http://gw")
     assert attributes["push-endpoint"] == INGEST
     assert all(SECRET.password not in value for value in attributes.values())
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "refused"),
+    [
+        (amqp("amqp://mq:5672"), True),
+        (amqp("amqps://mq:5671"), False),
+        (kafka(ssl=False), True),
+        (kafka(ssl=True), False),
+        ({"http": {"url": "http://hook"}}, False),
+    ],
+)
+def test_the_delivery_service_asks_the_same_question_of_a_spec(
+    endpoint: dict[str, Any], refused: bool
+) -> None:
+    spec = TopicSpec.model_validate({"endpoint": endpoint, "persistent": True})
+    refusal = broker_cleartext_refusal(spec)
+    assert (refusal is not None) == refused
+    if refusal is not None:
+        assert "without TLS" in refusal

@@ -10,7 +10,6 @@ notification makes among the tenant's topics.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 from collections import defaultdict
 from dataclasses import dataclass
@@ -34,7 +33,12 @@ from bucketnotify.controller.topics import (
 )
 from bucketnotify.delivery.endpoints.http import EndpointError, post_json
 from bucketnotify.gateway.connection import GatewayConnection
-from bucketnotify.gateway.errors import GatewayAccessDenied, GatewayError, GatewayNotFound
+from bucketnotify.gateway.errors import (
+    GatewayAccessDenied,
+    GatewayError,
+    GatewayInvalidArgument,
+    GatewayNotFound,
+)
 from bucketnotify.gateway.pool import GatewayPool
 from bucketnotify.kube import Kube, SecretMissing
 from bucketnotify.settings import OperatorSettings
@@ -211,24 +215,6 @@ async def send_test_event(
     return f"s3:TestEvent sent to the HTTP endpoint of Topic {parsed.topic_ref.name}"
 
 
-# Ready reasons of a reconcile that stopped before its PUT, or whose PUT the gateway refused
-# as a whole: nothing of the notification can be on the gateway then. After any other
-# failure (a 5xx, no answer, the operator stopped halfway) part of a PUT may have landed.
-NOTHING_WRITTEN = frozenset(
-    {
-        "AccessDenied",
-        "BucketNotFound",
-        "GatewayRefused",
-        "InvalidFilter",
-        "InvalidSpec",
-        "NoGateway",
-        "SecretNotFound",
-        "TopicNotFound",
-        "TopicNotReady",
-    }
-)
-
-
 async def delete_notification(
     *,
     kube: Kube,
@@ -243,19 +229,18 @@ async def delete_notification(
     """Remove this notification's Id (only it) from its bucket, and the copy of its topic
     Ceph made for it; return only once a read shows both gone. A bucket already gone is fine.
 
-    Also when the notification never became Ready, unless its last reconcile stopped before
-    writing anything: a PUT answered with a 5xx may have put the Id or the copy in place.
+    Also when the notification never became Ready: a PUT answered with a 5xx may have put
+    the Id or the copy in place (the benchmark found such leftovers), and a later failure of
+    another kind (its Topic deleted first) does not undo that. The look costs reads only when
+    nothing is there. Without an ``applied`` status, what cannot be resolved or is refused
+    (no gateway, a bucket of another user) had nothing written to it, and ends the deletion.
     """
     applied = status.get("applied")
-    if not applied:
-        ready = ready_condition(list(status.get("conditions") or []))
-        if ready is not None and ready.get("reason") in NOTHING_WRITTEN:
-            return
     try:
         parsed = parse_spec(spec)
     except NotReconcilable:
         if not applied:
-            return  # nothing can have been written for a spec that never parsed
+            return
         raise
     config_id = applied["id"] if applied else parsed.id or name
     # The copies to look for: the bucket's entries name their topics, but an entry that an
@@ -270,16 +255,22 @@ async def delete_notification(
             topic_arns.add(topic["status"]["arn"])
     try:
         connection = await gateway_connection(kube, namespace, ref, settings)
-    except (SecretMissing, NotReconcilable) as exc:
+    except SecretMissing as exc:
         if not applied:
-            return  # no gateway to have written to
-        if isinstance(exc, NotReconcilable):
-            raise
+            return
         raise NotReconcilable("SecretNotFound", str(exc)) from None
+    except NotReconcilable:
+        if not applied:
+            return
+        raise
     gateway = await gateways.get(connection)
     async with locks(connection, parsed.bucket):
-        # A bucket that is gone took its configuration (and Ceph its copies) with it.
-        with contextlib.suppress(GatewayNotFound):
+        try:
             await gateway.write(
                 gateway.notifications.delete, parsed.bucket, config_id, sorted(topic_arns)
             )
+        except GatewayNotFound:
+            pass  # a bucket that is gone took its configuration (and Ceph its copies) along
+        except (GatewayAccessDenied, GatewayInvalidArgument):
+            if applied:
+                raise

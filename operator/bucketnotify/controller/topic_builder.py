@@ -182,6 +182,26 @@ def _refuse_cleartext(
         )
 
 
+def broker_cleartext_refusal(spec: TopicSpec) -> str | None:
+    """Why broker credentials of ``spec`` would cross a transport without TLS, or None.
+
+    Shared by the operator (it refuses the Topic) and the delivery service (it refuses to
+    connect): a Topic edited to a plain URL after the operator accepted it must not make
+    the delivery service send the password in the clear before the operator reacts."""
+    endpoint = spec.endpoint
+    if endpoint.amqp is not None and not endpoint.amqp.url.startswith("amqps://"):
+        kind = "AMQP"
+    elif endpoint.kafka is not None and not endpoint.kafka.use_ssl:
+        kind = "Kafka"
+    else:
+        return None
+    return (
+        f"{kind} credentials would cross a transport without TLS: use "
+        + ("an amqps:// url" if kind == "AMQP" else "useSSL: true")
+        + " or ask the operator's admin to allow cleartext secrets"
+    )
+
+
 def _amqp(amqp: AmqpEndpoint, credentials: Credentials | None, allow: bool) -> dict[str, str]:
     secure = amqp.url.startswith("amqps://")
     _refuse_cleartext("AMQP", secure, credentials, allow)
@@ -269,13 +289,12 @@ def gateway_attributes(
                 "persistent topics are delivered by the delivery service, and the operator"
                 " has no ingest URL (set BUCKETNOTIFY_INGEST_URL)",
             )
-        # Our delivery service, not the gateway, talks to the broker: the same rule holds.
-        if spec.endpoint.amqp is not None:
-            secure = spec.endpoint.amqp.url.startswith("amqps://")
-            _refuse_cleartext("AMQP", secure, credentials, allow_cleartext_secrets)
-        elif spec.endpoint.kafka is not None:
-            secure = spec.endpoint.kafka.use_ssl
-            _refuse_cleartext("Kafka", secure, credentials, allow_cleartext_secrets)
+        # Our delivery service, not the gateway, talks to the broker: the same rule holds
+        # (and the delivery service checks it again, see broker_cleartext_refusal).
+        if credentials is not None and not allow_cleartext_secrets:
+            refusal = broker_cleartext_refusal(spec)
+            if refusal is not None:
+                raise TopicBuildError("CleartextCredentials", refusal)
         handoff = spec.delivery.handoff if spec.delivery else "persistent"
         return {
             **common,

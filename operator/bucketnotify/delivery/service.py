@@ -59,6 +59,7 @@ from bucketnotify.api.common import GROUP, VERSION
 from bucketnotify.api.topic import TopicSpec
 from bucketnotify.controller.topic_builder import (
     INGEST_TOKEN_KEY,
+    broker_cleartext_refusal,
     endpoint_topic_name,
     ingest_token_secret,
 )
@@ -183,8 +184,10 @@ class DeliveryService:
         metrics: DeliveryMetrics | None = None,
         recorder: Recorder | None = None,
         events: TopicEvents | None = None,
+        allow_cleartext_secrets: bool = False,
     ) -> None:
         self.metrics = metrics if metrics is not None else DeliveryMetrics()
+        self._allow_cleartext = allow_cleartext_secrets
         self._recorder = recorder
         """Delivery records of the ingest's commits and of every round (never raises)."""
         self._custom = client.CustomObjectsApi(api)
@@ -366,6 +369,10 @@ class DeliveryService:
         if old is not None and old.fingerprint == fingerprint:
             old.secrets_read_at = time.monotonic()
             return
+        if problem is None and credentials is not None and not self._allow_cleartext:
+            refusal = broker_cleartext_refusal(spec)
+            if refusal is not None:
+                problem, problem_reason = refusal, "CleartextCredentials"
         if problem is None:
             try:
                 endpoint = open_endpoint(
