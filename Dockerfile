@@ -14,6 +14,8 @@ RUN python -m venv /opt/bucketnotify
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator/ operator/
+# The report job (bucketnotify_report) is part of the same distribution.
+COPY spark/ spark/
 RUN /opt/bucketnotify/bin/pip install . \
     && /opt/bucketnotify/bin/pip uninstall --yes pip setuptools
 
