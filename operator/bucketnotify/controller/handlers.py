@@ -477,9 +477,10 @@ async def notification_deleted(
         body,
         memo.settings,
         started,
-        what=f"notification Id {(status.get('applied') or {}).get('id')} on bucket"
-        f" {spec.get('bucket')}",
-        escape="remove it with `DELETE /<bucket>?notification=<id>`",
+        what=f"notification Id {(status.get('applied') or {}).get('id') or spec.get('id') or name}"
+        f" on bucket {spec.get('bucket')}",
+        escape="remove it with `DELETE /<bucket>?notification=<id>` and Ceph's copy of its"
+        " topic with `radosgw-admin topic rm --topic=<id>_<topic>`",
         delete=delete_notification(
             kube=memo.kube,
             settings=memo.settings,
