@@ -64,6 +64,20 @@ def token_secret(kubectl: Kubectl, namespace: str, topic: str) -> str:
     return token
 
 
+def broker_secret(kubectl: Kubectl, namespace: str, rabbitmq: LocalService) -> None:
+    """Secret ``mq-creds`` with the local RabbitMQ's user and password."""
+    kubectl.run(
+        "create",
+        "secret",
+        "generic",
+        "mq-creds",
+        "-n",
+        namespace,
+        f"--from-literal=username={rabbitmq['AMQP_USER']}",
+        f"--from-literal=password={rabbitmq['AMQP_PASSWORD']}",
+    )
+
+
 def post(port: int, namespace: str, topic: str, token: str, keys: list[str]) -> int:
     """Push records to the ingest as the gateway does; the HTTP status."""
     body = json.dumps(
@@ -138,16 +152,7 @@ def test_broker_credentials_without_tls_are_refused_and_the_events_wait(
     password = rabbitmq["AMQP_PASSWORD"]
     program = Program(["delivery"], replica_env(kube, namespace, port, tmp_path))
     try:
-        kubectl.run(
-            "create",
-            "secret",
-            "generic",
-            "mq-creds",
-            "-n",
-            namespace,
-            f"--from-literal=username={rabbitmq['AMQP_USER']}",
-            f"--from-literal=password={password}",
-        )
+        broker_secret(kubectl, namespace, rabbitmq)
         apply(
             kubectl,
             namespace,
@@ -280,16 +285,7 @@ def test_failure_recovery_loss_full_queue_and_missing_secret_are_topic_events_wi
             60,
             "EndpointRecovered on Topic hook",
         )
-    kubectl.run(
-        "create",
-        "secret",
-        "generic",
-        "mq-creds",
-        "-n",
-        namespace,
-        f"--from-literal=username={rabbitmq['AMQP_USER']}",
-        f"--from-literal=password={password}",
-    )
+    broker_secret(kubectl, namespace, rabbitmq)
     assert post(port, namespace, "mq", tokens[2], ["m"]) == 200
     configured = wait_until(
         lambda: topic_events(kubectl, namespace, "mq"),
