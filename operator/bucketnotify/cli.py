@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -276,11 +277,34 @@ def main(argv: list[str] | None = None) -> int:
     operator = OperatorSettings()
     if operator.gateway_secret_key is not None:
         logs.remember_secrets([operator.gateway_secret_key.get_secret_value()])
-    if args.command == "operator":
-        asyncio.run(run_operator(operator))
-    elif args.command == "delivery":
-        asyncio.run(run_delivery(DeliveryServiceSettings(), operator))
+    try:
+        if args.command == "operator":
+            asyncio.run(run_operator(operator))
+        elif args.command == "delivery":
+            asyncio.run(run_delivery(DeliveryServiceSettings(), operator))
+    except ApiException as exc:
+        if exc.status not in (401, 403):
+            raise
+        # In a pod a traceback here only feeds a crash loop; what to fix is the RBAC or the
+        # credentials, and the apiserver's own message names the verb and the resource.
+        log.error(
+            "the API server refused a request (%s %s): %s; check the ServiceAccount's"
+            " credentials and RBAC (charts/bucketnotify/templates/rbac.yaml lists what"
+            " each part needs)",
+            exc.status,
+            exc.reason,
+            _refusal_message(exc),
+        )
+        return 1
     return 0
+
+
+def _refusal_message(exc: ApiException) -> str:
+    try:
+        message = json.loads(exc.body or "{}").get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return str(message or exc.reason)
 
 
 if __name__ == "__main__":

@@ -337,8 +337,8 @@ def test_without_lease_create_the_delivery_service_owns_no_shard(
     make_release: MakeRelease, kubectl: Kubectl, namespace: str
 ) -> None:
     """The rule `create leases` of the delivery Role is what lets a replica take queue
-    shards: without it the apiserver refuses the Lease and the replica owns nothing (today
-    it exits on that refusal, so it may never be seen listening)."""
+    shards: without it the apiserver refuses the Lease and the replica owns nothing; it
+    says so in one line (not a traceback) and exits 1."""
     release = make_release(lambda objs: _drop_verb(objs, "-delivery-leases", "leases", "create"))
     delivery = release.start("delivery", wait=False)
     refusals = wait_until(
@@ -348,6 +348,9 @@ def test_without_lease_create_the_delivery_service_owns_no_shard(
         "the delivery service's refused Lease create",
     )
     assert re.search(r'cannot create resource [\\"]*leases', refusals[0]), refusals
+    assert delivery.process.wait(timeout=60) == 1, delivery.log()[-3000:]
+    assert "Traceback" not in delivery.log(), delivery.log()[-3000:]
+    assert "check the ServiceAccount's credentials and RBAC" in delivery.log()
     leases = json.loads(kubectl.run("get", "leases", "-n", namespace, "-o", "json").stdout)
     holders = {(lease["spec"] or {}).get("holderIdentity") for lease in leases["items"]}
     assert f"{release.name}-delivery-0" not in holders
