@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as dt
 import itertools
 import json
 import os
@@ -39,6 +38,7 @@ from types import FrameType
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
+from tests.delivery import partition_holders
 
 from bench import services
 from bench.delivery import (
@@ -51,7 +51,7 @@ from bench.delivery import (
     warm_up,
 )
 from bench.delivery import Options as DeliveryOptions
-from bench.kube import Kubectl, install_crds
+from bench.kube import install_crds
 from bench.receiver import Receiver
 from bench.services import REPO, Service, ServiceError
 from bench.workload import Collector, object_body, percentiles
@@ -136,34 +136,6 @@ class PacedWorkload:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=70)
-
-
-def partition_holders(kubectl: Kubectl, namespace: str) -> dict[int, str]:
-    """Partition -> holder of every partition Lease held and not expired, as replicas judge."""
-    listed = json.loads(
-        kubectl.run(
-            "get",
-            "leases",
-            "-n",
-            namespace,
-            "-l",
-            "bucketnotify.io/lease-role=partition",
-            "-o",
-            "json",
-        ).stdout
-    )
-    now = dt.datetime.now(dt.UTC)
-    held: dict[int, str] = {}
-    for lease in listed["items"]:
-        spec = lease["spec"]
-        holder, renewed = spec.get("holderIdentity"), spec.get("renewTime")
-        if not holder or not renewed:
-            continue
-        renewed_at = dt.datetime.fromisoformat(renewed.replace("Z", "+00:00"))
-        if renewed_at + dt.timedelta(seconds=spec["leaseDurationSeconds"]) < now:
-            continue
-        held[int(lease["metadata"]["name"].rsplit("-", 1)[1])] = holder
-    return held
 
 
 def longest_gap(times: list[float], start: float, end: float) -> float | None:

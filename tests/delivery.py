@@ -86,6 +86,34 @@ def _pipe(src: socket.socket, dst: socket.socket) -> None:
                 s.shutdown(socket.SHUT_RDWR)
 
 
+def partition_holders(kubectl: Kubectl, namespace: str) -> dict[int, str]:
+    """Partition → holder of every partition Lease held and not expired, as replicas judge."""
+    listed = json.loads(
+        kubectl.run(
+            "get",
+            "leases",
+            "-n",
+            namespace,
+            "-l",
+            "bucketnotify.io/lease-role=partition",
+            "-o",
+            "json",
+        ).stdout
+    )
+    now = dt.datetime.now(dt.UTC)
+    held: dict[int, str] = {}
+    for lease in listed["items"]:
+        spec = lease["spec"]
+        holder, renewed = spec.get("holderIdentity"), spec.get("renewTime")
+        if not holder or not renewed:
+            continue
+        renewed_at = dt.datetime.fromisoformat(renewed.replace("Z", "+00:00"))
+        if renewed_at + dt.timedelta(seconds=spec["leaseDurationSeconds"]) < now:
+            continue
+        held[int(lease["metadata"]["name"].rsplit("-", 1)[1])] = holder
+    return held
+
+
 @dataclass
 class DeliveryCluster:
     """Replicas sharing one queue store, their Leases in ``namespace``."""
@@ -125,31 +153,7 @@ class DeliveryCluster:
 
     def holders(self) -> dict[int, str]:
         """Partition → holder of every partition Lease that is held and not expired."""
-        listed = json.loads(
-            self.kubectl.run(
-                "get",
-                "leases",
-                "-n",
-                self.namespace,
-                "-l",
-                "bucketnotify.io/lease-role=partition",
-                "-o",
-                "json",
-            ).stdout
-        )
-        now = dt.datetime.now(dt.UTC)
-        held: dict[int, str] = {}
-        for lease in listed["items"]:
-            spec = lease["spec"]
-            holder = spec.get("holderIdentity")
-            renewed = spec.get("renewTime")
-            if not holder or not renewed:
-                continue
-            renewed_at = dt.datetime.fromisoformat(renewed.replace("Z", "+00:00"))
-            if renewed_at + dt.timedelta(seconds=spec["leaseDurationSeconds"]) < now:
-                continue
-            held[int(lease["metadata"]["name"].rsplit("-", 1)[1])] = holder
-        return held
+        return partition_holders(self.kubectl, self.namespace)
 
     def stop(self) -> None:
         if self.balancer is not None:
