@@ -20,12 +20,16 @@ from its answer: a renewal that took long must not stretch the deadline past the
 A replica that cannot renew (API server unreachable, process paused) therefore stops
 removing entries before anyone else may take the partition.
 
-A round renews the held partitions concurrently, each write on its own time: one slow or
-failed call delays or drops only its own partition, and a round takes about as long as its
-slowest call instead of the sum of all. Every call has a timeout of ``renew_deadline``, past
-which its answer could not keep the partition anyway. Clocks: expiry is judged from the Lease's
-renewTime against the local clock, so replicas' clocks must agree to well within a second
-(NTP), as Kubernetes leader election already assumes.
+A round renews the held partitions concurrently, each write on its own time, and waits for
+them at most ``renew_interval``: a renewal still unanswered then stays in flight on its own
+(no second one is sent for that partition) while the rounds go on renewing the others on
+schedule. So one slow or stuck call fences only its own partition; if a round waited for
+it, the next round would come too late for every other partition as well. Every call has a
+timeout of ``renew_deadline``, past which its answer could not keep the partition anyway.
+
+Clocks: expiry is judged from the Lease's renewTime against the local clock, so replicas'
+clocks must agree to well within a second (NTP), as Kubernetes leader election already
+assumes.
 """
 
 from __future__ import annotations
@@ -120,6 +124,8 @@ class Ownership:
         self.settings = settings
         # partition -> monotonic time of the last successful renewal
         self._held: dict[int, float] = {}
+        # partition -> its renewal still waiting for an answer
+        self._renewing: dict[int, asyncio.Task[None]] = {}
         self._task: asyncio.Task[None] | None = None
         self.changed = asyncio.Event()
         """Set whenever the set of owned partitions changes."""
@@ -150,6 +156,7 @@ class Ownership:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        await self._cancel_renewals(list(self._renewing))
         if release:
             for partition in list(self._held):
                 await self._release(self._partition_name(partition))
@@ -158,8 +165,14 @@ class Ownership:
         self.changed.set()
 
     async def _loop(self) -> None:
+        # Rounds start every renew_interval counted from the previous start, so a slow round
+        # does not push the next renewals later still.
+        started = time.monotonic()
         while True:
-            await asyncio.sleep(self.settings.renew_interval_s)
+            await asyncio.sleep(
+                max(0.0, started + self.settings.renew_interval_s - time.monotonic())
+            )
+            started = time.monotonic()
             try:
                 await self.tick()
             except asyncio.CancelledError:
@@ -214,19 +227,25 @@ class Ownership:
         before = set(self._held)
 
         # Renew ours, all at once; drop any the API server says someone else holds now.
-        renewals = {}
+        lost = []
         for partition in list(self._held):
             lease = partitions.get(self._partition_name(partition))
             if lease is None or lease.spec.holder_identity != self.identity:
                 self._held.pop(partition, None)
-            else:
-                renewals[partition] = lease
-        await asyncio.gather(*(self._renew(p, lease) for p, lease in renewals.items()))
+                lost.append(partition)
+            elif partition not in self._renewing:
+                self._renewing[partition] = asyncio.create_task(
+                    self._renew(partition, lease), name=f"lease-renewal-{partition}"
+                )
+        await self._cancel_renewals(lost)
+        if self._renewing:
+            await asyncio.wait(self._renewing.values(), timeout=self.settings.renew_interval_s)
 
         # Give back what exceeds the fair share (a newcomer joined).
         while len(self._held) > share:
             partition = max(self._held)
             self._held.pop(partition)
+            await self._cancel_renewals([partition])
             if self.before_release is not None:
                 await self.before_release(partition)
             await self._release(self._partition_name(partition))
@@ -267,12 +286,23 @@ class Ownership:
         except Exception as exc:
             log.warning("renewing the Lease of partition %d failed: %s", partition, exc)
             return
+        finally:
+            if self._renewing.get(partition) is asyncio.current_task():
+                del self._renewing[partition]
         if renewed:
             # Only if still ours: a hand-back or stop may have dropped it meanwhile.
             if partition in self._held:
-                self._held[partition] = sent
+                self._held[partition] = max(self._held[partition], sent)
         else:
             self._held.pop(partition, None)
+
+    async def _cancel_renewals(self, partitions: list[int]) -> None:
+        """Forget the renewals in flight for partitions we no longer hold, so a late answer
+        cannot touch a partition taken again since."""
+        tasks = [task for p in partitions if (task := self._renewing.pop(p, None)) is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _renew_member(self, now: dt.datetime) -> None:
         name = self._member_name(self.identity)
