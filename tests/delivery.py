@@ -126,7 +126,14 @@ class DeliveryCluster:
     balancer: Balancer | None = None
 
     def start(self, name: str, **settings: str) -> Program:
-        port = free_port()
+        return self._launch(name, free_port(), settings)
+
+    def replace(self, dead: str, successor: str, **settings: str) -> Program:
+        """A new replica on the port of ``dead``, so the balancer sends it what went to the
+        dead one, as a new pod takes the place of a crashed one behind the Service."""
+        return self._launch(successor, self.ports[dead], settings)
+
+    def _launch(self, name: str, port: int, settings: dict[str, str]) -> Program:
         program = Program(
             ["delivery"],
             {

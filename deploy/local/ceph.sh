@@ -8,6 +8,11 @@
 #   deploy/local/ceph.sh start    bring it up (a second call while it runs returns at once)
 #   deploy/local/ceph.sh stop     kill every daemon it started and delete its state
 #   deploy/local/ceph.sh status   exit 0 when it is running
+#   deploy/local/ceph.sh gateway-stop|gateway-start
+#                                 kill radosgw alone, or start it again on the same cluster:
+#                                 the monitor and the OSD (and so every object, bucket, topic
+#                                 and persistent queue) stay. For fault tests on a cluster of
+#                                 their own; never run them against one that others use.
 #
 # Ports (loopback only) can be moved with CEPH_RGW_PORT (S3/SNS, default 18000),
 # CEPH_MON_PORT (msgr v1, default 16789) and CEPH_MON_V2_PORT (msgr v2, default 13300); the
@@ -240,9 +245,35 @@ start() {
   log "ready: RGW at http://127.0.0.1:$RGW_PORT, connection details in $DIR/env"
 }
 
+gateway_stop() {
+  lock
+  [[ -f $DIR/env ]] || die "not started: no gateway to stop"
+  if ours "$DIR/rgw.pid"; then
+    # KILL, as a crash would: whatever it had not committed is lost, which is the point.
+    kill -9 "$(cat "$DIR/rgw.pid")" 2>/dev/null || true
+    stop_pidfile "$DIR/rgw.pid"
+  fi
+  local deadline=$((SECONDS + 10))
+  while port_open "$RGW_PORT"; do
+    ((SECONDS < deadline)) || die "port $RGW_PORT still open after radosgw was killed"
+    sleep 0.1
+  done
+}
+
+gateway_start() {
+  lock
+  [[ -f $DIR/env ]] || die "not started: start the cluster first"
+  ours "$DIR/mon.pid" && ours "$DIR/osd.pid" || die "the monitor or the OSD is gone: stop and start afresh"
+  ours "$DIR/rgw.pid" && return 0
+  spawn rgw "$RGW_LOG" radosgw -c "$CONF" -n "$RGW_NAME"
+  await rgw 60 "$RGW_LOG" -- port_open "$RGW_PORT"
+}
+
 case ${1:-} in
   install) apt_ensure ceph-mon ceph-osd radosgw ceph-common ;;
   start) start ;;
+  gateway-stop) gateway_stop ;;
+  gateway-start) gateway_start ;;
   stop)
     lock
     stop_all
@@ -255,5 +286,5 @@ case ${1:-} in
       exit 1
     fi
     ;;
-  *) die "usage: $0 install|start|stop|status" ;;
+  *) die "usage: $0 install|start|stop|status|gateway-stop|gateway-start" ;;
 esac

@@ -5,6 +5,10 @@
 # namespace deletion or garbage collection (controller-manager jobs) never completes.
 #
 #   deploy/local/kube.sh install|start|stop|status
+#   deploy/local/kube.sh apiserver-stop|apiserver-start
+#       kill kube-apiserver alone, or start it again: etcd keeps every object, so clients see
+#       what a restart of a real control plane looks like. For fault tests on a control plane
+#       of their own; never run them against one that others use.
 SERVICE=kube
 source "$(dirname "$0")/lib.sh"
 
@@ -17,7 +21,7 @@ dir="$BN_RUN/kube"
 pki="$dir/pki"
 
 healthy() {
-  [[ -f $dir/admin.kubeconfig ]] && "$bin/kubectl" --kubeconfig "$dir/admin.kubeconfig" --request-timeout=2s get --raw /readyz >/dev/null 2>&1
+  [[ -f $dir/admin.kubeconfig ]] && [[ -f $dir/audit-policy.yaml ]] && "$bin/kubectl" --kubeconfig "$dir/admin.kubeconfig" --request-timeout=2s get --raw /readyz >/dev/null 2>&1
 }
 
 # kubeconfig_for NAME CN [ORG]: a client certificate signed by our CA and a kubeconfig using it.
@@ -65,6 +69,43 @@ make_pki() {
   kubeconfig_for nobody bucketnotify-nobody
 }
 
+# Requests of ServiceAccounts (the chart's operator and delivery service in the RBAC tests)
+# go to an audit log: the test that every RBAC rule is used reads it. Nothing else is logged,
+# so the log stays small however long the apiserver runs.
+write_audit_policy() {
+  cat >"$dir/audit-policy.yaml" <<'YAML'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    userGroups: ["system:serviceaccounts"]
+  - level: None
+YAML
+}
+
+launch_apiserver() {
+  setsid "$bin/kube-apiserver" \
+    --audit-policy-file "$dir/audit-policy.yaml" --audit-log-path "$dir/audit.log" \
+    --audit-log-maxsize 200 --audit-log-maxbackup 1 \
+    --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
+    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$KUBE_PORT" \
+    --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
+    --client-ca-file "$pki/ca.crt" \
+    --authorization-mode RBAC --anonymous-auth=false \
+    --service-account-issuer https://kubernetes.default.svc \
+    --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
+    --service-cluster-ip-range 10.0.0.0/24 \
+    --disable-admission-plugins ServiceAccount \
+    --allow-privileged=true --v=1 >>"$dir/apiserver.log" 2>&1 </dev/null &
+  echo $! >"$dir/apiserver.pid"
+  wait_for "kube-apiserver" 90 "$dir/apiserver.log" -- healthy
+  # RBAC bootstrap roles are created by the apiserver itself right after /readyz; wait for
+  # them so a test that relies on cluster-admin or view does not race the bootstrap.
+  wait_for "RBAC bootstrap" 30 "$dir/apiserver.log" -- \
+    "$bin/kubectl" --kubeconfig "$dir/admin.kubeconfig" get clusterrole view
+}
+
 start() {
   if healthy; then return 0; fi
   bash "$(dirname "$0")/kube-build.sh"
@@ -73,6 +114,7 @@ start() {
   rm -rf "$dir"
   mkdir -p "$dir/etcd"
   make_pki
+  write_audit_policy
 
   # etcd: loopback only, no fsync-heavy settings changed; its data is throwaway anyway.
   setsid "$bin/etcd" --name bucketnotify --data-dir "$dir/etcd" \
@@ -83,23 +125,7 @@ start() {
   echo $! >"$dir/etcd.pid"
   wait_for "etcd" 30 "$dir/etcd.log" -- curl -fsS "http://127.0.0.1:$ETCD_PORT/health"
 
-  setsid "$bin/kube-apiserver" \
-    --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
-    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$KUBE_PORT" \
-    --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
-    --client-ca-file "$pki/ca.crt" \
-    --authorization-mode RBAC --anonymous-auth=false \
-    --service-account-issuer https://kubernetes.default.svc \
-    --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
-    --service-cluster-ip-range 10.0.0.0/24 \
-    --disable-admission-plugins ServiceAccount \
-    --allow-privileged=true --v=1 >"$dir/apiserver.log" 2>&1 </dev/null &
-  echo $! >"$dir/apiserver.pid"
-  wait_for "kube-apiserver" 90 "$dir/apiserver.log" -- healthy
-  # RBAC bootstrap roles are created by the apiserver itself right after /readyz; wait for
-  # them so a test that relies on cluster-admin or view does not race the bootstrap.
-  wait_for "RBAC bootstrap" 30 "$dir/apiserver.log" -- \
-    "$bin/kubectl" --kubeconfig "$dir/admin.kubeconfig" get clusterrole view
+  launch_apiserver
 
   write_env "$dir/env" \
     "KUBECONFIG_ADMIN=$dir/admin.kubeconfig" \
@@ -109,7 +135,8 @@ start() {
     "KUBE_CA_KEY=$pki/ca.key" \
     "KUBECTL=$bin/kubectl" \
     "KUBE_VERSION=$KUBE_VERSION" \
-    "KUBE_APISERVER_LOG=$dir/apiserver.log"
+    "KUBE_APISERVER_LOG=$dir/apiserver.log" \
+    "KUBE_AUDIT_LOG=$dir/audit.log"
   log "kube-apiserver $KUBE_VERSION ready on https://127.0.0.1:$KUBE_PORT (KUBECONFIG=$dir/admin.kubeconfig)"
 }
 
@@ -118,10 +145,26 @@ stop_quiet() {
   stop_pidfile "$dir/etcd.pid"
 }
 
+apiserver_stop() {
+  [[ -f $dir/env ]] || die "not started: no apiserver to stop"
+  # KILL, as a crash would: no graceful shutdown that lets clients drain first.
+  pid_alive "$dir/apiserver.pid" && kill -9 "$(cat "$dir/apiserver.pid")" 2>/dev/null
+  stop_pidfile "$dir/apiserver.pid"
+}
+
+apiserver_start() {
+  [[ -f $dir/env ]] || die "not started: start the control plane first"
+  pid_alive "$dir/etcd.pid" || die "etcd is gone: stop and start afresh"
+  healthy && return 0
+  launch_apiserver
+}
+
 case "${1:-}" in
+  apiserver-stop) apiserver_stop ;;
+  apiserver-start) apiserver_start ;;
   install) bash "$(dirname "$0")/kube-build.sh"; apt_ensure openssl ;;
   start) start ;;
   stop) stop_quiet; rm -rf "$dir" ;;
   status) healthy ;;
-  *) die "usage: $0 install|start|stop|status" ;;
+  *) die "usage: $0 install|start|stop|status|apiserver-stop|apiserver-start" ;;
 esac

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Start, stop or check the RabbitMQ broker that the AMQP 0.9.1 tests publish to.
 #
-#   deploy/local/rabbitmq.sh start|stop|status
+#   deploy/local/rabbitmq.sh start|restart|stop|status
 #
 # It runs the broker of the Debian rabbitmq-server package as an Erlang node of its own, never
 # the package's system service: own node name, own epmd port, own cookie, own data, all under
@@ -151,6 +151,31 @@ stop_broker() {
   rm -rf "$dir"
 }
 
+# Start the node on what write_config wrote and wait until it has booted.
+launch() {
+  local version
+  version=$(dpkg-query -W -f='${Version}' rabbitmq-server)
+  log "starting RabbitMQ $version as $NODE on 127.0.0.1:$AMQP_PORT"
+  (
+    cd "$dir"
+    HOME=$dir/home RABBITMQ_CONF_ENV_FILE=$dir/rabbitmq-env.conf \
+      setsid nohup "$RMQ_BIN/rabbitmq-server" >>"$logfile" 2>&1 </dev/null 9>&- &
+    echo $! >"$pidfile"
+  )
+
+  # Poll the port first: each rabbitmqctl call is a whole Erlang VM (~1s of CPU) that would
+  # compete with the booting node on a 2-core machine. The AMQP listener opens after the
+  # definitions are loaded, and await_startup then confirms the boot really completed.
+  local deadline=$((SECONDS + START_TIMEOUT))
+  until port_open "$AMQP_PORT"; do
+    pid_alive "$pidfile" || fail "RabbitMQ exited during startup"
+    ((SECONDS < deadline)) || fail "RabbitMQ did not become ready within ${START_TIMEOUT}s"
+    sleep 0.2
+  done
+  "$ctl" -q await_startup --timeout $((deadline - SECONDS > 5 ? deadline - SECONDS : 5)) >/dev/null 2>&1 ||
+    fail "RabbitMQ opened its port but did not finish booting (rabbitmqctl await_startup)"
+}
+
 start() {
   lock
   if pid_alive "$pidfile" && [[ -f $envfile ]]; then
@@ -167,28 +192,8 @@ start() {
   done
 
   write_config
-  local version began=$SECONDS
-  version=$(dpkg-query -W -f='${Version}' rabbitmq-server)
-  log "starting RabbitMQ $version as $NODE on 127.0.0.1:$AMQP_PORT"
-  (
-    cd "$dir"
-    HOME=$dir/home RABBITMQ_CONF_ENV_FILE=$dir/rabbitmq-env.conf \
-      setsid nohup "$RMQ_BIN/rabbitmq-server" >"$logfile" 2>&1 </dev/null 9>&- &
-    echo $! >"$pidfile"
-  )
-
-  # Poll the port first: each rabbitmqctl call is a whole Erlang VM (~1s of CPU) that would
-  # compete with the booting node on a 2-core machine. The AMQP listener opens after the
-  # definitions are loaded, and await_startup then confirms the boot really completed.
-  local deadline=$((SECONDS + START_TIMEOUT))
-  until port_open "$AMQP_PORT"; do
-    pid_alive "$pidfile" || fail "RabbitMQ exited during startup"
-    ((SECONDS < deadline)) || fail "RabbitMQ did not become ready within ${START_TIMEOUT}s"
-    sleep 0.2
-  done
-  "$ctl" -q await_startup --timeout $((deadline - SECONDS > 5 ? deadline - SECONDS : 5)) >/dev/null 2>&1 ||
-    fail "RabbitMQ opened its port but did not finish booting (rabbitmqctl await_startup)"
-
+  local began=$SECONDS
+  launch
   write_env "$envfile" \
     "AMQP_URL=amqp://guest:guest@127.0.0.1:$AMQP_PORT/" \
     "AMQP_HOST=127.0.0.1" \
@@ -208,6 +213,22 @@ stop() {
   log "stopped"
 }
 
+# Stop the node and boot it again on the same data (durable queues and the persistent
+# messages in them stay), ports and cookie: what a test of a broker restart needs, where
+# start/stop always begin afresh. Never run it against a broker that others are using.
+restart() {
+  lock
+  [[ -f $envfile && -f $dir/rabbitmq-env.conf ]] || die "not started: nothing to restart"
+  local began=$SECONDS
+  if pid_alive "$pidfile"; then
+    timeout 30 "$ctl" -q stop >/dev/null 2>&1 || true
+  fi
+  kill_processes
+  log "restarting RabbitMQ as $NODE on 127.0.0.1:$AMQP_PORT with its data"
+  launch
+  log "ready again after $((SECONDS - began))s"
+}
+
 status() {
   if pid_alive "$pidfile" && [[ -f $envfile ]] && port_open "$AMQP_PORT"; then
     echo "rabbitmq: running as $NODE on 127.0.0.1:$AMQP_PORT (pid $(cat "$pidfile"), $envfile)"
@@ -220,7 +241,8 @@ status() {
 case ${1:-} in
   install) ensure_installed ;;
   start) start ;;
+  restart) restart ;;
   stop) stop ;;
   status) status ;;
-  *) die "usage: $0 install|start|stop|status" ;;
+  *) die "usage: $0 install|start|restart|stop|status" ;;
 esac

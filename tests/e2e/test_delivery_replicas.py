@@ -20,7 +20,6 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import boto3
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -32,6 +31,7 @@ from tests.localservices import LocalService
 from tests.operator import StartOperator
 from tests.receivers import RecordingHttpServer
 from tests.resources import apply, condition
+from tests.s3 import s3_client
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("crds")
@@ -40,16 +40,6 @@ PARTITIONS = 32  # the default
 SHARDS = 11  # the default
 LEASE_DURATION_S = 12  # the default
 RENEW_INTERVAL_S = 3  # the default
-
-
-def s3_client(rgw: LocalService) -> Any:
-    return boto3.client(
-        "s3",
-        endpoint_url=rgw["RGW_ENDPOINT"],
-        aws_access_key_id=rgw["RGW_ACCESS_KEY"],
-        aws_secret_access_key=rgw["RGW_SECRET_KEY"],
-        region_name=rgw["RGW_REGION"],
-    )
 
 
 def delivered(receiver: RecordingHttpServer, into: list[tuple[str, float]]) -> list[str]:

@@ -14,7 +14,6 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-import boto3
 import httpx
 import pytest
 
@@ -22,21 +21,12 @@ from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.processes import Program
 from tests.resources import apply, condition
+from tests.s3 import s3_client
 from tests.sinks import AmqpSink, HttpSink, Sink
 
 pytestmark = pytest.mark.usefixtures("crds")
 
 OPAQUE = "owner=e2e"
-
-
-def s3_client(rgw: LocalService) -> Any:
-    return boto3.client(
-        "s3",
-        endpoint_url=rgw["RGW_ENDPOINT"],
-        aws_access_key_id=rgw["RGW_ACCESS_KEY"],
-        aws_secret_access_key=rgw["RGW_SECRET_KEY"],
-        region_name=rgw["RGW_REGION"],
-    )
 
 
 # Kafka is not a parameter: Debian's radosgw 16.2 is built without Kafka support (it answers

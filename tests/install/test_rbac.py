@@ -1,8 +1,13 @@
 """The chart's RBAC is enough, and its rules are used: the operator and the delivery service
 run as local processes with the credentials of the chart's own ServiceAccounts (TokenRequest
 tokens, RBAC on), configured by the very environment the chart's Deployments give them, and
-reconcile the samples of deploy/samples; an event uploaded to the gateway arrives. Two rules
-removed one at a time each break the feature that needs them.
+reconcile the samples of deploy/samples; an event uploaded to the gateway arrives.
+
+Minimal: every verb a rule grants is used by a named feature. The apiserver's audit log
+(deploy/local/kube.sh logs every ServiceAccount request) shows each grant exercised by a
+successful request during that run, and no grant comes from two rules: so removing any one
+rule forbids a request a feature made. Two rules removed one at a time show what that looks
+like: the feature that needs them breaks with the apiserver's refusal in the log.
 """
 
 from __future__ import annotations
@@ -18,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 
 from tests.delivery import free_port
@@ -28,6 +32,7 @@ from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.processes import Program
 from tests.receivers import HttpReceiver
+from tests.s3 import s3_client
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("crds")
@@ -240,30 +245,172 @@ def forbidden_lines(program: Program) -> list[str]:
     return [line for line in program.log().splitlines() if refusal.search(line)]
 
 
-def s3_client(rgw: LocalService) -> Any:
-    return boto3.client(
-        "s3",
-        endpoint_url=rgw["RGW_ENDPOINT"],
-        aws_access_key_id=rgw["RGW_ACCESS_KEY"],
-        aws_secret_access_key=rgw["RGW_SECRET_KEY"],
-        region_name=rgw["RGW_REGION"] or "default",
-    )
+Grant = tuple[str, str, str, str]
+"""(component, API group, resource[/subresource], verb)"""
+
+FEATURES: dict[Grant, str] = {
+    ("operator", "bucketnotify.io", "topics", "get"): "a BucketNotification reads its Topic",
+    ("operator", "bucketnotify.io", "topics", "list"): "watching Topics",
+    ("operator", "bucketnotify.io", "topics", "watch"): "watching Topics",
+    ("operator", "bucketnotify.io", "topics", "patch"): "Topic finalizer and kopf progress",
+    ("operator", "bucketnotify.io", "bucketnotifications", "list"): "watching notifications",
+    ("operator", "bucketnotify.io", "bucketnotifications", "watch"): "watching notifications",
+    ("operator", "bucketnotify.io", "bucketnotifications", "patch"): "notification finalizer",
+    ("operator", "bucketnotify.io", "topics/status", "patch"): "Topic conditions",
+    (
+        "operator",
+        "bucketnotify.io",
+        "bucketnotifications/status",
+        "patch",
+    ): "notification conditions",
+    ("operator", "", "secrets", "get"): "gateway, broker and ingest-token Secrets",
+    ("operator", "", "secrets", "list"): "re-sync when a referenced Secret changes",
+    ("operator", "", "secrets", "watch"): "re-sync when a referenced Secret changes",
+    ("operator", "", "secrets", "create"): "the ingest token of a persistent Topic",
+    ("operator", "", "events", "create"): "Events on Topics and notifications",
+    ("operator", "apiextensions.k8s.io", "customresourcedefinitions", "list"): "kopf discovery",
+    ("operator", "apiextensions.k8s.io", "customresourcedefinitions", "watch"): "kopf discovery",
+    ("operator", "", "namespaces", "list"): "watchNamespaces",
+    ("operator", "", "namespaces", "watch"): "watchNamespaces",
+    ("operator", "coordination.k8s.io", "leases", "create"): "leader election",
+    ("operator", "coordination.k8s.io", "leases", "get"): "leader election",
+    ("operator", "coordination.k8s.io", "leases", "update"): "leader election",
+    ("delivery", "bucketnotify.io", "topics", "get"): "looking up the Topic of an event",
+    ("delivery", "bucketnotify.io", "topics", "list"): "the Topic refresh",
+    ("delivery", "", "secrets", "get"): "ingest tokens and broker credentials",
+    ("delivery", "", "configmaps", "get"): "the CA bundle of a caRef",
+    ("delivery", "", "events", "create"): "EndpointFailing and the other Events",
+    ("delivery", "", "events", "patch"): "the count of a repeating Event",
+    ("delivery", "coordination.k8s.io", "leases", "get"): "queue-shard ownership",
+    ("delivery", "coordination.k8s.io", "leases", "list"): "queue-shard ownership",
+    ("delivery", "coordination.k8s.io", "leases", "create"): "queue-shard ownership",
+    ("delivery", "coordination.k8s.io", "leases", "update"): "queue-shard ownership",
+}
+"""Every grant of the chart and the feature that uses it."""
 
 
-def test_samples_reconcile_and_deliver_under_the_chart_rbac(
-    make_release: MakeRelease, kubectl: Kubectl, namespace: str, rgw: LocalService
+def chart_grants(release: Release) -> list[Grant]:
+    """Every grant the release's Roles and ClusterRoles give our two components, once per
+    rule that gives it."""
+    component_of = {
+        release.deployment(c)["spec"]["template"]["spec"]["serviceAccountName"]: c
+        for c in ("operator", "delivery")
+    }
+    bound: dict[tuple[str, str], list[str]] = {}
+    for obj in release.objects:
+        if obj["kind"] in ("RoleBinding", "ClusterRoleBinding"):
+            ref = obj["roleRef"]
+            for subject in obj["subjects"]:
+                bound.setdefault((ref["kind"], ref["name"]), []).append(
+                    component_of[subject["name"]]
+                )
+    grants = []
+    for obj in release.objects:
+        if obj["kind"] not in ("Role", "ClusterRole"):
+            continue
+        for component in bound.get((obj["kind"], obj["metadata"]["name"]), []):
+            for rule in obj["rules"]:
+                grants += [
+                    (component, group, resource, verb)
+                    for group in rule["apiGroups"]
+                    for resource in rule["resources"]
+                    for verb in rule["verbs"]
+                ]
+    return grants
+
+
+def audited_grants(kube: LocalService, release: Release) -> set[Grant]:
+    """What the release's ServiceAccounts did successfully, from the apiserver's audit log."""
+    component_of = {
+        f"system:serviceaccount:{release.namespace}:"
+        + release.deployment(c)["spec"]["template"]["spec"]["serviceAccountName"]: c
+        for c in ("operator", "delivery")
+    }
+    used: set[Grant] = set()
+    log = Path(kube["KUBE_AUDIT_LOG"])
+    for line in log.read_text().splitlines() if log.exists() else []:
+        event = json.loads(line)
+        component = component_of.get(event["user"]["username"])
+        ref = event.get("objectRef")
+        if component is None or ref is None or event["responseStatus"]["code"] >= 400:
+            continue
+        resource = ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+        used.add((component, ref.get("apiGroup", ""), resource, event["verb"]))
+    return used
+
+
+def failing_topic_with_a_ca(
+    kubectl: Kubectl, kube: LocalService, namespace: str, suffix: str, bucket: str
+) -> list[Obj]:
+    """A persistent Topic whose https endpoint trusts a CA bundle of a ConfigMap and never
+    answers: its events read the bundle and keep failing (an Event, then its count)."""
+    ca = Path(kube["KUBE_CA_CERT"]).read_text()
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "endpoint-ca", "namespace": namespace},
+            "data": {"ca.crt": ca},
+        },
+        {
+            "apiVersion": "bucketnotify.io/v1alpha1",
+            "kind": "Topic",
+            "metadata": {"name": "unreachable", "namespace": namespace},
+            "spec": {
+                "name": f"unreachable-{suffix}",
+                "endpoint": {
+                    "http": {
+                        "url": f"https://127.0.0.1:{free_port()}/",
+                        "caRef": {"name": "endpoint-ca"},
+                    }
+                },
+                "persistent": True,
+                "delivery": {"handoff": "sync"},
+            },
+        },
+        {
+            "apiVersion": "bucketnotify.io/v1alpha1",
+            "kind": "BucketNotification",
+            "metadata": {"name": "unreachable", "namespace": namespace},
+            "spec": {
+                "bucket": bucket,
+                "topicRef": {"name": "unreachable"},
+                "testEvent": False,
+                "events": ["s3:ObjectCreated:Put"],
+            },
+        },
+    ]
+
+
+def test_samples_reconcile_and_deliver_under_the_chart_rbac_and_use_every_rule(
+    make_release: MakeRelease,
+    kubectl: Kubectl,
+    namespace: str,
+    rgw: LocalService,
+    kube: LocalService,
 ) -> None:
     """Every sample Topic (http, amqp, kafka; persistent, so the operator makes their ingest
     token Secrets) and BucketNotification (every filter kind) becomes Ready, an uploaded
     object's event reaches the HTTP endpoint through the delivery service, and neither
-    program met a refusal of the apiserver on the way."""
+    program met a refusal of the apiserver on the way. With a Topic whose endpoint fails,
+    that run uses every grant of the chart."""
     release = make_release()
+    grants = chart_grants(release)
+    assert sorted(set(grants)) == sorted(FEATURES), "a grant without a feature, or the reverse"
+    repeated = {g for g in grants if grants.count(g) > 1}
+    assert not repeated, f"given by two rules, so removing one changes nothing: {repeated}"
     operator = release.start("operator")
     delivery = release.start("delivery")
     suffix = uuid.uuid4().hex[:8]
     bucket = f"inst-{suffix}"
     s3 = s3_client(rgw)
     s3.create_bucket(Bucket=bucket)
+    failing_bucket = f"fail-{suffix}"
+    s3.create_bucket(Bucket=failing_bucket)
+    failing = failing_topic_with_a_ca(kubectl, kube, namespace, suffix, failing_bucket)
+    apply(kubectl, failing, namespace)
+    ready(kubectl, namespace, "bucketnotification", "unreachable")
+    s3.put_object(Bucket=failing_bucket, Key="never-delivered", Body=b"x")
     with HttpReceiver() as receiver:
         objs = samples(kubectl, namespace, receiver.url, bucket, suffix)
         apply(kubectl, objs, namespace)
@@ -284,7 +431,15 @@ def test_samples_reconcile_and_deliver_under_the_chart_rbac(
         for e in events["items"]
         if e["involvedObject"]["kind"] == "Topic" and e["type"] == "Normal"
     }
-    assert noted == {"webhook", "orders-amqp", "audit-kafka"}
+    assert noted == {"webhook", "orders-amqp", "audit-kafka", "unreachable"}
+    # The failing Topic's Event is created at once and its count patched 30 s later.
+    unused = wait_until(
+        lambda: {g: FEATURES[g] for g in set(FEATURES) - audited_grants(kube, release)},
+        lambda missing: not missing,
+        READY_TIMEOUT_S,
+        "every grant of the chart used by a successful request",
+    )
+    assert not unused
     for program in (operator, delivery):
         assert program.process.poll() is None, program.log()[-3000:]
         assert not forbidden_lines(program), forbidden_lines(program)

@@ -8,9 +8,6 @@ import asyncio
 import base64
 import json
 import logging
-import os
-import socket
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -30,7 +27,9 @@ from bucketnotify.delivery.endpoints import (
     open_endpoint,
 )
 from bucketnotify.delivery.endpoints.base import event_body
-from tests.localservices import LOCAL, LocalService, read_env
+from tests.delivery import free_port
+from tests.localservices import LocalService
+from tests.ownservices import OwnService, own_service
 from tests.records import s3_record
 from tests.tls import make_ca
 
@@ -75,13 +74,6 @@ async def consume(bootstrap: str, topic: str, count: int, timeout_s: float = 30)
 
 def deliveries(n: int, prefix: str = "e") -> list[Delivery]:
     return [Delivery(f"{prefix}{i}", s3_record(key=f"obj-{prefix}{i}")) for i in range(n)]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 @pytest.mark.parametrize("ack_level", ["none", "broker"])
@@ -211,45 +203,10 @@ async def test_an_event_too_large_is_not_retried(kafka: LocalService) -> None:
     assert outcomes[0].error is not None and "too large" in outcomes[0].error
 
 
-class OwnKafka:
-    """A Kafka broker of a test's own (own state dir and ports), started by kafka.sh: one
-    it may restart without disturbing anyone else's tests."""
-
-    def __init__(self, run_dir: Path) -> None:
-        self._env = {
-            **os.environ,
-            "BN_RUN": str(run_dir),
-            "KAFKA_PORT": str(free_port()),
-            "KAFKA_CONTROLLER_PORT": str(free_port()),
-            "KAFKA_SASL_PORT": str(free_port()),
-            "KAFKA_SSL_PORT": str(free_port()),
-        }
-        self._run_dir = run_dir
-
-    def script(self, action: str) -> None:
-        result = subprocess.run(
-            ["bash", str(LOCAL / "kafka.sh"), action],
-            env=self._env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        assert result.returncode == 0, f"kafka.sh {action} failed:\n{result.stderr[-3000:]}"
-
-    @property
-    def bootstrap(self) -> str:
-        return read_env(self._run_dir / "kafka" / "env")["KAFKA_BOOTSTRAP"]
-
-
 @pytest.fixture()
-def own_kafka(tmp_path: Path) -> Iterator[OwnKafka]:
-    broker = OwnKafka(tmp_path / "run")
-    broker.script("start")
-    try:
+def own_kafka(tmp_path: Path) -> Iterator[OwnService]:
+    with own_service("kafka", tmp_path / "run") as broker:
         yield broker
-    finally:
-        broker.script("stop")
 
 
 async def send_until_acked(
@@ -282,16 +239,15 @@ async def broker_answers(bootstrap: str) -> bool:
     return True
 
 
-async def test_a_broker_restart_under_a_steady_stream_loses_nothing(own_kafka: OwnKafka) -> None:
+async def test_a_broker_restart_under_a_steady_stream_loses_nothing(own_kafka: OwnService) -> None:
     """The broker stops and starts again (same data) in the middle of a stream: pushes fail
     retryably meanwhile, nothing raises, the producer reconnects by itself, and with the
     worker's retries every event is in the topic afterwards."""
     topic = new_topic()
+    bootstrap = own_kafka.env["KAFKA_BOOTSTRAP"]
     settings = EndpointSettings(connect_timeout_s=2, message_timeout_s=3)
     failures: list[PushOutcome] = []
-    async with kafka_endpoint(
-        f"kafka://{own_kafka.bootstrap}", topic, settings=settings
-    ) as endpoint:
+    async with kafka_endpoint(f"kafka://{bootstrap}", topic, settings=settings) as endpoint:
         # The restart starts at a fixed point of the stream and the stream goes on while
         # the broker is away: on a busy machine a restart after a sleep can miss it.
         restarting: asyncio.Task[None] | None = None
@@ -299,7 +255,7 @@ async def test_a_broker_restart_under_a_steady_stream_loses_nothing(own_kafka: O
             if n == 10:
                 restarting = asyncio.create_task(asyncio.to_thread(own_kafka.script, "restart"))
                 # Wait for the broker to go away, so the next sends meet the outage.
-                while not restarting.done() and await broker_answers(own_kafka.bootstrap):  # noqa: ASYNC110
+                while not restarting.done() and await broker_answers(bootstrap):  # noqa: ASYNC110
                     await asyncio.sleep(0.05)
             failures.extend(await send_until_acked(endpoint, deliveries(5, f"s{n}-"), within_s=90))
             await asyncio.sleep(0.1)
@@ -310,9 +266,7 @@ async def test_a_broker_restart_under_a_steady_stream_loses_nothing(own_kafka: O
     # At least once: a push whose acknowledgement the restart swallowed was sent again.
     expected = {f"obj-s{n}-{i}".encode() for n in range(40) for i in range(5)}
     seen: set[bytes] = set()
-    consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=own_kafka.bootstrap, auto_offset_reset="earliest"
-    )
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
     await consumer.start()
     try:
         while not expected <= seen:

@@ -79,6 +79,7 @@ from bucketnotify.delivery.worker import (
     RoundResult,
     process_shard,
 )
+from bucketnotify.gateway.errors import GatewayServerError, GatewayUnreachable
 from bucketnotify.kube import Kube, SecretMissing
 from bucketnotify.metrics import DeliveryMetrics
 
@@ -547,6 +548,11 @@ class DeliveryService:
                 now=time.time(),
                 dead_letter=self._dead_letter_sink(runtime),
             )
+        except (GatewayUnreachable, GatewayServerError) as exc:
+            # The queue store's gateway is away or overloaded: expected in an outage, and the
+            # next round tries again. One line, not a traceback per shard and round.
+            log.warning("round of %s shard %d: queue store unavailable: %s", queue, shard, exc)
+            return None
         except Exception:
             log.exception("round of %s shard %d failed", queue, shard)
             return None
