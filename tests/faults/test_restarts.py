@@ -139,6 +139,9 @@ def test_a_kafka_restart_loses_no_acknowledged_event(
 
 
 KILLS = 4
+BROKEN_CONNECTION_S = 3
+"""How long after a kill the gateway may still pick a pooled connection to the dead replica
+(the balancer closes it when the replica dies; the gateway finds out on its next use)."""
 
 
 def test_replicas_killed_again_and_again_lose_no_acknowledged_event(
@@ -149,8 +152,9 @@ def test_replicas_killed_again_and_again_lose_no_acknowledged_event(
 
     Persistent hand-off (the default) loses nothing. Sync hand-off loses what it is
     documented to lose (docs/operator.md): the gateway counts a push that died with the
-    replica as done, so a write whose ingest request was in flight at a kill may have no
-    event; any other loss fails the test."""
+    replica as done, so a write whose ingest request was in flight at a kill, or went out
+    on a kept-alive connection the kill had just broken, may have no event; any other loss
+    fails the test."""
     pipeline = pipelines(kube, rgw, replicas=3)
     cluster = pipeline.cluster
     victims: list[str] = []
@@ -184,5 +188,5 @@ def test_replicas_killed_again_and_again_lose_no_acknowledged_event(
                 stream.written_at[key][0] <= kill <= stream.written_at[key][1] for kill in killed_at
             )
         ]
-        print(f"{outcome.topic}: {len(outcome.lost)} lost, all in flight at a kill: {in_flight}")
+        print(f"{outcome.topic}: {len(outcome.lost)} lost, at a kill: {in_flight}")
         assert outcome.lost == in_flight, "a sync hand-off event lost outside a kill's window"
