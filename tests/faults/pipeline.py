@@ -265,12 +265,12 @@ class Pipeline:
             },
         )
 
-    def topics(self, target: Target) -> dict[str, str]:
+    def topics(self, target: Target, handoffs: tuple[str, ...] = HANDOFFS) -> dict[str, str]:
         """A persistent Topic per hand-off mode, each with a bucket notifying it of PUTs,
         all Ready. Returns topic → bucket."""
         s3 = s3_client(self.rgw)
         buckets = {}
-        for handoff in HANDOFFS:
+        for handoff in handoffs:
             topic = f"{handoff}-{uuid.uuid4().hex[:8]}"
             apply(
                 self.kubectl,
