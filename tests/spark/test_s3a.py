@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 from pydantic import SecretStr
 from pyspark.sql import SparkSession
@@ -24,6 +23,7 @@ from bucketnotify_report.settings import S3Settings
 from bucketnotify_report.storage import write_text
 from tests.localservices import LocalService
 from tests.recordfiles import S3Files
+from tests.s3 import s3_client
 from tests.spark.dataset import DAY, write_late, write_main
 from tests.spark.test_job import assert_day
 
@@ -33,13 +33,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
 @pytest.fixture()
 def s3(rgw: LocalService) -> Any:
-    return boto3.client(
-        "s3",
-        endpoint_url=rgw["RGW_ENDPOINT"],
-        aws_access_key_id=rgw["RGW_ACCESS_KEY"],
-        aws_secret_access_key=rgw["RGW_SECRET_KEY"],
-        region_name=rgw["RGW_REGION"] or "default",
-    )
+    return s3_client(rgw)
 
 
 @pytest.fixture()
