@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import urllib.parse
 from typing import Any
 
+import httpx
 import pytest
 
 from bucketnotify.api.topic import Endpoint as EndpointSpec
@@ -28,8 +30,8 @@ from bucketnotify.delivery.endpoints import (
 )
 from bucketnotify.delivery.endpoints.amqp import AmqpPusher, parse_amqp_url
 from bucketnotify.delivery.endpoints.base import BaseEndpoint, event_body, outcome_of
-from bucketnotify.delivery.endpoints.errors import redact
-from bucketnotify.delivery.endpoints.http import HttpPusher, cloud_event_headers
+from bucketnotify.delivery.endpoints.errors import RequestNotFormed, redact
+from bucketnotify.delivery.endpoints.http import HttpPusher, cloud_event_headers, map_httpx_errors
 from bucketnotify.delivery.endpoints.kafka import KafkaPusher, bootstrap_servers, message_key
 from bucketnotify.delivery.endpoints.testing import MockEndpoint
 from tests.records import s3_record
@@ -66,6 +68,56 @@ def test_cloud_event_headers_of_a_sparse_record_do_not_fail() -> None:
     assert headers["ce-type"] == "com.amazonaws.ObjectCreated:Copy"
     assert headers["ce-source"] == "ceph:s3.."
     assert headers["ce-id"] == "."
+
+
+@pytest.mark.parametrize(
+    ("key", "subject"),
+    [
+        ("nl\nkey.txt", "nl%0Akey.txt"),
+        ("tab\tkey", "tab%09key"),
+        ('100% "sure"', "100%25%20%22sure%22"),
+        ("ünï/cøde", "%C3%BCn%C3%AF/c%C3%B8de"),
+        (
+            "a/b?c=d&e+f#g~h_i.j-k!*'();:@$,[]{}|\\^`<>",
+            "a/b?c=d&e+f#g~h_i.j-k!*'();:@$,[]{}|\\^`<>",
+        ),
+    ],
+)
+def test_cloud_event_header_values_are_percent_encoded_as_the_binding_says(
+    key: str, subject: str
+) -> None:
+    """CloudEvents HTTP binding 1.0.2, 3.1.3.2: space, '"', '%' and everything outside
+    printable ASCII are percent-encoded (UTF-8); the rest of printable ASCII is left alone."""
+    headers = cloud_event_headers(s3_record(bucket="b k", key=key))
+    assert dict(headers)["ce-subject"] == subject
+    assert dict(headers)["ce-source"] == "ceph:s3.zonegroup1.b%20k"
+    assert urllib.parse.unquote(subject) == key
+
+
+async def test_an_event_the_client_cannot_put_in_a_request_stays_queued_and_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A request we could not form is our defect: retryable (the event is kept), logged at
+    ERROR with the event's bucket and key escaped, never classed as undeliverable."""
+
+    class Unformable(HttpPusher):
+        async def _push(self, body: bytes, record: dict[str, Any]) -> None:
+            raise RequestNotFormed("the request could not be formed: Illegal header value")
+
+    http = spec("http", url="http://127.0.0.1:9").http
+    assert http is not None
+    endpoint = Unformable(http, ca_pem=None, settings=EndpointSettings())
+    with caplog.at_level(logging.ERROR):
+        [outcome] = await endpoint.send([Delivery("e1", s3_record(bucket="b", key="nl\nkey"))])
+    await endpoint.aclose()
+    assert (outcome.ok, outcome.retryable) == (False, True)
+    [line] = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert "bucket 'b' key 'nl\\nkey'" in line and "stays queued" in line
+
+
+def test_a_request_httpx_refuses_to_form_is_not_final() -> None:
+    with pytest.raises(RequestNotFormed), map_httpx_errors("http://h:80"):
+        raise httpx.LocalProtocolError("Illegal header value b'nl\\nkey'")
 
 
 def test_kafka_key_is_bucket_slash_key() -> None:
@@ -175,6 +227,7 @@ def test_a_ca_bundle_that_is_not_pem_is_refused(ca_pem: str) -> None:
         (DestinationNotFound("x"), True),
         (UndeliverableError("x"), False),
         (ConfigurationError("x"), False),
+        (RequestNotFormed("x"), True),
     ],
 )
 def test_only_undeliverable_and_configuration_errors_are_final(

@@ -63,7 +63,7 @@ from bucketnotify.controller.topic_builder import (
     endpoint_topic_name,
     ingest_token_secret,
 )
-from bucketnotify.delivery.endpoints.base import Delivery, Endpoint, PushOutcome
+from bucketnotify.delivery.endpoints.base import Delivery, Endpoint, PushOutcome, object_of
 from bucketnotify.delivery.endpoints.errors import ConfigurationError
 from bucketnotify.delivery.endpoints.factory import open_endpoint
 from bucketnotify.delivery.events import EventRecorder, TopicEvents
@@ -82,6 +82,7 @@ from bucketnotify.delivery.worker import (
 from bucketnotify.gateway.errors import GatewayServerError, GatewayUnreachable
 from bucketnotify.kube import Kube, SecretMissing
 from bucketnotify.metrics import DeliveryMetrics
+from bucketnotify.records import Outcome
 
 __all__ = ["DeliveryService", "ServiceTimings", "TopicRuntime"]
 
@@ -567,7 +568,9 @@ class DeliveryService:
             or result.dead_lettered
             or result.duplicates
         ):
-            log.info(
+            # A loss is never routine: WARNING, so that it shows where INFO is filtered out.
+            log.log(
+                logging.WARNING if result.expired and not result.fenced else logging.INFO,
                 "%s shard %d: delivered %d failed %d lost %d dead-lettered %d duplicates %d%s%s",
                 queue,
                 shard,
@@ -579,6 +582,8 @@ class DeliveryService:
                 " (fenced)" if result.fenced else "",
                 f"; first error: {result.errors[0]}" if result.errors else "",
             )
+        if not result.fenced:
+            _log_lost(queue, shard, result)
         return result
 
     def _count(self, queue: QueueName, result: RoundResult) -> None:
@@ -606,12 +611,7 @@ class DeliveryService:
                 raise LookupError(f"{key[0]}/{key[1]} is not a persistent Topic")
             by_shard: dict[int, list[tuple[str, bytes]]] = {}
             for entry in entries:
-                s3 = json.loads(entry.body).get("s3") or {}
-                shard = shard_of(
-                    str((s3.get("bucket") or {}).get("name", "")),
-                    str((s3.get("object") or {}).get("key", "")),
-                    target.shards,
-                )
+                shard = shard_of(*object_of(json.loads(entry.body)), target.shards)
                 by_shard.setdefault(shard, []).append((entry.event_id, entry.body))
             await self.ingest.commit(target.queue, by_shard)
 
@@ -680,3 +680,30 @@ class DeliveryService:
                 if runtime.endpoint is not None:
                     await runtime.endpoint.aclose()
             await self.events.aclose()
+
+
+# Lost events named one by one, up to this many per round; a TTL that expires a backlog
+# must not flood the log.
+LOST_NAMED = 10
+
+
+def _log_lost(queue: QueueName, shard: int, result: RoundResult) -> None:
+    """One WARNING per event lost this round: its bucket, key (escaped: a key may hold any
+    character, a newline included) and why."""
+    lost = [o for o in result.outcomes if o.outcome in (Outcome.EXPIRED, Outcome.REJECTED)]
+    for outcome in lost[:LOST_NAMED]:
+        bucket, key = object_of(outcome.record)
+        log.warning(
+            "%s shard %d: event lost, bucket %r key %r (%s after %d attempts): %s",
+            queue,
+            shard,
+            bucket,
+            key,
+            outcome.outcome,
+            outcome.attempts,
+            outcome.error or "no reason recorded",
+        )
+    if len(lost) > LOST_NAMED:
+        log.warning(
+            "%s shard %d: %d more events lost this round", queue, shard, len(lost) - LOST_NAMED
+        )

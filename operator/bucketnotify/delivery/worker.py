@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from bucketnotify.delivery.endpoints.base import Delivery, Endpoint, PushOutcome
+from bucketnotify.delivery.endpoints.base import Delivery, Endpoint, PushOutcome, object_of
 from bucketnotify.delivery.queue import Entry, QueueName, QueueStore
 from bucketnotify.records import Outcome
 
@@ -120,14 +120,6 @@ class DeliveredCache:
             self._ids.popitem(last=False)
 
 
-def _object_of(record: dict[str, Any]) -> tuple[str, str]:
-    s3 = record.get("s3") or {}
-    return (
-        str((s3.get("bucket") or {}).get("name", "")),
-        str((s3.get("object") or {}).get("key", "")),
-    )
-
-
 def _expiry(entry: Entry, policy: DeliveryPolicy, now: float) -> str | None:
     """Why ``entry`` has expired, or None while it has not."""
     if policy.time_to_live_s and now - entry.ingest_time > policy.time_to_live_s:
@@ -173,7 +165,7 @@ async def process_shard(
 
     for entry in entries:
         record: dict[str, Any] = json.loads(entry.body)
-        obj = _object_of(record)
+        obj = object_of(record)
         if entry.event_id in delivered:
             result.duplicates += 1
             remove.append(entry.id)
@@ -194,7 +186,7 @@ async def process_shard(
     wave = 0
     while True:
         batch = [(chain[wave][0], chain[wave][1]) for chain in chains.values() if len(chain) > wave]
-        batch = [(e, r) for e, r in batch if _object_of(r) not in blocked]
+        batch = [(e, r) for e, r in batch if object_of(r) not in blocked]
         if not batch:
             break
         seen_in_wave: dict[str, Entry] = {}
@@ -254,7 +246,7 @@ async def process_shard(
                 result.outcomes.append(
                     EventOutcome(Outcome.FAILED, entry, record, attempts, acked_at, outcome.error)
                 )
-                blocked.add(_object_of(record))
+                blocked.add(object_of(record))
                 retry.append(
                     Entry(
                         id=entry.id,

@@ -24,7 +24,12 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, NamedTuple, Protocol, Self
 
-from bucketnotify.delivery.endpoints.errors import EndpointError, PushTimeout, redact
+from bucketnotify.delivery.endpoints.errors import (
+    EndpointError,
+    PushTimeout,
+    RequestNotFormed,
+    redact,
+)
 
 __all__ = [
     "BaseEndpoint",
@@ -35,6 +40,7 @@ __all__ = [
     "InFlightLimit",
     "PushOutcome",
     "event_body",
+    "object_of",
     "outcome_of",
 ]
 
@@ -159,6 +165,15 @@ def event_body(record: dict[str, Any]) -> bytes:
     return json.dumps({"Records": [record]}, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+def object_of(record: dict[str, Any]) -> tuple[str, str]:
+    """(bucket, key) of an event record; empty strings where the record has none."""
+    s3 = record.get("s3") or {}
+    return (
+        str((s3.get("bucket") or {}).get("name", "")),
+        str((s3.get("object") or {}).get("key", "")),
+    )
+
+
 def outcome_of(
     delivery_id: str, error: EndpointError | None, secrets: Sequence[str] = ()
 ) -> PushOutcome:
@@ -252,6 +267,16 @@ class BaseEndpoint(abc.ABC):
                 error = self._timeout_error(timeout)
             except Exception as exc:
                 error = self._as_endpoint_error(exc, "pushing")
+        if isinstance(error, RequestNotFormed):
+            bucket, key = object_of(delivery.record)
+            logger.error(
+                "could not form the %s push of the event of bucket %r key %r, a defect of"
+                " bucketnotify (please report it); the event stays queued: %s",
+                self.kind,
+                bucket,
+                key,
+                redact(str(error), self._secrets),
+            )
         return outcome_of(delivery.id, error, self._secrets)
 
     def _as_endpoint_error(self, exc: Exception, doing: str) -> EndpointError:

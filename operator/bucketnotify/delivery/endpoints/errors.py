@@ -13,8 +13,11 @@
     ├── RejectedError             the endpoint answered, but did not take the message
     │   │                         (HTTP non-2xx, broker nack, returned as unroutable)
     │   └── DestinationNotFound   the AMQP exchange or the Kafka topic does not exist
-    └── UndeliverableError        this message can never be taken (too large, malformed):
-                                  not retryable
+    ├── UndeliverableError        this message can never be taken (too large, malformed):
+    │                             not retryable
+    └── RequestNotFormed          *we* could not turn the event into a request: our defect,
+                                  not the endpoint's answer, so the event stays queued
+                                  (retryable) and the push is logged as an error
 
 ``retryable`` is False only where retrying cannot help; a wrong password or a missing
 exchange is retryable, because fixing the Secret or creating the exchange makes the queued
@@ -35,6 +38,7 @@ __all__ = [
     "EndpointError",
     "PushTimeout",
     "RejectedError",
+    "RequestNotFormed",
     "TransportError",
     "UndeliverableError",
     "redact",
@@ -82,6 +86,12 @@ class UndeliverableError(EndpointError):
     """This message can never be taken, however often it is retried."""
 
     retryable = False
+
+
+class RequestNotFormed(EndpointError):
+    """The client library refused to form the request from this event (a header value it
+    rejects, say). A defect of ours: dropping the event would lose it for our mistake, so it
+    stays queued, subject to the Topic's maxRetries and timeToLive like any failure."""
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import ssl
+import string
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -25,11 +27,17 @@ from bucketnotify.delivery.endpoints.errors import (
     EndpointError,
     PushTimeout,
     RejectedError,
+    RequestNotFormed,
     UndeliverableError,
 )
 from bucketnotify.delivery.endpoints.tls import client_context, describe_tls_failure
 
-__all__ = ["EndpointError", "HttpPusher", "cloud_event_headers", "post_json"]
+__all__ = ["EndpointError", "HttpPusher", "cloud_event_headers", "header_value", "post_json"]
+
+# CloudEvents HTTP binding 1.0.2, 3.1.3.2: printable ASCII (U+0021..U+007E) stays as it is,
+# except '"' and '%'; space, control characters and every non-ASCII byte of the UTF-8
+# encoding are percent-encoded. quote() never encodes letters, digits and "_.-~".
+_HEADER_SAFE = "".join(c for c in string.punctuation if c not in '"%')
 
 
 def cloud_event_headers(record: dict[str, Any]) -> list[tuple[str, str]]:
@@ -38,14 +46,16 @@ def cloud_event_headers(record: dict[str, Any]) -> list[tuple[str, str]]:
     Exactly the gateway's (rgw_pubsub_push.cc): ``ce-type`` is ``com.amazonaws.`` plus the
     event name, ``ce-id`` is ``<x-amz-request-id>.<x-amz-id-2>``, ``ce-source`` is
     ``<eventSource>.<awsRegion>.<bucket>`` (``ceph:s3.<region>.<bucket>``), ``ce-time`` the
-    event time as the record has it and ``ce-subject`` the object key.
+    event time as the record has it and ``ce-subject`` the object key. Every value is
+    percent-encoded as the binding asks (``header_value``): an S3 key may hold any character,
+    a newline included, and an HTTP header may not.
     """
     response = record.get("responseElements") or {}
     s3 = record.get("s3") or {}
     bucket = (s3.get("bucket") or {}).get("name", "")
     key = (s3.get("object") or {}).get("key", "")
     source = record.get("eventSource", "ceph:s3")
-    return [
+    headers = [
         ("ce-specversion", "1.0"),
         ("ce-type", f"com.amazonaws.{record.get('eventName', '')}"),
         ("ce-time", str(record.get("eventTime", ""))),
@@ -53,6 +63,13 @@ def cloud_event_headers(record: dict[str, Any]) -> list[tuple[str, str]]:
         ("ce-source", f"{source}.{record.get('awsRegion', '')}.{bucket}"),
         ("ce-subject", str(key)),
     ]
+    return [(name, header_value(value)) for name, value in headers]
+
+
+def header_value(value: str) -> str:
+    """``value`` percent-encoded for a CloudEvents HTTP header (binding 1.0.2, 3.1.3.2);
+    a receiver gets the original back with ``urllib.parse.unquote``."""
+    return quote(value, safe=_HEADER_SAFE)
 
 
 class HttpPusher(BaseEndpoint):
@@ -143,7 +160,8 @@ def map_httpx_errors(where: str) -> Iterator[None]:
         reason = tls or str(exc) or type(exc).__name__
         raise ConnectError(f"could not connect to {where}: {reason}") from exc
     except httpx.LocalProtocolError as exc:
-        raise UndeliverableError(f"the request could not be formed: {exc}") from exc
+        # h11 refused what we asked it to send: our defect, never the endpoint's refusal.
+        raise RequestNotFormed(f"the request could not be formed: {exc}") from exc
     except (httpx.NetworkError, httpx.RemoteProtocolError) as exc:
         reason = str(exc) or type(exc).__name__
         raise ConnectError(f"the connection to {where} failed: {reason}") from exc
