@@ -57,6 +57,9 @@ def _configure_kopf(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 async def run_operator(settings: OperatorSettings) -> None:
     api = await connect()
+    if not settings.owner_id:
+        settings = settings.model_copy(update={"owner_id": await Kube(api).cluster_uid()})
+    log.info("gateway objects of this operator are marked as owned by %s", settings.owner_id)
     metrics = OperatorMetrics()
     if settings.metrics_port:
         prometheus_client.start_http_server(settings.metrics_port, registry=metrics.registry)

@@ -161,6 +161,12 @@ class Kube:
                 raise
         return await self.secret_key(namespace, name, key)
 
+    async def cluster_uid(self) -> str:
+        """The UID of the kube-system namespace: made once per cluster and never changed, the
+        usual identity of a cluster."""
+        namespace = await self._core.read_namespace("kube-system")
+        return str(namespace.metadata.uid)
+
     async def get_object(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         """One of our custom objects, or None when it does not exist."""
         try:

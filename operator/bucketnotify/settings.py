@@ -40,6 +40,12 @@ class OperatorSettings(BaseSettings):
     object and leaves the gateway topic behind (with a Warning event naming it)."""
     ingest_url: str | None = None
     """Base URL of the delivery service's ingest, for persistent topics."""
+    owner_id: str = Field(default="", max_length=128, pattern=r"^[!-~]*$")
+    """Who owns what this operator writes on a gateway, recorded in every gateway topic it
+    makes (attribute ``bucketnotify-owner``): a notification Id whose entry names a topic of
+    another owner is never taken. Unset: the UID of the cluster's kube-system namespace,
+    which differs between clusters and outlives reinstalls. Set it when two operators of
+    one cluster (two releases) share a gateway."""
 
     leader_election: bool = True
     """Only the replica holding the Lease reconciles."""

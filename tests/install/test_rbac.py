@@ -272,6 +272,7 @@ FEATURES: dict[Grant, str] = {
     ("operator", "apiextensions.k8s.io", "customresourcedefinitions", "watch"): "kopf discovery",
     ("operator", "", "namespaces", "list"): "watchNamespaces",
     ("operator", "", "namespaces", "watch"): "watchNamespaces",
+    ("operator", "", "namespaces", "get"): "the owner mark of gateway topics",
     ("operator", "coordination.k8s.io", "leases", "create"): "leader election",
     ("operator", "coordination.k8s.io", "leases", "get"): "leader election",
     ("operator", "coordination.k8s.io", "leases", "update"): "leader election",

@@ -157,6 +157,11 @@ class BucketNotificationSpec(Model):
     Ready, so the wiring can be seen working."""
     gateway_ref: GatewayRef | None = None
     """Gateway connection; defaults to the Topic's, then the operator's."""
+    adopt_existing: bool = False
+    """Take over an entry with this Id that the bucket already has and that no bucketnotify
+    operator made (a hand-made configuration being migrated). Without it such an entry is
+    left alone and the notification is not Ready (IdConflict). An entry made by another
+    bucketnotify operator is never taken."""
 
 
 class AppliedConfiguration(Model):

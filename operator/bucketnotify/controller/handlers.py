@@ -21,6 +21,7 @@ import kopf
 from bucketnotify.api.common import GROUP, VERSION
 from bucketnotify.controller.conditions import ready_condition
 from bucketnotify.controller.events import change_events, drift_events
+from bucketnotify.controller.id_ownership import IdClaim
 from bucketnotify.controller.notifications import (
     delete_notification,
     reconcile_notification,
@@ -383,6 +384,52 @@ def notifications_by_topic(
     return {(namespace, topic): name} if topic else {}
 
 
+@kopf.index(*NOTIFICATIONS)
+def notifications_by_bucket_id(
+    namespace: str | None,
+    name: str,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    meta: kopf.Meta,
+    **_: Any,
+) -> dict[Any, IdClaim]:
+    """(bucket, Id) → the BucketNotifications wanting that Id on that bucket (those being
+    deleted too: until their finalizer ran, the Id may still be theirs)."""
+    claim = _id_claim(_ns(namespace), name, spec, status, meta)
+    return {} if claim is None else {claim[0]: claim[1]}
+
+
+def _id_claim(
+    namespace: str, name: str, spec: kopf.Spec, status: kopf.Status, meta: kopf.Meta
+) -> tuple[tuple[str, str], IdClaim] | None:
+    bucket = spec.get("bucket")
+    if not bucket:
+        return None
+    config_id = str(spec.get("id") or name)
+    applied = status.get("applied") or {}
+    created = str(meta.get("creationTimestamp") or "")
+    holds = applied.get("id") == config_id
+    return (str(bucket), config_id), IdClaim(namespace, name, created, holds)
+
+
+def _rivals(
+    kwargs: dict[str, Any],
+    namespace: str,
+    name: str,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    meta: kopf.Meta,
+) -> tuple[IdClaim | None, list[IdClaim]]:
+    """This notification's claim and the other claims to its bucket and Id."""
+    claim = _id_claim(namespace, name, spec, status, meta)
+    if claim is None:
+        return None, []
+    index: kopf.Index[Any, IdClaim] = kwargs["notifications_by_bucket_id"]
+    key, mine = claim
+    others = [c for c in index.get(key, []) if (c.namespace, c.name) != (namespace, name)]
+    return mine, others
+
+
 @kopf.on.create(*NOTIFICATIONS)
 @kopf.on.update(*NOTIFICATIONS)
 @kopf.on.resume(*NOTIFICATIONS)
@@ -401,6 +448,7 @@ async def notification_changed(
     reason: str = "",
     **kwargs: Any,
 ) -> None:
+    claim, rivals = _rivals(kwargs, _ns(namespace), name, spec, status, meta)
     outcome, test_event = await reconcile_notification(
         kube=memo.kube,
         settings=memo.settings,
@@ -415,6 +463,8 @@ async def notification_changed(
         recreate=old is not None
         and new is not None
         and _annotation(old, TOPIC_RESYNC) != _annotation(new, TOPIC_RESYNC),
+        claim=claim,
+        rivals=rivals,
     )
     new_status = dict(outcome.status)
     _post_change(body, "notification", reason, status, bool(status.get("applied")), outcome, kwargs)
@@ -444,8 +494,9 @@ async def notification_drift(
     meta: kopf.Meta,
     patch: kopf.Patch,
     memo: kopf.Memo,
-    **_: Any,
+    **kwargs: Any,
 ) -> None:
+    claim, rivals = _rivals(kwargs, _ns(namespace), name, spec, status, meta)
     outcome, _event = await reconcile_notification(
         kube=memo.kube,
         settings=memo.settings,
@@ -457,6 +508,8 @@ async def notification_drift(
         status=dict(status),
         generation=meta.get("generation"),
         only_if_drifted=True,
+        claim=claim,
+        rivals=rivals,
     )
     _report_drift(body, "notification", patch, status, bool(status.get("applied")), outcome)
 
@@ -471,8 +524,10 @@ async def notification_deleted(
     namespace: str | None,
     memo: kopf.Memo,
     started: dt.datetime,
-    **_: Any,
+    meta: kopf.Meta,
+    **kwargs: Any,
 ) -> None:
+    claim, rivals = _rivals(kwargs, _ns(namespace), name, spec, status, meta)
     await _bounded_delete(
         body,
         memo.settings,
@@ -490,5 +545,8 @@ async def notification_deleted(
             namespace=_ns(namespace),
             spec=dict(spec),
             status=dict(status),
+            claim=claim,
+            rivals=rivals,
         ),
     )
+

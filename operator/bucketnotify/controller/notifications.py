@@ -10,6 +10,7 @@ notification makes among the tenant's topics.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 from collections import defaultdict
 from dataclasses import dataclass
@@ -19,12 +20,23 @@ from bucketnotify.api.common import GatewayRef
 from bucketnotify.api.notification import BucketNotificationSpec
 from bucketnotify.api.topic import TopicSpec
 from bucketnotify.controller.conditions import ready_condition
+from bucketnotify.controller.id_ownership import (
+    REASON as ID_CONFLICT,
+)
+from bucketnotify.controller.id_ownership import (
+    EntryHolder,
+    IdClaim,
+    cluster_refusal,
+    gateway_refusal,
+    id_owner,
+)
 from bucketnotify.controller.notification_builder import (
     desired_configuration,
     regex_problem,
     same_configuration,
     test_event,
 )
+from bucketnotify.controller.topic_builder import OWNER
 from bucketnotify.controller.topics import (
     NotReconcilable,
     Outcome,
@@ -39,11 +51,11 @@ from bucketnotify.gateway.errors import (
     GatewayInvalidArgument,
     GatewayNotFound,
 )
-from bucketnotify.gateway.pool import GatewayPool
+from bucketnotify.gateway.pool import Gateway, GatewayPool
 from bucketnotify.kube import Kube, SecretMissing
 from bucketnotify.settings import OperatorSettings
 
-__all__ = ["BucketLocks", "delete_notification", "reconcile_notification"]
+__all__ = ["BucketLocks", "delete_notification", "reconcile_notification", "same_gateway"]
 
 
 class BucketLocks:
@@ -98,6 +110,39 @@ async def resolve(
     return Resolved(spec, spec.id or name, arn, topic_spec, connection)
 
 
+async def same_gateway(
+    kube: Kube, settings: OperatorSettings, rivals: list[IdClaim], connection: GatewayConnection
+) -> list[IdClaim]:
+    """The ``rivals`` whose notifications go to the gateway of ``connection`` (a bucket name
+    is the same bucket only on the same gateway). A rival whose gateway cannot be told
+    counts as on it: an Id given to two writers is worse than one held back."""
+    found = []
+    for rival in rivals:
+        endpoint = None
+        with contextlib.suppress(Exception):
+            obj = await kube.get_object("bucketnotifications", rival.namespace, rival.name)
+            if obj is not None:
+                theirs = await resolve_gateway(kube, settings, rival.namespace, obj["spec"])
+                endpoint = theirs.endpoint
+        if endpoint is None or endpoint.rstrip("/") == connection.endpoint.rstrip("/"):
+            found.append(rival)
+    return found
+
+
+async def resolve_gateway(
+    kube: Kube, settings: OperatorSettings, namespace: str, raw: dict[str, Any]
+) -> GatewayConnection:
+    """The gateway a notification's spec goes to: its gatewayRef, else its Topic's, else
+    the operator's."""
+    spec = parse_spec(raw)
+    ref: GatewayRef | None = spec.gateway_ref
+    if ref is None:
+        topic = await kube.get_object("topics", namespace, spec.topic_ref.name)
+        if topic is not None:
+            ref = TopicSpec.model_validate(topic["spec"]).gateway_ref
+    return await gateway_connection(kube, namespace, ref, settings)
+
+
 def _gateway_failure(
     exc: GatewayError, bucket: str, connection: GatewayConnection
 ) -> NotReconcilable:
@@ -128,9 +173,16 @@ async def reconcile_notification(
     generation: int | None,
     only_if_drifted: bool = False,
     recreate: bool = False,
+    claim: IdClaim | None = None,
+    rivals: list[IdClaim] | None = None,
 ) -> tuple[Outcome, dict[str, Any] | None]:
     """Put this notification's Id on its bucket; returns the outcome and, when one should be
     sent now, the test event to send.
+
+    Only when the Id is this notification's (``id_ownership``): ``claim`` is its own claim
+    and ``rivals`` the other BucketNotifications of the operator naming the same bucket and
+    Id; an Id held by another, or found on the bucket made by someone else, is
+    ``IdConflict`` and nothing is written.
 
     ``recreate`` deletes the Id before writing it: the gateway keeps a copy of the topic in
     each notification, refreshed only when the notification is created, so a topic change
@@ -162,15 +214,33 @@ async def reconcile_notification(
         bucket = resolved.spec.bucket
         desired = desired_configuration(resolved.spec, resolved.config_id, resolved.topic_arn)
         repaired: list[str] = []
+        if claim is not None and rivals:
+            same = await same_gateway(kube, settings, rivals, resolved.connection)
+            refusal = cluster_refusal(claim, same, bucket, desired.id)
+            if refusal is not None:
+                raise NotReconcilable(ID_CONFLICT, refusal, retry=True)
+        mine = {desired.topic_arn, *([applied["topicArn"]] if applied else [])}
         async with locks(resolved.connection, bucket):
             try:
                 gateway = await gateways.get(resolved.connection)
                 client = gateway.notifications
-                # put() reads the bucket's configuration itself; a read here only serves
-                # the drift check and re-creation.
-                current = None
-                if only_if_drifted or recreate:
-                    current = await gateway.read(client.get, bucket, resolved.config_id)
+                entries = [c for c in await gateway.read(client.list, bucket) if c.id == desired.id]
+                holders = [
+                    EntryHolder(e.topic_arn, await _owner_of(gateway, e.topic_arn))
+                    for e in entries
+                    if e.topic_arn not in mine
+                ]
+                refusal = gateway_refusal(
+                    holders,
+                    bucket=bucket,
+                    id=desired.id,
+                    owner_id=settings.owner_id,
+                    held_before=bool(applied and applied.get("id") == desired.id),
+                    adopt=resolved.spec.adopt_existing,
+                )
+                if refusal is not None:
+                    raise NotReconcilable(ID_CONFLICT, refusal, retry=True)
+                current = entries[0] if entries else None
                 if current is not None and same_configuration(current, desired) and only_if_drifted:
                     return outcome(
                         True, "Synced", f"Id {desired.id} on bucket {bucket} is in sync"
@@ -184,6 +254,8 @@ async def reconcile_notification(
             except GatewayError as exc:
                 raise _gateway_failure(exc, bucket, resolved.connection) from None
     except NotReconcilable as exc:
+        if exc.reason == ID_CONFLICT:
+            applied = None  # the Id on the bucket is not this notification's (any more)
         return outcome(False, exc.reason, str(exc), retry=exc.retry), None
     applied = {"id": desired.id, "topicArn": desired.topic_arn, "events": list(desired.events)}
     result = outcome(
@@ -193,6 +265,12 @@ async def reconcile_notification(
     if resolved.spec.test_event and not status.get("testEventSent"):
         event = test_event(bucket, dt.datetime.now(dt.UTC))
     return result, event
+
+
+async def _owner_of(gateway: Gateway, topic_arn: str) -> str | None:
+    """The owner mark of a gateway topic; None when it has none or is gone."""
+    topic = await gateway.read(gateway.topics.get, topic_arn)
+    return None if topic is None else topic.endpoint_args.get(OWNER) or None
 
 
 async def send_test_event(
@@ -225,9 +303,15 @@ async def delete_notification(
     namespace: str,
     spec: dict[str, Any],
     status: dict[str, Any],
+    claim: IdClaim | None = None,
+    rivals: list[IdClaim] | None = None,
 ) -> None:
     """Remove this notification's Id (only it) from its bucket, and the copy of its topic
     Ceph made for it; return only once a read shows both gone. A bucket already gone is fine.
+
+    Never another's entry: one that names a topic of neither this notification nor its
+    Topic is left alone, and so is the Id when one of ``rivals`` (other BucketNotifications
+    naming the bucket and Id) owns it rather than ``claim``, this notification.
 
     Also when the notification never became Ready: a PUT answered with a 5xx may have put
     the Id or the copy in place (the benchmark found such leftovers), and a later failure of
@@ -263,9 +347,14 @@ async def delete_notification(
         if not applied:
             return
         raise
+    if claim is not None and rivals and id_owner([claim, *rivals]) != claim:
+        return  # the Id is a rival's to keep
     gateway = await gateways.get(connection)
     async with locks(connection, parsed.bucket):
         try:
+            entries = await gateway.read(gateway.notifications.list, parsed.bucket)
+            if any(c.id == config_id and c.topic_arn not in topic_arns for c in entries):
+                return  # the Id is someone else's now (or always was)
             await gateway.write(
                 gateway.notifications.delete, parsed.bucket, config_id, sorted(topic_arns)
             )

@@ -15,6 +15,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from bucketnotify.api.topic import AmqpEndpoint, KafkaEndpoint, TopicSpec
 
 __all__ = [
+    "OWNER",
     "Credentials",
     "NameClaim",
     "TopicBuildError",
@@ -34,6 +35,10 @@ __all__ = [
 
 # The attributes we set and later compare with what the gateway reports.
 PUSH_ENDPOINT = "push-endpoint"
+# Which operator made a gateway topic (OperatorSettings.owner_id). Ceph keeps attributes it
+# does not know among the topic's endpoint arguments and reports them back; a bucket's
+# notification entry names its topic, so this also says whose a notification Id is.
+OWNER = "bucketnotify-owner"
 
 
 @dataclass(frozen=True)
@@ -269,14 +274,16 @@ def gateway_attributes(
     allow_cleartext_secrets: bool,
     ingest_url: str | None,
     gateway_endpoint: str,
+    owner_id: str | None = None,
 ) -> dict[str, str]:
     """The CreateTopic attributes for ``spec``; ``ingest_url`` is the Topic's own ingest,
-    ``gateway_endpoint`` the URL the operator sends them to.
+    ``gateway_endpoint`` the URL the operator sends them to, ``owner_id`` the operator's
+    mark (``OWNER``).
 
     Credentials that would cross a transport without TLS (to the broker, or inside the
     CreateTopic request to the gateway) are refused unless ``allow_cleartext_secrets``.
     """
-    common: dict[str, str] = {}
+    common: dict[str, str] = {OWNER: owner_id} if owner_id else {}
     if spec.opaque_data is not None:
         common["OpaqueData"] = spec.opaque_data
     if spec.policy is not None:

@@ -18,6 +18,7 @@ from bucketnotify.api.topic import TopicSpec
 from bucketnotify.controller.conditions import ready_status
 from bucketnotify.controller.topic_builder import (
     INGEST_TOKEN_KEY,
+    OWNER,
     Credentials,
     NameClaim,
     TopicBuildError,
@@ -179,6 +180,7 @@ async def _desired(
             allow_cleartext_secrets=settings.allow_cleartext_secrets,
             ingest_url=ingest,
             gateway_endpoint=connection.endpoint,
+            owner_id=settings.owner_id,
         )
     except TopicBuildError as exc:
         raise NotReconcilable(exc.reason, str(exc)) from None
@@ -235,8 +237,24 @@ async def reconcile_topic(
         endpoint_kind = parsed.endpoint.kind
         gateway = await gateways.get(connection)
         repaired: list[str] = []
-        if only_if_drifted and arn and arn_topic_name(arn) == topic_name:
-            current = await gateway.read(gateway.topics.get, arn)
+        held = arn is not None and arn_topic_name(arn) == topic_name
+        # Ceph looks a topic up by the last part of the ARN alone, so a topic not made yet
+        # can be looked for by its name.
+        probe = (
+            arn if arn is not None and held else f"arn:aws:sns:{connection.region}::{topic_name}"
+        )
+        current = await gateway.read(gateway.topics.get, probe)
+        marked_by = current.endpoint_args.get(OWNER) if current is not None else None
+        if marked_by and marked_by != settings.owner_id:
+            # Another cluster's operator on the same gateway: the two would overwrite each
+            # other's endpoint, and each take the other's notification Ids for its own.
+            raise NotReconcilable(
+                "NameConflict",
+                f"gateway topic {topic_name!r} belongs to another bucketnotify operator (owner"
+                f" {marked_by}); set spec.name to a name of its own",
+                retry=True,
+            )
+        if only_if_drifted and held:
             if current is None:
                 repaired = ["topic"]
             else:
