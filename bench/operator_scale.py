@@ -490,7 +490,7 @@ def baseline(rgw: Service, options: Options, tag: str) -> dict[str, Any]:
         result["create_topics_s"] = round(time.monotonic() - started, 2)
         started = time.monotonic()
         for i in range(options.notifications):
-            # Ceph 16.2 keeps the bucket's other Ids on a PUT (DESIGN.md §9).
+            # Ceph 16.2 keeps the bucket's other Ids on a PUT (docs/gateway-compatibility.md).
             retrying(
                 s3.put_bucket_notification_configuration,
                 Bucket=buckets[i % len(buckets)],

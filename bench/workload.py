@@ -170,7 +170,7 @@ def delete_everything(clients: list[Any], bucket: str) -> None:
     """Empty and delete ``bucket`` with single DeleteObject calls from all clients at once.
 
     Never DeleteObjects: a multi-object delete on a bucket with a notification configuration
-    aborts the Ceph 16.2 gateway (DESIGN.md §9).
+    aborts the Ceph 16.2 gateway (docs/gateway-compatibility.md).
     """
     paginator = clients[0].get_paginator("list_objects_v2")
     try:

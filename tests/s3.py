@@ -17,7 +17,8 @@ def s3_client(rgw: LocalService, **config: Any) -> Any:
         endpoint_url=rgw["RGW_ENDPOINT"],
         aws_access_key_id=rgw["RGW_ACCESS_KEY"],
         aws_secret_access_key=rgw["RGW_SECRET_KEY"],
-        # Empty unless the zonegroup has a name (DESIGN.md §9); boto3 needs one to sign.
+        # Empty unless the zonegroup has a name (docs/gateway-compatibility.md); boto3 needs
+        # one to sign.
         region_name=rgw["RGW_REGION"] or "default",
         config=Config(**config),
     )

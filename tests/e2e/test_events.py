@@ -2,9 +2,9 @@
 
 Everything is real: the operator as a subprocess, the apiserver, Ceph RGW pushing to the
 endpoint (non-persistent topics), the brokers. Facts of the Ceph 16.2 gateway that the
-assertions allow for are in DESIGN.md §9: request headers inside ``metadata``, an empty
-``versionId`` on delete markers, and no multi-object delete (it aborts this gateway when the
-bucket has notifications).
+assertions allow for are in docs/gateway-compatibility.md: request headers inside
+``metadata``, an empty ``versionId`` on delete markers, and no multi-object delete (it
+aborts this gateway when the bucket has notifications).
 """
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ async def test_every_event_type_arrives_with_the_reference_fields(
     record = await next_record(endpoint)
     assert record["eventName"] == "ObjectRemoved:DeleteMarkerCreated"
     assert record["s3"]["object"]["key"] == "v.txt"
-    # Ceph 16.2 leaves versionId empty on delete markers (DESIGN.md §9).
+    # Ceph 16.2 leaves versionId empty on delete markers (docs/gateway-compatibility.md).
     assert record["s3"]["object"]["versionId"] == ""
 
 

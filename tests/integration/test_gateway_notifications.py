@@ -89,7 +89,7 @@ def bucket(s3: Any, client: NotificationClient) -> Iterator[str]:
     for config in client.list(name):
         client.delete(name, config.id)
     # One object at a time: a multi-object delete aborts this radosgw on a bucket that has
-    # notifications (DESIGN.md §9).
+    # notifications (docs/gateway-compatibility.md).
     for item in s3.list_objects_v2(Bucket=name).get("Contents", []):
         s3.delete_object(Bucket=name, Key=item["Key"])
     s3.delete_bucket(Bucket=name)

@@ -64,7 +64,8 @@ def test_topic_notification_and_pushed_events(rgw: LocalService, receiver: HttpR
         assert created["s3"]["bucket"]["name"] == bucket
         assert created["s3"]["object"]["key"] == "hello.txt"
         assert created["s3"]["object"]["size"] == 5
-        # Ceph 16.2 also puts request headers into metadata (DESIGN.md §9): look only for ours.
+        # Ceph 16.2 also puts request headers into metadata (docs/gateway-compatibility.md):
+        # look only for ours.
         metadata = {m["key"]: m["val"] for m in created["s3"]["object"]["metadata"]}
         assert metadata["x-amz-meta-team"] == "a"
 

@@ -549,4 +549,3 @@ async def notification_deleted(
             rivals=rivals,
         ),
     )
-

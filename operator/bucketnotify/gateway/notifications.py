@@ -4,7 +4,7 @@ Raw requests signed with botocore's SigV4 signer: boto3's S3 model knows only th
 filter and silently drops Ceph's S3Metadata and S3Tags filters, so the XML is built and
 parsed here.
 
-What Ceph 16.2 does, measured on the test gateway (DESIGN.md §9), and what follows:
+What Ceph 16.2 does, measured on the test gateway (docs/gateway-compatibility.md), and what follows:
 
 - It files a notification under its Id *and* its topic: a PUT that gives an existing Id
   another topic adds a second entry with the same Id beside the old one, ``GET
