@@ -216,14 +216,17 @@ def test_records_add_up_to_the_metrics_of_a_known_workload(
         ("big", "ingested"): 2,
         ("big", "rejected"): 2,
     }
-    assert seen == {
+    # What timing decides, bounded by what the workload guarantees: the flaky events were
+    # refused at least twice each (waited for above), each ttl event at least once.
+    timed = {("flaky", "503"), ("ttl", "503")}
+    assert {k: v for k, v in seen.items() if k not in timed} == {
         ("up", "200"): 6,
-        ("flaky", "503"): expected[("flaky", "failed")],
         ("flaky", "200"): 3,
         ("retries", "503"): 9,
-        ("ttl", "503"): expected[("ttl", "failed")],
         ("big", "413"): 2,
     }
+    assert seen[("flaky", "503")] >= 2 * keys["flaky"]
+    assert seen[("ttl", "503")] >= keys["ttl"]
     total = sum(expected.values())
     metrics = wait_until(
         lambda: scrape(metrics_url),

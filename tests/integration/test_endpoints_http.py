@@ -177,12 +177,10 @@ async def test_a_slow_endpoint_times_out_and_is_retried(http_server: RecordingHt
     http_server.delay_s = 2.0
     settings = EndpointSettings(message_timeout_s=0.5)
     async with http_endpoint(http_server.url, settings=settings) as endpoint:
-        started = asyncio.get_running_loop().time()
         [outcome] = await endpoint.send([Delivery("e1", s3_record())])
-        elapsed = asyncio.get_running_loop().time() - started
+    # The server answers 200 after 2 s: had the push waited for it, the outcome would be ok.
     assert not outcome.ok and outcome.retryable
     assert outcome.error is not None and "0.5 s" in outcome.error
-    assert elapsed < 1.5
 
 
 async def test_connections_are_kept_alive_and_reused(http_server: RecordingHttpServer) -> None:

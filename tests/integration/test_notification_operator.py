@@ -6,13 +6,14 @@ import json
 import queue
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import boto3
 import pytest
 
 from bucketnotify.gateway.connection import GatewayConnection
-from bucketnotify.gateway.notifications import NotificationClient
+from bucketnotify.gateway.notifications import FilterRule, NotificationClient, NotificationConfig
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.operator import DRIFT_INTERVAL_S
@@ -165,22 +166,77 @@ def test_drift_of_the_id_on_the_bucket_is_repaired(
     notifications: NotificationClient,
     bucket: str,
 ) -> None:
+    """An Id deleted, then an Id changed on the gateway, is put back as the spec says, each
+    time with a DriftRepaired Event."""
     http_topic(kubectl, namespace, "hook", receiver.url)
-    apply(
-        kubectl,
-        namespace,
-        "BucketNotification",
+    spec = {
+        "bucket": bucket,
+        "topicRef": {"name": "hook"},
+        "testEvent": False,
+        "events": ["s3:ObjectCreated:Put", "s3:ObjectRemoved:Delete"],
+        "filter": {"key": {"prefix": "in/"}},
+    }
+    apply(kubectl, namespace, "BucketNotification", "n", spec)
+    status = condition(kubectl, namespace, "bucketnotification", "n")
+    wanted = NotificationConfig(
         "n",
-        {"bucket": bucket, "topicRef": {"name": "hook"}, "testEvent": False},
+        status["applied"]["topicArn"],
+        ("s3:ObjectCreated:Put", "s3:ObjectRemoved:Delete"),
+        key_filters=(FilterRule("prefix", "in/"),),
     )
-    condition(kubectl, namespace, "bucketnotification", "n")
+    assert notifications.get(bucket, "n") == wanted
+
     notifications.delete(bucket, "n")
     wait_until(
         lambda: notifications.get(bucket, "n"),
-        lambda c: c is not None,
+        lambda c: c == wanted,
         5 * DRIFT_INTERVAL_S,
-        "the deleted Id to be re-applied",
+        "the deleted Id to be re-applied as the spec says",
     )
+    wait_until(
+        lambda: drift_repairs(kubectl, namespace, "n"),
+        lambda n: n == 1,
+        10,
+        "a DriftRepaired Event",
+    )
+
+    notifications.put(bucket, replace(wanted, events=("s3:ObjectCreated:*",), key_filters=()))
+    wait_until(
+        lambda: notifications.get(bucket, "n"),
+        lambda c: c == wanted,
+        5 * DRIFT_INTERVAL_S,
+        "the changed Id to be repaired",
+    )
+    wait_until(
+        lambda: drift_repairs(kubectl, namespace, "n"),
+        lambda n: n == 2,
+        10,
+        "a second DriftRepaired Event",
+    )
+    assert ready(kubectl, namespace, "n")["status"] == "True"
+
+
+def drift_repairs(kubectl: Kubectl, namespace: str, name: str) -> int:
+    """How many times a DriftRepaired Event of the object was posted (its count)."""
+    events = json.loads(
+        kubectl.run(
+            "get",
+            "events",
+            "-n",
+            namespace,
+            "--field-selector",
+            f"involvedObject.name={name},reason=DriftRepaired",
+            "-o",
+            "json",
+        ).stdout
+    )["items"]
+    return sum(int(e.get("count") or 1) for e in events)
+
+
+def ready(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
+    status = kubectl.get("bucketnotification", name, namespace)["status"]
+    found: dict[str, Any] = {c["type"]: c for c in status["conditions"]}["Ready"]
+    return found
 
 
 def test_invalid_regex_is_caught_before_the_gateway(
@@ -226,6 +282,16 @@ def test_missing_bucket_and_unready_topic_wait_then_recover(
         {"bucket": later, "topicRef": {"name": "hook"}, "testEvent": False},
     )
     condition(kubectl, namespace, "bucketnotification", "early", "False", "TopicNotFound")
+    # A Topic that cannot be Ready: persistent, and this operator has no ingest URL.
+    apply(
+        kubectl,
+        namespace,
+        "Topic",
+        "hook",
+        {"endpoint": {"http": {"url": receiver.url}}, "persistent": True},
+    )
+    condition(kubectl, namespace, "topic", "hook", "False", "DeliveryNotConfigured")
+    condition(kubectl, namespace, "bucketnotification", "early", "False", "TopicNotReady")
     http_topic(kubectl, namespace, "hook", receiver.url)
     condition(kubectl, namespace, "bucketnotification", "early", "False", "BucketNotFound")
     s3.create_bucket(Bucket=later)

@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from PIL import Image, ImageChops
 from pyspark.sql import SparkSession
 
 from bucketnotify_report.job import JobConfig, JobResult, run
@@ -67,7 +68,8 @@ def test_chromium_renders_the_tables_and_plots(chromium: str, report: JobResult)
 
 
 def test_chromium_takes_a_screenshot(chromium: str, report: JobResult, tmp_path: Path) -> None:
-    """A full-width screenshot comes out as a PNG of the size asked for."""
+    """A full-width screenshot shows the report: text, tables and plots drawn down the page,
+    not a blank or an error page."""
     png = tmp_path / "report.png"
     shown = browse(
         chromium, f"--screenshot={png}", "--window-size=1280,2400", f"file://{report.report_path}"
@@ -77,3 +79,13 @@ def test_chromium_takes_a_screenshot(chromium: str, report: JobResult, tmp_path:
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", data[16:24])
     assert (width, height) == (1280, 2400)
+    with Image.open(png) as shot:
+        image = shot.convert("RGB")
+    colours = image.getcolors(maxcolors=width * height) or []
+    assert len(colours) > 50, "plots and tables are drawn in many colours; a blank page in one"
+    drawn = ImageChops.difference(image, Image.new("RGB", image.size, (255, 255, 255))).getbbox()
+    assert drawn is not None
+    left, top, right, bottom = drawn
+    assert right - left > width // 2 and bottom - top > 600, f"content only in {drawn}"
+    dark = sum(n for n, (r, g, b) in colours if r + g + b < 200)
+    assert dark > 2000, "text"
