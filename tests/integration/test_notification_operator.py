@@ -77,8 +77,11 @@ def test_notification_is_applied_with_every_filter_and_sends_a_test_event(
         "events": ["s3:ObjectCreated:*"],
         "filter": {
             "key": {"prefix": "img/", "suffix": ".jpg"},
-            "metadata": [{"name": "x-amz-meta-color", "value": "red"}],
-            "tags": [{"name": "env", "value": "prod"}],
+            "metadata": [
+                {"name": "x-amz-meta-color", "value": "red"},
+                {"name": "x-amz-meta-size", "value": "big"},
+            ],
+            "tags": [{"name": "env", "value": "prod"}, {"name": "team", "value": "a"}],
         },
     }
     apply(kubectl, namespace, "BucketNotification", "photos", spec)
@@ -102,13 +105,23 @@ def test_notification_is_applied_with_every_filter_and_sends_a_test_event(
         ("prefix", "img/"),
         ("suffix", ".jpg"),
     }
-    assert [(r.name, r.value) for r in on_gateway.metadata_filters] == [("x-amz-meta-color", "red")]
-    assert [(r.name, r.value) for r in on_gateway.tag_filters] == [("env", "prod")]
+    assert [(r.name, r.value) for r in on_gateway.metadata_filters] == [
+        ("x-amz-meta-color", "red"),
+        ("x-amz-meta-size", "big"),
+    ]
+    assert [(r.name, r.value) for r in on_gateway.tag_filters] == [("env", "prod"), ("team", "a")]
 
-    # Filtered out (no metadata), then a match: the first record must be the match.
-    s3.put_object(Bucket=bucket, Key="img/plain.jpg", Body=b"x", Tagging="env=prod")
+    # Filtered out (no metadata; one metadata rule of two; one tag rule of two), then a
+    # match: the first record must be the match.
+    both = {"color": "red", "size": "big"}
+    s3.put_object(Bucket=bucket, Key="img/plain.jpg", Body=b"x", Tagging="env=prod&team=a")
     s3.put_object(
-        Bucket=bucket, Key="img/red.jpg", Body=b"x", Metadata={"color": "red"}, Tagging="env=prod"
+        Bucket=bucket, Key="img/half.jpg", Body=b"x", Metadata={"color": "red"},
+        Tagging="env=prod&team=a",
+    )  # fmt: skip
+    s3.put_object(Bucket=bucket, Key="img/tag.jpg", Body=b"x", Metadata=both, Tagging="env=prod")
+    s3.put_object(
+        Bucket=bucket, Key="img/red.jpg", Body=b"x", Metadata=both, Tagging="env=prod&team=a"
     )
     (record,) = receiver.next_records()
     assert record["s3"]["object"]["key"] == "img/red.jpg"

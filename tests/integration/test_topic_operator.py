@@ -136,6 +136,53 @@ def test_each_endpoint_kind_reaches_the_gateway(
     assert "kafka" in listing
 
 
+def test_tls_and_sasl_settings_reach_the_gateway(
+    kubectl: Kubectl, namespace: str, start_operator: StartOperator, gateway: TopicClient
+) -> None:
+    """verify-ssl=false, use-ssl=true and the SASL mechanism, read back from the gateway."""
+    # The test gateway listens on plain HTTP: credentials may cross it only when allowed.
+    start_operator(allow_cleartext_secrets="true")
+    kubectl.run(
+        "create",
+        "secret",
+        "generic",
+        "kafka-creds",
+        "-n",
+        namespace,
+        "--from-literal=username=alice",
+        "--from-literal=password=not-shown",
+    )
+    specs = {
+        f"{namespace}-insecure": {
+            "endpoint": {"http": {"url": "https://127.0.0.1:9/hook", "verifySSL": False}}
+        },
+        f"{namespace}-sasl": {
+            "endpoint": {
+                "kafka": {
+                    "url": "kafka://127.0.0.1:9093",
+                    "useSSL": True,
+                    "sasl": {
+                        "mechanism": "SCRAM-SHA-512",
+                        "credentialsRef": {"secretName": "kafka-creds"},
+                    },
+                }
+            }
+        },
+    }
+    for name, spec in specs.items():
+        kubectl.apply({**topic(name, spec), "metadata": {"name": name, "namespace": namespace}})
+    arns = {name: ready(kubectl, namespace, name)["arn"] for name in specs}
+
+    insecure = gateway_topic(gateway, arns[f"{namespace}-insecure"])
+    assert insecure.endpoint_address == "https://127.0.0.1:9/hook"
+    assert insecure.endpoint_args["verify-ssl"] == "false"
+
+    sasl = gateway_topic(gateway, arns[f"{namespace}-sasl"])
+    assert sasl.endpoint_args["use-ssl"] == "true"
+    assert sasl.endpoint_args["mechanism"] == "SCRAM-SHA-512"
+    assert sasl.has_stored_secret
+
+
 def test_edit_updates_and_delete_removes_the_gateway_topic(
     kubectl: Kubectl, namespace: str, operator: Program, gateway: TopicClient
 ) -> None:

@@ -347,8 +347,10 @@ async def delete_notification(
         if not applied:
             return
         raise
-    if claim is not None and rivals and id_owner([claim, *rivals]) != claim:
-        return  # the Id is a rival's to keep
+    if claim is not None and rivals:
+        same = await same_gateway(kube, settings, rivals, connection)
+        if same and id_owner([claim, *same]) != claim:
+            return  # the Id is a rival's to keep
     gateway = await gateways.get(connection)
     async with locks(connection, parsed.bucket):
         try:
