@@ -33,8 +33,8 @@ class OperatorSettings(BaseSettings):
     """How often the gateway is compared with the spec and repaired. A minute keeps the
     gateway calls of a thousand Topics below twenty a second."""
     allow_cleartext_secrets: bool = False
-    """Allow broker credentials over a transport without TLS (the reference's
-    rgw_allow_notification_secrets_in_cleartext); the gateway must allow it too."""
+    """Allow broker credentials over a transport without TLS. A gateway has its own rule
+    for credentials in a CreateTopic it gets over plain HTTP (Ceph 16.2 refuses them)."""
     delete_give_up_after_seconds: float = Field(default=300.0, gt=0)
     """How long a deletion retries against an unreachable gateway before it releases the
     object and leaves the gateway topic behind (with a Warning event naming it)."""

@@ -139,9 +139,11 @@ def test_each_endpoint_kind_reaches_the_gateway(
 def test_tls_and_sasl_settings_reach_the_gateway(
     kubectl: Kubectl, namespace: str, start_operator: StartOperator, gateway: TopicClient
 ) -> None:
-    """verify-ssl=false, use-ssl=true and the SASL mechanism, read back from the gateway."""
-    # The test gateway listens on plain HTTP: credentials may cross it only when allowed.
-    start_operator(allow_cleartext_secrets="true")
+    """verify-ssl=false and use-ssl=true read back from the gateway; SASL credentials sent
+    to a gateway over plain HTTP are refused by it, and the condition says why."""
+    # The operator may send them in the clear here; the gateway decides for itself.
+    operator = start_operator(allow_cleartext_secrets="true")
+    password = "not-shown-anywhere"
     kubectl.run(
         "create",
         "secret",
@@ -150,11 +152,14 @@ def test_tls_and_sasl_settings_reach_the_gateway(
         "-n",
         namespace,
         "--from-literal=username=alice",
-        "--from-literal=password=not-shown",
+        f"--from-literal=password={password}",
     )
     specs = {
         f"{namespace}-insecure": {
             "endpoint": {"http": {"url": "https://127.0.0.1:9/hook", "verifySSL": False}}
+        },
+        f"{namespace}-tls": {
+            "endpoint": {"kafka": {"url": "kafka://127.0.0.1:9093", "useSSL": True}}
         },
         f"{namespace}-sasl": {
             "endpoint": {
@@ -171,16 +176,28 @@ def test_tls_and_sasl_settings_reach_the_gateway(
     }
     for name, spec in specs.items():
         kubectl.apply({**topic(name, spec), "metadata": {"name": name, "namespace": namespace}})
-    arns = {name: ready(kubectl, namespace, name)["arn"] for name in specs}
-
-    insecure = gateway_topic(gateway, arns[f"{namespace}-insecure"])
+    insecure = gateway_topic(gateway, ready(kubectl, namespace, f"{namespace}-insecure")["arn"])
     assert insecure.endpoint_address == "https://127.0.0.1:9/hook"
     assert insecure.endpoint_args["verify-ssl"] == "false"
 
-    sasl = gateway_topic(gateway, arns[f"{namespace}-sasl"])
-    assert sasl.endpoint_args["use-ssl"] == "true"
-    assert sasl.endpoint_args["mechanism"] == "SCRAM-SHA-512"
-    assert sasl.has_stored_secret
+    tls = gateway_topic(gateway, ready(kubectl, namespace, f"{namespace}-tls")["arn"])
+    assert tls.endpoint_address == "kafka://127.0.0.1:9093"
+    assert tls.endpoint_args["use-ssl"] == "true"
+    assert not tls.has_stored_secret
+
+    status = ready(kubectl, namespace, f"{namespace}-sasl", status="False")
+    condition = status["conditions"][0]
+    assert condition["reason"] == "GatewayRefused", condition
+    assert "the gateway answered 400" in condition["message"]
+    assert "carries broker credentials" in condition["message"]
+    assert "not HTTPS" in condition["message"]
+    assert "arn" not in status
+    assert all(not t.endswith(f":{namespace}.{namespace}-sasl") for t in gateway.list_arns())
+    seen = json.dumps(kubectl.get("topic", f"{namespace}-sasl", namespace)) + events(
+        kubectl, namespace
+    )
+    assert password not in seen
+    assert password not in operator.log()
 
 
 def test_edit_updates_and_delete_removes_the_gateway_topic(

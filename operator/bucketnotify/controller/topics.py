@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ValidationError
 
@@ -19,6 +20,7 @@ from bucketnotify.controller.conditions import ready_status
 from bucketnotify.controller.topic_builder import (
     INGEST_TOKEN_KEY,
     OWNER,
+    PUSH_ENDPOINT,
     Credentials,
     NameClaim,
     TopicBuildError,
@@ -30,7 +32,7 @@ from bucketnotify.controller.topic_builder import (
     ingest_token_secret,
 )
 from bucketnotify.gateway.connection import GatewayConnection
-from bucketnotify.gateway.errors import GatewayError
+from bucketnotify.gateway.errors import GatewayError, GatewayInvalidArgument
 from bucketnotify.gateway.pool import GatewayPool
 from bucketnotify.kube import Kube, SecretMissing
 from bucketnotify.settings import OperatorSettings
@@ -264,7 +266,12 @@ async def reconcile_topic(
                 repaired = differences(attributes, current.endpoint_address, args)
             if not repaired:
                 return outcome(True, "Synced", f"gateway topic {arn} is in sync")
-        arn = await gateway.write(gateway.topics.upsert, topic_name, attributes)
+        try:
+            arn = await gateway.write(gateway.topics.upsert, topic_name, attributes)
+        except GatewayInvalidArgument as exc:
+            raise GatewayInvalidArgument(
+                str(exc) + _credentials_hint(attributes, connection.endpoint)
+            ) from None
     except NotReconcilable as exc:
         refused = outcome(False, exc.reason, str(exc), retry=exc.retry)
         if exc.reason == "NameConflict" and status.get("arn"):
@@ -274,6 +281,20 @@ async def reconcile_topic(
     except GatewayError as exc:
         return outcome(False, exc.reason, str(exc), retry=True)
     return outcome(True, "Synced", f"gateway topic {arn} is in sync", repaired=repaired)
+
+
+def _credentials_hint(attributes: dict[str, str], gateway_endpoint: str) -> str:
+    # Ceph answers a bare 400 (its log says "sending password over insecure transport"):
+    # without this the user cannot tell why an allowed cleartext Topic is refused.
+    if gateway_endpoint.startswith("https://"):
+        return ""
+    if urlsplit(attributes.get(PUSH_ENDPOINT, "")).password is None:
+        return ""
+    return (
+        " (the push-endpoint carries broker credentials and the gateway connection is not"
+        " HTTPS: Ceph refuses credentials on a request that did not reach it over HTTPS;"
+        " use an https:// gateway or persistent: true)"
+    )
 
 
 async def delete_topic(
