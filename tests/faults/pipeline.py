@@ -49,6 +49,7 @@ class Stream:
         # stream keeps its pace instead of queueing retries.
         self._s3 = s3_client(rgw, retries={"max_attempts": 1}, connect_timeout=2, read_timeout=20)
         self._buckets = buckets
+        self.writers = writers
         self._interval = writers / per_second
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -328,17 +329,34 @@ class Outcome:
         )
 
 
+QUIET_S = 15
+"""How long a topic that may lose writes gets no new deliveries before it counts as settled."""
+
+
 def settle(
-    stream: Stream, target: Target, buckets: dict[str, str], timeout: float
+    stream: Stream,
+    target: Target,
+    buckets: dict[str, str],
+    timeout: float,
+    may_lose: frozenset[str] = frozenset(),
 ) -> list[Outcome]:
     """Wait until every acknowledged write of every topic was delivered (or ``timeout``),
-    give stragglers a few seconds to show duplicates, and count."""
+    give stragglers a few seconds to show duplicates, and count. A topic in ``may_lose``
+    also counts as settled once nothing new reached it for ``QUIET_S``: what it lost never
+    comes, and the caller judges the losses."""
     deadline = time.monotonic() + timeout
+    seen = {t: 0 for t in buckets}
+    quiet_since = {t: time.monotonic() for t in buckets}
 
-    def missing(topic: str) -> set[str]:
-        return set(stream.acked[buckets[topic]]) - set(target.keys(topic))
+    def settled(topic: str) -> bool:
+        keys = target.keys(topic)
+        if not set(stream.acked[buckets[topic]]) - set(keys):
+            return True
+        if len(keys) != seen[topic]:
+            seen[topic], quiet_since[topic] = len(keys), time.monotonic()
+        return topic in may_lose and time.monotonic() - quiet_since[topic] > QUIET_S
 
-    while time.monotonic() < deadline and any(missing(t) for t in buckets):
+    while time.monotonic() < deadline and not all([settled(t) for t in buckets]):
         time.sleep(1)
     time.sleep(5)
     outcomes = []
