@@ -14,6 +14,9 @@ import json
 import signal
 import socket
 import threading
+import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -145,7 +148,7 @@ class DeliveryCluster:
         )
         self.replicas[name] = program
         self.ports[name] = port
-        _wait_listening(port, program)
+        wait_ready(port, program)
         return program
 
     def front(self) -> Balancer:
@@ -171,14 +174,26 @@ class DeliveryCluster:
             print(f"--- delivery {name} log ---\n{program.log()[-6000:]}")
 
 
-def _wait_listening(port: int, program: Program) -> None:
-    for _ in range(200):
+def wait_ready(port: int, program: Program, timeout: float = 60) -> None:
+    """Until ``GET /readyz`` answers 200, as a Service waits for a pod's readiness probe."""
+    deadline = time.monotonic() + timeout
+    answer = "no answer"
+    while time.monotonic() < deadline:
         if program.process.poll() is not None:
             pytest.fail(f"delivery replica exited:\n{program.log()[-3000:]}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-            return
-        threading.Event().wait(0.1)
-    pytest.fail(f"delivery replica never listened on {port}:\n{program.log()[-3000:]}")
+        url = f"http://127.0.0.1:{port}/readyz"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                assert json.load(response) == {"ready": True}
+                return
+        except urllib.error.HTTPError as exc:
+            answer = f"{exc.code} {exc.read().decode()}"
+            assert exc.code == 503, answer
+            assert json.loads(answer.split(" ", 1)[1])["ready"] is False, answer
+        except OSError as exc:
+            answer = str(exc)
+        time.sleep(0.1)
+    pytest.fail(f"delivery replica on {port} not ready ({answer}):\n{program.log()[-3000:]}")
 
 
 StartCluster = Callable[..., DeliveryCluster]

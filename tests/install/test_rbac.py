@@ -13,10 +13,8 @@ like: the feature that needs them breaks with the apiserver's refusal in the log
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import re
-import socket
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -25,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.delivery import free_port
+from tests.delivery import free_port, wait_ready
 from tests.install.manifests import SAMPLES, Obj, kustomize, template
 from tests.install.test_manifests import apply
 from tests.kubectl import Kubectl
@@ -116,24 +114,14 @@ class Release:
         program = Program([component], {**env, **overrides})
         self.programs.append(program)
         if component == "delivery" and wait:
-            _wait_listening(self.ingest_port, program)
+            # Ready only once it has read the Topics with the chart's RBAC.
+            wait_ready(self.ingest_port, program, START_TIMEOUT_S)
         return program
 
 
 # The machine is shared and often loaded: start-up and reconciliation get generous time.
 START_TIMEOUT_S = 180
 READY_TIMEOUT_S = 180
-
-
-def _wait_listening(port: int, program: Program) -> None:
-    def listening() -> bool:
-        if program.process.poll() is not None:
-            pytest.fail(f"{program.log_path} exited:\n{program.log()[-3000:]}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-            return True
-        return False
-
-    wait_until(listening, bool, START_TIMEOUT_S, f"the delivery service listening on {port}")
 
 
 def ready(kubectl: Kubectl, namespace: str, kind: str, name: str) -> None:

@@ -122,3 +122,16 @@ async def test_concurrent_requests_all_land_exactly_once(
     for shard in range(4):
         ids += [e.event_id for e in await store.list(QUEUE, shard)]
     assert sorted(ids) == sorted(event_id(record(f"key{i}")) for i in range(40))
+
+
+async def test_readyz_answers_503_with_the_reason_until_ready(tmp_path: Path) -> None:
+    reason: list[str | None] = ["the Topics were not read yet"]
+    ingest = Ingest(LocalDirStore(tmp_path), {})
+    async with TestClient(TestServer(build_app(ingest, lambda: reason[0]))) as client:
+        response = await client.get("/readyz")
+        assert response.status == 503
+        assert await response.json() == {"ready": False, "reason": "the Topics were not read yet"}
+        reason[0] = None
+        response = await client.get("/readyz")
+        assert response.status == 200
+        assert await response.json() == {"ready": True}

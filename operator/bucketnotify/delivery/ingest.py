@@ -16,7 +16,7 @@ load one batch file and fsync, or one object, holds the events of several reques
 answered only once they are durable.
 
 ``GET /metrics`` on the same server serves the replica's Prometheus metrics
-(docs/metrics.md).
+(docs/metrics.md); ``GET /readyz`` says whether a Service should send it requests.
 """
 
 from __future__ import annotations
@@ -207,9 +207,19 @@ def _records(raw: bytes) -> Sequence[dict[str, Any]] | None:
     return records
 
 
-def build_app(ingest: Ingest) -> web.Application:
+def build_app(ingest: Ingest, unready: Callable[[], str | None] = lambda: None) -> web.Application:
+    """The replica's HTTP server: the ingest, ``GET /metrics`` and ``GET /readyz``, which
+    answers 503 with the reason ``unready()`` gives, 200 once it gives None."""
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app.router.add_post("/v1/topics/{namespace}/{topic}/{token}", ingest.handle)
+
+    async def readyz(request: web.Request) -> web.Response:
+        reason = unready()
+        if reason is not None:
+            return web.json_response({"ready": False, "reason": reason}, status=503)
+        return web.json_response({"ready": True})
+
+    app.router.add_get("/readyz", readyz)
 
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(

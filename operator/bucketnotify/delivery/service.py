@@ -211,15 +211,30 @@ class DeliveryService:
         self._loops: dict[tuple[QueueName, int], asyncio.Task[None]] = {}
         self._wakes: dict[tuple[QueueName, int], asyncio.Event] = {}
         self._stopping = False
+        self._loaded = False
+        """The Topic table was read once: until then each request costs an API call."""
+        self._stop: asyncio.Event | None = None
         self._stored: set[QueueName] = set()
         """Queues the store held at the last sweep (finds queues to drain after a restart)."""
         self.events = events or TopicEvents(EventRecorder(api, instance=ownership.identity))
         """Kubernetes Events on the Topics (delivery.events)."""
 
     def app(self) -> web.Application:
-        app = build_app(self.ingest)
+        app = build_app(self.ingest, self.unready)
         app.middlewares.append(self.events.ingest_middleware)
         return app
+
+    def unready(self) -> str | None:
+        """Why a Service should not send this replica requests now, or None.
+
+        Not before the first read of the Topics (a request would wait for its own lookup,
+        while the gateway's sync push is waiting), and not once stopping (the Service
+        takes the replica out before it goes)."""
+        if self._stop is not None and self._stop.is_set():
+            return "stopping"
+        if not self._loaded:
+            return "the Topics were not read yet"
+        return None
 
     # --- Topics ---------------------------------------------------------------------------
 
@@ -644,6 +659,7 @@ class DeliveryService:
         await self._wait_loops(units)
 
     async def run(self, stop: asyncio.Event) -> None:
+        self._stop = stop
         await self._ownership.start()
         last_refresh = last_sweep = last_stats = -1e9
         try:
@@ -652,6 +668,7 @@ class DeliveryService:
                 if now - last_refresh > self.timings.refresh_interval_s:
                     try:
                         await self.refresh()
+                        self._loaded = True
                     except Exception:
                         log.exception("refreshing the topic table failed")
                     last_refresh = now
