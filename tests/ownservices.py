@@ -54,6 +54,11 @@ class OwnService:
         assert result.returncode == 0, f"{self.name}.sh {action} failed:\n{output}"
 
     @property
+    def state_dir(self) -> Path:
+        """Where its script keeps the service's state, pid file and log."""
+        return self._run_dir / self.name
+
+    @property
     def env(self) -> dict[str, str]:
         return read_env(self._run_dir / self.name / "env")
 

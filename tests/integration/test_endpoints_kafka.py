@@ -8,6 +8,8 @@ import asyncio
 import base64
 import json
 import logging
+import os
+import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -276,3 +278,36 @@ async def test_a_broker_restart_under_a_steady_stream_loses_nothing(own_kafka: O
     finally:
         await consumer.stop()
     assert seen == expected
+
+
+async def test_a_push_that_outlives_its_wait_is_not_produced_again(
+    own_kafka: OwnService,
+) -> None:
+    """The broker freezes (SIGSTOP) under a push: the wait ends at the message timeout while
+    the producer still holds the send. The worker retries the event once the broker is
+    back, and the topic holds it once, not twice."""
+    topic = new_topic()
+    bootstrap = own_kafka.env["KAFKA_BOOTSTRAP"]
+    broker = int((own_kafka.state_dir / "pid").read_text())
+    settings = EndpointSettings(connect_timeout_s=5, message_timeout_s=2)
+    warm, frozen = Delivery("warm", s3_record(key="warm")), Delivery("f", s3_record(key="f"))
+    async with kafka_endpoint(
+        f"kafka://{bootstrap}", topic, settings=settings, ackLevel="broker"
+    ) as endpoint:
+        # The topic exists and the producer knows its leader: the push below only waits
+        # for the broker's answer.
+        await send_until_acked(endpoint, [warm], within_s=60)
+        os.kill(broker, signal.SIGSTOP)
+        try:
+            (timed_out,) = await endpoint.send([frozen])
+            await asyncio.sleep(1)
+        finally:
+            os.kill(broker, signal.SIGCONT)
+        assert not timed_out.ok and timed_out.retryable, timed_out
+        assert timed_out.error is not None and "within 2 s" in timed_out.error
+        await send_until_acked(endpoint, [frozen], within_s=60)
+    records = await consume(bootstrap, topic, 2)
+    assert [r.key for r in records] == [b"mybucket1/warm", b"mybucket1/f"]
+    # Anything produced twice would follow within the wait.
+    with pytest.raises(TimeoutError):
+        await consume(bootstrap, topic, 3, timeout_s=5)

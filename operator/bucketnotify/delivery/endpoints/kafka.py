@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
+from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -56,6 +57,8 @@ __all__ = ["SUPPORTED_MECHANISMS", "KafkaPusher", "bootstrap_servers", "message_
 DEFAULT_PORT = 9092
 SUPPORTED_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 CLIENT_ID = "bucketnotify"
+MAX_UNFINISHED = 10_000
+"""Timed-out pushes remembered per endpoint (each holds its event's body)."""
 
 
 def bootstrap_servers(url: str, brokers: list[str]) -> list[tuple[str, int]]:
@@ -148,6 +151,10 @@ class KafkaPusher(BaseEndpoint):
             )
         self._lock = asyncio.Lock()
         self._producer: Any = None  # AIOKafkaProducer, started
+        self._unfinished: OrderedDict[bytes, tuple[Any, asyncio.Future[Any]]] = OrderedDict()
+        """Pushes whose wait timed out, by body, with the producer that has them: the next
+        attempt of the event awaits that send instead of producing the event again (a new
+        producer never finishes the old one's sends, so they are made again)."""
 
     @staticmethod
     def _sasl_options(mechanism: str, credentials: tuple[str, str] | None) -> dict[str, Any]:
@@ -185,7 +192,10 @@ class KafkaPusher(BaseEndpoint):
                 bootstrap_servers=[f"{h}:{p}" for h, p in self._servers],
                 acks=self._acks,
                 linger_ms=0,
-                enable_idempotence=False,
+                # A produce request that timed out is sent again by the producer itself, and
+                # the broker may have written the first one: only the idempotent producer
+                # (which needs acks=all) lets the broker drop the second copy.
+                enable_idempotence=self._acks == "all",
                 **self._conn_options,
             )
             try:
@@ -223,11 +233,27 @@ class KafkaPusher(BaseEndpoint):
         if producer is None:
             raise ConnectError(f"the producer for {self._where} is not running")
         with self._map_errors("producing"):
-            future = await producer.send(self._topic, body, key=message_key(record))
-            # Only our wait ends at the message timeout; the producer finishes or expires the
-            # batch by itself, so its future must not be cancelled under it.
-            future.add_done_callback(_consume_result)
+            made_by, earlier = self._unfinished.pop(body, (None, None))
+            if (
+                earlier is not None
+                and made_by is producer
+                and not (earlier.done() and earlier.exception() is not None)
+            ):
+                # The event's last push outlived our wait and is still in this producer, or
+                # was acknowledged after the wait: sending it again would deliver it twice.
+                future = earlier
+            else:
+                future = await producer.send(self._topic, body, key=message_key(record))
+                # Only our wait ends at the message timeout; the producer finishes or
+                # expires the batch by itself, so its future must not be cancelled under it.
+                future.add_done_callback(_consume_result)
+            self._unfinished[body] = (producer, future)
+            while len(self._unfinished) > MAX_UNFINISHED:
+                # An event not retried here (expired, or its shard moved to another replica)
+                # must not hold its body forever.
+                self._unfinished.popitem(last=False)
             await asyncio.shield(future)
+            self._unfinished.pop(body, None)
 
     def _timeout_error(self, timeout_s: float) -> EndpointError:
         producer = self._producer
