@@ -237,7 +237,7 @@ class KafkaPusher(BaseEndpoint):
             if (
                 earlier is not None
                 and made_by is producer
-                and not (earlier.done() and earlier.exception() is not None)
+                and not (earlier.done() and (earlier.cancelled() or earlier.exception()))
             ):
                 # The event's last push outlived our wait and is still in this producer, or
                 # was acknowledged after the wait: sending it again would deliver it twice.
