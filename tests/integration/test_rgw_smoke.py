@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -10,7 +11,8 @@ import boto3
 import pytest
 
 from tests.localservices import LocalService
-from tests.receivers import HttpReceiver
+from tests.receivers import HttpReceiver, RecordingHttpServer
+from tests.waiting import wait_until
 
 
 def gateway_client(rgw: LocalService, service: str) -> Any:
@@ -76,3 +78,36 @@ def test_topic_notification_and_pushed_events(rgw: LocalService, receiver: HttpR
     finally:
         s3.delete_bucket(Bucket=bucket)
         sns.delete_topic(TopicArn=arn)
+
+
+def test_the_gateway_sends_no_cloudevents_headers_itself(rgw: LocalService) -> None:
+    """Ceph 16.2 takes cloudevents=true on a topic it pushes itself and sends no ce-*
+    header: why a Topic with cloudEvents needs persistent: true (docs/operator.md). Should
+    a gateway send them, this fails and the rule can be relaxed for it."""
+    s3 = gateway_client(rgw, "s3")
+    sns = gateway_client(rgw, "sns")
+    suffix = uuid.uuid4().hex[:8]
+    bucket = f"ce-{suffix}"
+    s3.create_bucket(Bucket=bucket)
+    with RecordingHttpServer() as server:
+        attributes = {"push-endpoint": server.url, "cloudevents": "true"}
+        arn = sns.create_topic(Name=f"ce-{suffix}", Attributes=attributes)["TopicArn"]
+        try:
+            stored = sns.get_topic_attributes(TopicArn=arn)["Attributes"]
+            assert "cloudevents=true" in json.loads(stored["EndPoint"])["EndpointArgs"]
+            s3.put_bucket_notification_configuration(
+                Bucket=bucket,
+                NotificationConfiguration={
+                    "TopicConfigurations": [
+                        {"Id": "ce", "TopicArn": arn, "Events": ["s3:ObjectCreated:*"]}
+                    ]
+                },
+            )
+            s3.put_object(Bucket=bucket, Key="k", Body=b"x")
+            (pushed,) = wait_until(server.received, bool, 20, "the gateway's push")
+        finally:
+            s3.delete_object(Bucket=bucket, Key="k")
+            s3.delete_bucket(Bucket=bucket)
+            sns.delete_topic(TopicArn=arn)
+    assert [r["s3"]["object"]["key"] for r in json.loads(pushed.body)["Records"]] == ["k"]
+    assert [name for name, _ in pushed.headers if name.startswith("ce-")] == []

@@ -81,7 +81,7 @@ def test_each_endpoint_kind_reaches_the_gateway(
     """Applied Topics become gateway topics with the reference's attributes, and go Ready."""
     specs = {
         f"{namespace}-web": {
-            "endpoint": {"http": {"url": "http://127.0.0.1:9/hook", "cloudEvents": True}},
+            "endpoint": {"http": {"url": "http://127.0.0.1:9/hook"}},
             "opaqueData": "team=web",
             "policy": {"Version": "2012-10-17", "Statement": []},
         },
@@ -116,7 +116,7 @@ def test_each_endpoint_kind_reaches_the_gateway(
     assert web.endpoint_address == "http://127.0.0.1:9/hook"
     assert web.persistent is False
     assert web.opaque_data == "team=web"
-    assert web.endpoint_args["cloudevents"] == "true"
+    assert web.endpoint_args["cloudevents"] == "false"
     assert web.endpoint_args["verify-ssl"] == "true"
     assert json.loads(web.endpoint_args["Policy"]) == {"Statement": [], "Version": "2012-10-17"}
 

@@ -34,9 +34,7 @@ def build(
 def test_http_topic_carries_the_reference_attributes() -> None:
     attributes = build(
         {
-            "endpoint": {
-                "http": {"url": "https://hooks/x", "verifySSL": False, "cloudEvents": True}
-            },
+            "endpoint": {"http": {"url": "https://hooks/x", "verifySSL": False}},
             "opaqueData": "od",
             "policy": {"Version": "2012-10-17", "Statement": []},
         }
@@ -44,7 +42,7 @@ def test_http_topic_carries_the_reference_attributes() -> None:
     assert attributes == {
         "push-endpoint": "https://hooks/x",
         "verify-ssl": "false",
-        "cloudevents": "true",
+        "cloudevents": "false",
         "OpaqueData": "od",
         "Policy": '{"Statement":[],"Version":"2012-10-17"}',
         "persistent": "false",
@@ -204,3 +202,15 @@ def test_condition_keeps_transition_time_while_status_is_unchanged() -> None:
     )
     assert flipped[0]["lastTransitionTime"] == "2026-01-01T02:00:00Z"
     assert len(flipped) == 1
+
+
+def test_cloud_events_need_a_persistent_topic() -> None:
+    """The gateway (Ceph 16.2) accepts cloudevents=true and sends no ce-* headers."""
+    http = {"http": {"url": "https://hooks/x", "cloudEvents": True}}
+    with pytest.raises(TopicBuildError) as refused:
+        build({"endpoint": http})
+    assert refused.value.reason == "Unsupported"
+    assert "cloudEvents needs persistent: true" in str(refused.value)
+    ingest = "http://ingest/v1/topics/ns/t/token"
+    persistent = build({"endpoint": http, "persistent": True}, ingest_url=ingest)
+    assert persistent["push-endpoint"] == ingest

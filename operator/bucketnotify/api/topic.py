@@ -186,6 +186,14 @@ class DeliverySettings(Model):
     """Topic (same namespace) that receives events dropped by timeToLive or maxRetries."""
 
 
+CLOUD_EVENTS_NEED_PERSISTENT = (
+    "cloudEvents needs persistent: true: a non-persistent Topic is pushed by the gateway"
+    " itself, and Ceph 16.2 accepts the setting but sends no ce-* headers; with persistent:"
+    " true the delivery service sends them (delivery.handoff: sync keeps each S3 request"
+    " waiting for the hand-off, as the gateway's own push does)"
+)
+
+
 class TopicSpec(Model):
     """Desired state of one gateway topic."""
 
@@ -195,6 +203,11 @@ class TopicSpec(Model):
             " && !has(self.retrySleepDuration) && !has(self.delivery))",
             "message": "timeToLive, maxRetries, retrySleepDuration and delivery apply"
             " only to persistent topics; set persistent: true or remove them",
+        },
+        {
+            "rule": "self.persistent || !has(self.endpoint.http)"
+            " || !has(self.endpoint.http.cloudEvents) || !self.endpoint.http.cloudEvents",
+            "message": CLOUD_EVENTS_NEED_PERSISTENT,
         },
         {
             "rule": "self.persistent || !has(self.endpointTopic)",

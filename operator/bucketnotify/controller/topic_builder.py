@@ -12,7 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from bucketnotify.api.topic import AmqpEndpoint, KafkaEndpoint, TopicSpec
+from bucketnotify.api.topic import (
+    CLOUD_EVENTS_NEED_PERSISTENT,
+    AmqpEndpoint,
+    KafkaEndpoint,
+    TopicSpec,
+)
 
 __all__ = [
     "OWNER",
@@ -317,6 +322,9 @@ def gateway_attributes(
             "caRef needs persistent: true: the gateway reads CA files only from its own disk",
         )
     if endpoint.http is not None:
+        if endpoint.http.cloud_events:
+            # The schema refuses it too; a Topic stored before that rule still gets here.
+            raise TopicBuildError("Unsupported", CLOUD_EVENTS_NEED_PERSISTENT)
         kind_attributes = {
             PUSH_ENDPOINT: endpoint.http.url,
             "verify-ssl": _bool(endpoint.http.verify_ssl),
