@@ -21,7 +21,7 @@ def start_operator(
 ) -> Iterator[StartOperator]:
     started: list[Program] = []
 
-    def start(**settings: str) -> Program:
+    def start(user: int | None = None, **settings: str) -> Program:
         env = {
             "KUBECONFIG": kube["KUBECONFIG_ADMIN"],
             "BUCKETNOTIFY_GATEWAY_ENDPOINT": rgw["RGW_ENDPOINT"],
@@ -34,7 +34,7 @@ def start_operator(
             "BUCKETNOTIFY_METRICS_PORT": "0",
             **{f"BUCKETNOTIFY_{k.upper()}": v for k, v in settings.items()},
         }
-        program = Program(["operator"], env)
+        program = Program(["operator"], env, user=user)
         started.append(program)
         return program
 

@@ -14,7 +14,6 @@ import sys
 from typing import Any
 
 import kopf
-import prometheus_client
 from aiohttp import web
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -33,6 +32,7 @@ from bucketnotify.delivery.stores.open import open_store as _store
 from bucketnotify.gateway.pool import GatewayPool
 from bucketnotify.kube import Kube, connect
 from bucketnotify.metrics import DeliveryMetrics, OperatorMetrics
+from bucketnotify.probes import serve_probes
 from bucketnotify.settings import DeliveryServiceSettings, LogSettings, OperatorSettings
 
 __all__ = ["main"]
@@ -60,10 +60,8 @@ async def run_operator(settings: OperatorSettings) -> None:
     if not settings.owner_id:
         settings = settings.model_copy(update={"owner_id": await Kube(api).cluster_uid()})
     log.info("gateway objects of this operator are marked as owned by %s", settings.owner_id)
+    identity = settings.identity or _default_identity()
     metrics = OperatorMetrics()
-    if settings.metrics_port:
-        prometheus_client.start_http_server(settings.metrics_port, registry=metrics.registry)
-        log.info("operator metrics on :%d/metrics", settings.metrics_port)
     registry = kopf.get_default_registry()
     kopf.on.startup(registry=registry)(_configure_kopf)
     handlers.register_drift_timer(registry, settings.drift_interval_seconds)
@@ -71,6 +69,14 @@ async def run_operator(settings: OperatorSettings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    probes = None
+    if settings.metrics_port:
+        probes = await serve_probes(
+            settings.metrics_port,
+            metrics.exposition,
+            lambda: "stopping" if stop.is_set() else None,
+        )
+        log.info("operator /metrics, /healthz and /readyz on :%d", settings.metrics_port)
     operator = kopf.operator(
         registry=registry,
         memo=kopf.Memo(
@@ -84,26 +90,44 @@ async def run_operator(settings: OperatorSettings) -> None:
         namespaces=settings.namespaces,
         standalone=True,
         stop_flag=stop,
+        # Given, kopf does not derive one from the user database (getpass.getuser()), which
+        # has no entry for a container's numeric user.
+        identity=identity,  # type: ignore[arg-type]  # kopf does not export its Identity type
     )
     try:
         if settings.leader_election:
-            await _lead(api, settings, operator, stop)
+            await _lead(api, settings, identity, operator, stop)
         else:
             await operator
     finally:
+        if probes is not None:
+            await probes.cleanup()
         await api.close()
 
 
+def _default_identity() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
 async def _lead(
-    api: client.ApiClient, settings: OperatorSettings, operator: Any, stop: asyncio.Event
+    api: client.ApiClient,
+    settings: OperatorSettings,
+    identity: str,
+    operator: Any,
+    stop: asyncio.Event,
 ) -> None:
-    identity = f"{socket.gethostname()}-{os.getpid()}"
     lost = asyncio.Event()
     finished = asyncio.Event()
+    failed: list[BaseException] = []
 
     async def leading() -> None:
         try:
             await operator
+        except Exception as exc:
+            # The election runs this as a task whose result nobody reads: kept here, the
+            # failure ends the process with a non-zero status instead of vanishing.
+            log.exception("the operator failed")
+            failed.append(exc)
         finally:
             # kopf replaces our signal handlers once it runs; its end is our cue to stop.
             finished.set()
@@ -132,6 +156,12 @@ async def _lead(
     await asyncio.wait({election, stopping}, return_when=asyncio.FIRST_COMPLETED)
     if lost.is_set():
         raise SystemExit(1)
+    broken = election.exception() if election.done() and not election.cancelled() else None
+    if broken is not None:
+        # The election itself broke (the Lease refused, say): no operator runs, so the
+        # process must not go on looking healthy or end with status 0.
+        stopping.cancel()
+        raise broken
     # Graceful stop: kopf finishes its handlers (stop flag), then the Lease is handed back so
     # another replica takes over at once instead of after the lease duration.
     with contextlib.suppress(TimeoutError):
@@ -139,6 +169,8 @@ async def _lead(
     election.cancel()
     stopping.cancel()
     await _release(api, settings, identity)
+    if failed:
+        raise SystemExit(1)
 
 
 async def _release(api: client.ApiClient, settings: OperatorSettings, identity: str) -> None:

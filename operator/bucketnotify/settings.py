@@ -61,8 +61,13 @@ class OperatorSettings(BaseSettings):
     retry_period_seconds: int = Field(default=2, ge=1)
     """Interval of renewals and of attempts to take the Lease."""
     metrics_port: int = Field(default=9090, ge=0, le=65535)
-    """Port of the Prometheus metrics server (``GET /metrics``, all addresses); 0 turns it
-    off. Followers serve it too (their counters stay at 0)."""
+    """Port of the operator's HTTP server (all addresses): ``GET /metrics`` (Prometheus),
+    ``GET /healthz`` and ``GET /readyz``; 0 turns it off. Followers serve it too (their
+    counters stay at 0)."""
+    identity: str | None = None
+    """This replica's name in the leader Lease and in kopf; defaults to host name and
+    process id (the chart sets the pod name). Set, nothing asks the user database, which a
+    container's numeric user may not be in."""
 
 
 class DeliveryServiceSettings(BaseSettings):

@@ -163,5 +163,40 @@ def test_settings_reach_the_programs_by_their_names(helm_bin: str) -> None:
     assert _env(objs, "delivery")["BUCKETNOTIFY_DELIVERY_IDENTITY"] == {
         "fieldRef": {"fieldPath": "metadata.name"}
     }
+    # The pod name: kopf would otherwise ask the user database, where uid 65532 is not.
+    assert _env(objs, "operator")["BUCKETNOTIFY_IDENTITY"] == {
+        "fieldRef": {"fieldPath": "metadata.name"}
+    }
     # The namespaces the programs serve are the chart's, as JSON.
     assert json.loads(_env(objs, "operator")["BUCKETNOTIFY_NAMESPACES"]) == []
+
+
+def test_probes_ask_the_event_loop_and_readiness(helm_bin: str) -> None:
+    """Liveness on /healthz (answered by the event loop), readiness on /readyz, each on the
+    port the program serves them on, never /metrics (answered from a thread)."""
+    objs = template(helm_bin)
+    probes = {}
+    for component in ("operator", "delivery"):
+        (deployment,) = [
+            o
+            for o in objs
+            if o["kind"] == "Deployment" and o["metadata"]["name"].endswith(f"-{component}")
+        ]
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        env = _env(objs, component)
+        served = int(
+            env["BUCKETNOTIFY_METRICS_PORT"]
+            if component == "operator"
+            else env["BUCKETNOTIFY_DELIVERY_LISTEN_PORT"]
+        )
+        for kind in ("livenessProbe", "readinessProbe"):
+            get = container[kind]["httpGet"]
+            assert ports[get["port"]] == served
+            probes[component, kind] = get["path"]
+    assert probes == {
+        ("operator", "livenessProbe"): "/healthz",
+        ("operator", "readinessProbe"): "/readyz",
+        ("delivery", "livenessProbe"): "/healthz",
+        ("delivery", "readinessProbe"): "/readyz",
+    }

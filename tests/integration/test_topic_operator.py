@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
 import pytest
+from kubernetes_asyncio import client as k8s_client
+from kubernetes_asyncio import config as k8s_config
 
+from bucketnotify import cli
 from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.gateway.topics import GatewayTopic, TopicClient
+from bucketnotify.settings import OperatorSettings
+from tests.delivery import free_port
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.operator import DRIFT_INTERVAL_S, StartOperator
@@ -428,3 +435,65 @@ def test_only_the_lease_holder_reconciles_and_a_successor_takes_over(
     kubectl.apply({**topic(name2, spec2), "metadata": {"name": name2, "namespace": namespace}})
     arn = ready(kubectl, namespace, name2)["arn"]
     assert gateway.get(arn) is not None
+
+
+def test_an_operator_whose_user_has_no_name_leads_reconciles_and_answers_its_probes(
+    kubectl: Kubectl,
+    namespace: str,
+    start_operator: StartOperator,
+) -> None:
+    """Our image runs as uid 65532, which has no passwd entry. kopf names itself after the
+    user (getpass.getuser()) unless given an identity: the leader's kopf then died with
+    KeyError 'getpwuid(): uid not found' while the process went on and later exited 0."""
+    port = free_port()
+    identity = f"operator-{namespace}"
+    operator = start_operator(user=65532, identity=identity, metrics_port=str(port))
+    wait_until(operator.log, lambda log: "successfully acquired lease" in log, 30, "leading")
+    holder = kubectl.get("lease", "bucketnotify-operator", namespace)
+    assert holder["spec"]["holderIdentity"] == identity
+
+    name = f"{namespace}-nouser"
+    spec = {"endpoint": {"http": {"url": "http://127.0.0.1:9/nouser"}}}
+    kubectl.apply({**topic(name, spec), "metadata": {"name": name, "namespace": namespace}})
+    ready(kubectl, namespace, name)
+    assert operator.process.poll() is None
+    assert "getpwuid" not in operator.log()
+
+    base = f"http://127.0.0.1:{port}"
+    assert httpx.get(f"{base}/healthz", timeout=5).json() == {"alive": True}
+    assert httpx.get(f"{base}/readyz", timeout=5).json() == {"ready": True}
+    metrics = httpx.get(f"{base}/metrics", timeout=5)
+    assert metrics.headers["content-type"].startswith("text/plain")
+    assert "bucketnotify_" in metrics.text
+
+
+async def test_a_leader_whose_operator_fails_ends_with_a_non_zero_status(
+    kube: LocalService, namespace: str
+) -> None:
+    """The leader election runs the operator as a task nobody awaits; a failure there must
+    end the process with status 1, not 0 (the Lease is handed back first)."""
+    await k8s_config.load_kube_config(config_file=kube["KUBECONFIG_ADMIN"])
+    api = k8s_client.ApiClient()
+    settings = OperatorSettings(
+        leader_election_namespace=namespace,
+        lease_duration_seconds=4,
+        renew_deadline_seconds=3,
+        retry_period_seconds=1,
+    )
+
+    async def failing_operator() -> None:
+        raise RuntimeError("kopf stand-in failed")
+
+    try:
+        # Awaited in this task (no wait_for): asyncio lets a SystemExit raised in another
+        # task escape the event loop instead of reaching the awaiter.
+        with pytest.raises(SystemExit) as ended:
+            async with asyncio.timeout(30):
+                await cli._lead(api, settings, "failing", failing_operator(), asyncio.Event())
+        assert ended.value.code == 1
+        lease = await k8s_client.CoordinationV1Api(api).read_namespaced_lease(
+            settings.leader_election_lease, namespace
+        )
+        assert lease.spec.holder_identity in ("", None)
+    finally:
+        await api.close()

@@ -135,3 +135,13 @@ async def test_readyz_answers_503_with_the_reason_until_ready(tmp_path: Path) ->
         response = await client.get("/readyz")
         assert response.status == 200
         assert await response.json() == {"ready": True}
+
+
+async def test_healthz_answers_while_the_replica_is_not_ready(tmp_path: Path) -> None:
+    ingest = Ingest(LocalDirStore(tmp_path), {})
+    app = build_app(ingest, lambda: "the Topics were not read yet")
+    async with TestClient(TestServer(app)) as client:
+        response = await client.get("/healthz")
+        assert response.status == 200
+        assert await response.json() == {"alive": True}
+        assert (await client.get("/readyz")).status == 503

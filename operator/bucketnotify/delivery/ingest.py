@@ -16,7 +16,8 @@ load one batch file and fsync, or one object, holds the events of several reques
 answered only once they are durable.
 
 ``GET /metrics`` on the same server serves the replica's Prometheus metrics
-(docs/metrics.md); ``GET /readyz`` says whether a Service should send it requests.
+(docs/metrics.md); ``GET /readyz`` says whether a Service should send it requests and
+``GET /healthz`` that its event loop answers.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from aiohttp import web
 from bucketnotify.delivery.groupcommit import GroupCommit
 from bucketnotify.delivery.queue import QueueFull, QueueName, QueueStore, Reservation, shard_of
 from bucketnotify.delivery.recording import Recorder
-from bucketnotify.metrics import CONTENT_TYPE_LATEST, DeliveryMetrics
+from bucketnotify.metrics import DeliveryMetrics
+from bucketnotify.probes import probes_app
 
 __all__ = ["MAX_BODY_BYTES", "Ingest", "IngestTopic", "build_app", "event_id"]
 
@@ -208,23 +210,9 @@ def _records(raw: bytes) -> Sequence[dict[str, Any]] | None:
 
 
 def build_app(ingest: Ingest, unready: Callable[[], str | None] = lambda: None) -> web.Application:
-    """The replica's HTTP server: the ingest, ``GET /metrics`` and ``GET /readyz``, which
-    answers 503 with the reason ``unready()`` gives, 200 once it gives None."""
-    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    """The replica's HTTP server: the ingest, ``GET /metrics``, ``GET /healthz`` (the event
+    loop answers) and ``GET /readyz``, which answers 503 with the reason ``unready()``
+    gives, 200 once it gives None."""
+    app = probes_app(ingest.metrics.exposition, unready, client_max_size=MAX_BODY_BYTES)
     app.router.add_post("/v1/topics/{namespace}/{topic}/{token}", ingest.handle)
-
-    async def readyz(request: web.Request) -> web.Response:
-        reason = unready()
-        if reason is not None:
-            return web.json_response({"ready": False, "reason": reason}, status=503)
-        return web.json_response({"ready": True})
-
-    app.router.add_get("/readyz", readyz)
-
-    async def metrics(request: web.Request) -> web.Response:
-        return web.Response(
-            body=ingest.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST}
-        )
-
-    app.router.add_get("/metrics", metrics)
     return app

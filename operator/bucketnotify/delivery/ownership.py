@@ -129,6 +129,10 @@ class Ownership:
         self._task: asyncio.Task[None] | None = None
         self.changed = asyncio.Event()
         """Set whenever the set of owned partitions changes."""
+        self.joined = False
+        """True once this replica's member Lease was written: the others count it in the
+        fair share from then on. It stays True through an API server outage, when the
+        member Lease cannot be renewed but the ingest still commits to the store."""
 
     # --- what the worker asks -------------------------------------------------------------
 
@@ -313,9 +317,11 @@ class Ownership:
         except ApiException as exc:
             if exc.status != 404:
                 raise
-            await self._create(self._body(name, "member", self.identity, now))
+            if await self._create(self._body(name, "member", self.identity, now)):
+                self.joined = True
             return
-        await self._write(lease, self.identity, now, renew=True)
+        if await self._write(lease, self.identity, now, renew=True):
+            self.joined = True
 
     async def _create(self, body: client.V1Lease) -> bool:
         try:

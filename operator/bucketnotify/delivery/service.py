@@ -234,6 +234,8 @@ class DeliveryService:
             return "stopping"
         if not self._loaded:
             return "the Topics were not read yet"
+        if not self._ownership.joined:
+            return "its member Lease was not written yet"
         return None
 
     # --- Topics ---------------------------------------------------------------------------
