@@ -1,11 +1,16 @@
-# The one image of bucketnotify: `bucketnotify operator`, `bucketnotify delivery` and the admin
-# CLI (charts/bucketnotify runs it with args [operator] or [delivery]).
+# The images of bucketnotify, from one file:
+#   - operator and delivery service (default): `bucketnotify operator`, `bucketnotify delivery`
+#     and the admin CLI (charts/bucketnotify runs it with args [operator] or [delivery]);
+#   - the Spark report job: `--build-arg EXTRAS=report` on a base image that has Java
+#     (deploy/local/images.sh builds both).
 #
-# The project installs itself (`pip install .`), so pyproject.toml is the only list of what the
+# The project installs itself (`pip install .`), so pyproject.toml is the only list of what an
 # image contains; tests/install/test_image.py checks that nothing else is installed.
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
+# Empty, or "report" for the Spark job's pyspark, matplotlib and jinja2.
+ARG EXTRAS=""
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 # A virtual environment is one directory to copy into the runtime stage, without pip's caches
@@ -13,10 +18,15 @@ ENV PIP_NO_CACHE_DIR=1 \
 RUN python -m venv /opt/bucketnotify
 WORKDIR /src
 COPY pyproject.toml README.md ./
+# The dependencies first, from pyproject.toml alone (the package directories are still empty),
+# so that a change to the code below reuses this layer instead of installing them again.
+RUN mkdir -p operator/bucketnotify spark/bucketnotify_report \
+    && /opt/bucketnotify/bin/pip install ".${EXTRAS:+[${EXTRAS}]}" \
+    && /opt/bucketnotify/bin/pip uninstall --yes bucketnotify
 COPY operator/ operator/
 # The report job (bucketnotify_report) is part of the same distribution.
 COPY spark/ spark/
-RUN /opt/bucketnotify/bin/pip install . \
+RUN /opt/bucketnotify/bin/pip install --no-deps . \
     && /opt/bucketnotify/bin/pip uninstall --yes pip setuptools
 
 FROM ${PYTHON_IMAGE}

@@ -75,11 +75,44 @@ def test_multi_stage_pinned_and_non_root() -> None:
 
 
 def test_the_only_package_list_is_pyproject() -> None:
-    """Nothing is installed by name: the one pip install installs the project itself."""
-    runs = [a for w, a in instructions() if w == "RUN"]
-    installs = [m for run in runs for m in re.findall(r"pip install ([^&;]+)", run)]
-    assert [i.strip() for i in installs] == ["."], installs
+    """Nothing is installed by name: the project's dependencies (with the extras the build
+    asks for, which pyproject.toml declares) and then the project itself without them."""
+    steps = instructions()
+    runs = [a for w, a in steps if w == "RUN"]
+    installs = [m.strip() for run in runs for m in re.findall(r"pip install ([^&;]+)", run)]
+    assert installs == ['".${EXTRAS:+[${EXTRAS}]}"', "--no-deps ."], installs
     assert not any(re.search(r"apt-get install|apk add|requirements", run) for run in runs)
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    # The one extra an image takes: the report job's, never the developers'.
+    assert [a for w, a in steps if w == "ARG" and a.startswith("EXTRAS")] == ['EXTRAS=""']
+    assert "report" in extras
+    assert not any(re.search(r"pytest|ruff|mypy", d) for d in extras["report"])
+
+
+def test_dependencies_are_installed_before_the_code_is_copied() -> None:
+    """A change to the code reuses the layer of installed dependencies."""
+    steps = instructions()
+    order = [
+        "deps" if w == "RUN" and '".${EXTRAS' in a else f"copy {a.split()[0]}"
+        for w, a in steps
+        if (w == "RUN" and '".${EXTRAS' in a) or (w == "COPY" and "--from" not in a)
+    ]
+    assert order == ["copy pyproject.toml", "deps", "copy operator/", "copy spark/"]
+
+
+def test_the_operator_image_leaves_the_report_job_out() -> None:
+    """pyspark, matplotlib and jinja2 are the report extra's, not the service's; the
+    service never imports them."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    heavy = {"pyspark", "matplotlib", "jinja2"}
+    assert not heavy & {Requirement(d).name for d in project["dependencies"]}
+    assert heavy <= {Requirement(d).name for d in project["optional-dependencies"]["report"]}
+    for path in (REPO / "operator" / "bucketnotify").rglob("*.py"):
+        source = path.read_text()
+        for name in heavy:
+            assert not re.search(rf"^\s*(import|from) {name}\b", source, re.M), (path, name)
 
 
 def _context(tmp: Path) -> Path:
