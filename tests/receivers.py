@@ -78,7 +78,7 @@ class ReceivedRequest:
 
 
 class RecordingHttpServer:
-    """An HTTP(S) endpoint on 127.0.0.1 that records every POST.
+    """An HTTP(S) endpoint on 127.0.0.1 (or ``host``) that records every POST.
 
     HTTP/1.1 with keep-alive (a client may reuse its connection); answers ``status`` after
     ``delay_s`` (both can be changed while it runs) and counts the requests it serves at once.
@@ -86,7 +86,12 @@ class RecordingHttpServer:
     """
 
     def __init__(
-        self, *, ssl_context: ssl.SSLContext | None = None, status: int = 200, delay_s: float = 0
+        self,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        status: int = 200,
+        delay_s: float = 0,
+        host: str = "127.0.0.1",
     ) -> None:
         self.requests: queue.Queue[ReceivedRequest] = queue.Queue()
         self.status = status
@@ -125,7 +130,7 @@ class RecordingHttpServer:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = ThreadingHTTPServer((host, 0), Handler)
         self._server.daemon_threads = True
         if ssl_context is not None:
             self._server.socket = ssl_context.wrap_socket(self._server.socket, server_side=True)

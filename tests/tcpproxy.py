@@ -12,10 +12,13 @@ import threading
 
 
 class TcpProxy:
-    def __init__(self, target_host: str, target_port: int) -> None:
+    def __init__(self, target_host: str, target_port: int, listen_host: str = "127.0.0.1") -> None:
+        """``listen_host``: another local address, such as the test cluster's bridge, for
+        clients in pods, which cannot reach the host's loopback."""
         self._target = (target_host, target_port)
+        self.host = listen_host
         probe = socket.socket()
-        probe.bind(("127.0.0.1", 0))
+        probe.bind((listen_host, 0))
         self.port: int = probe.getsockname()[1]
         probe.close()
         self._server: socket.socket | None = None
@@ -23,10 +26,10 @@ class TcpProxy:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def start(self) -> None:
-        server = socket.create_server(("127.0.0.1", self.port), reuse_port=True)
+        server = socket.create_server((self.host, self.port), reuse_port=True)
         self._server = server
         threading.Thread(target=self._accept, args=(server,), daemon=True).start()
 
