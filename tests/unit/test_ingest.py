@@ -145,3 +145,23 @@ async def test_healthz_answers_while_the_replica_is_not_ready(tmp_path: Path) ->
         assert response.status == 200
         assert await response.json() == {"alive": True}
         assert (await client.get("/readyz")).status == 503
+
+
+async def test_a_queue_over_max_bytes_answers_503_and_enqueues_nothing(tmp_path: Path) -> None:
+    """maxQueueBytes through the ingest: a request that would pass the byte bound is refused
+    whole (503, which the gateway retries), and what was queued stays."""
+    store = LocalDirStore(tmp_path)
+    size = len(json.dumps(record("k00")).encode())
+    # Room for three records of this size, not four; entries are not the bound here.
+    await store.create(QUEUE, 1, QueueLimits(max_entries=1000, max_bytes=size * 3 + size // 2))
+    ingest = Ingest(store, {("team-a", "orders"): IngestTopic(QUEUE, TOKEN, 1)})
+    async with TestClient(TestServer(build_app(ingest))) as client:
+        for i in range(3):
+            assert (await client.post(URL, json={"Records": [record(f"k{i:02d}")]})).status == 200
+        refused = await client.post(URL, json={"Records": [record("k03"), record("k04")]})
+        assert refused.status == 503
+        stats = await store.stats(QUEUE, 0)
+        assert stats.entries == 3
+        assert stats.bytes <= size * 3 + size // 2
+        keys = sorted(json.loads(e.body)["s3"]["object"]["key"] for e in await store.list(QUEUE, 0))
+        assert keys == ["k00", "k01", "k02"]
