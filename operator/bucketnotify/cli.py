@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -15,10 +14,7 @@ from typing import Any
 
 import kopf
 from aiohttp import web
-from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
-from kubernetes_asyncio.leaderelection import electionconfig, leaderelection
-from kubernetes_asyncio.leaderelection.resourcelock.leaselock import LeaseLock
 
 from bucketnotify import admin, logs
 from bucketnotify.controller import handlers
@@ -31,6 +27,7 @@ from bucketnotify.delivery.stores.open import StoreConfigError
 from bucketnotify.delivery.stores.open import open_store as _store
 from bucketnotify.gateway.pool import GatewayPool
 from bucketnotify.kube import Kube, connect
+from bucketnotify.leadership import lead
 from bucketnotify.metrics import DeliveryMetrics, OperatorMetrics
 from bucketnotify.probes import serve_probes
 from bucketnotify.settings import DeliveryServiceSettings, LogSettings, OperatorSettings
@@ -96,7 +93,7 @@ async def run_operator(settings: OperatorSettings) -> None:
     )
     try:
         if settings.leader_election:
-            await _lead(api, settings, identity, operator, stop)
+            await lead(api, settings, identity, operator, stop)
         else:
             await operator
     finally:
@@ -107,88 +104,6 @@ async def run_operator(settings: OperatorSettings) -> None:
 
 def _default_identity() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
-
-
-async def _lead(
-    api: client.ApiClient,
-    settings: OperatorSettings,
-    identity: str,
-    operator: Any,
-    stop: asyncio.Event,
-) -> None:
-    lost = asyncio.Event()
-    finished = asyncio.Event()
-    failed: list[BaseException] = []
-
-    async def leading() -> None:
-        try:
-            await operator
-        except Exception as exc:
-            # The election runs this as a task whose result nobody reads: kept here, the
-            # failure ends the process with a non-zero status instead of vanishing.
-            log.exception("the operator failed")
-            failed.append(exc)
-        finally:
-            # kopf replaces our signal handlers once it runs; its end is our cue to stop.
-            finished.set()
-            stop.set()
-
-    async def stopped() -> None:
-        # A leader that could not renew stops before its Lease can expire (renew deadline <
-        # lease duration), so a new leader never overlaps with it.
-        log.error("lost the leader Lease %s; stopping", settings.leader_election_lease)
-        lost.set()
-
-    lock = LeaseLock(
-        settings.leader_election_lease, settings.leader_election_namespace, identity, api
-    )
-    config = electionconfig.Config(
-        lock,
-        lease_duration=settings.lease_duration_seconds,
-        renew_deadline=settings.renew_deadline_seconds,
-        retry_period=settings.retry_period_seconds,
-        onstarted_leading=leading,
-        onstopped_leading=stopped,
-    )
-    log.info("waiting for the leader Lease %s as %s", settings.leader_election_lease, identity)
-    election = asyncio.create_task(leaderelection.LeaderElection(config).run())
-    stopping = asyncio.create_task(stop.wait())
-    await asyncio.wait({election, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    if lost.is_set():
-        raise SystemExit(1)
-    broken = election.exception() if election.done() and not election.cancelled() else None
-    if broken is not None:
-        # The election itself broke (the Lease refused, say): no operator runs, so the
-        # process must not go on looking healthy or end with status 0.
-        stopping.cancel()
-        raise broken
-    # Graceful stop: kopf finishes its handlers (stop flag), then the Lease is handed back so
-    # another replica takes over at once instead of after the lease duration.
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(finished.wait(), timeout=settings.renew_deadline_seconds)
-    election.cancel()
-    stopping.cancel()
-    await _release(api, settings, identity)
-    if failed:
-        raise SystemExit(1)
-
-
-async def _release(api: client.ApiClient, settings: OperatorSettings, identity: str) -> None:
-    leases = client.CoordinationV1Api(api)
-    try:
-        lease = await leases.read_namespaced_lease(
-            settings.leader_election_lease, settings.leader_election_namespace
-        )
-        if lease.spec.holder_identity != identity:
-            return
-        lease.spec.holder_identity = ""
-        lease.spec.lease_duration_seconds = 1
-        await leases.replace_namespaced_lease(
-            settings.leader_election_lease, settings.leader_election_namespace, lease
-        )
-        log.info("released the leader Lease %s", settings.leader_election_lease)
-    except ApiException as exc:
-        log.warning("could not release the leader Lease: %s", exc.reason)
 
 
 async def run_delivery(settings: DeliveryServiceSettings, operator: OperatorSettings) -> None:

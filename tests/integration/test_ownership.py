@@ -97,6 +97,36 @@ async def test_a_silent_replica_is_fenced_before_its_partitions_move(
     assert len(survivor.owned()) == 12
 
 
+async def test_after_an_outage_longer_than_the_lease_every_replica_keeps_its_partitions(
+    api: client.ApiClient, namespace: str
+) -> None:
+    """No round reaches the API server for longer than the lease duration (an outage seen
+    by all): when they get through again, one after the other, every Lease looks expired,
+    yet no partition changes hands, since each move repeats the events in flight on it."""
+    settings = LeaseSettings(namespace=namespace, **FAST)  # type: ignore[arg-type]
+    replicas = [Ownership(api, f"r{i}", settings) for i in range(3)]
+    await settle(replicas)
+    before = {r.identity: r.owned() for r in replicas}
+    assert sorted(len(p) for p in before.values()) == [4, 4, 4]
+
+    await asyncio.sleep(settings.lease_duration_s + 1)
+    assert not any(r.owned() for r in replicas), "fenced during the outage"
+    for _ in range(3):
+        for replica in replicas:
+            await replica.tick()
+        assert {r.identity: r.owned() for r in replicas} == before
+
+    # A replica that does not come back is taken over once the pause is over.
+    survivors = replicas[:2]
+    deadline = time.monotonic() + settings.lease_duration_s * 2 + 3
+    while len(holders(survivors)) < settings.partitions:
+        assert time.monotonic() < deadline, "the partitions of the dead replica stay orphaned"
+        await asyncio.sleep(0.5)
+        for replica in survivors:
+            await replica.tick()
+    assert all(len(who) == 1 for who in holders(survivors).values())
+
+
 async def test_one_renewal_that_hangs_does_not_fence_the_other_partitions(
     api: client.ApiClient, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

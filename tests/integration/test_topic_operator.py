@@ -12,7 +12,7 @@ import pytest
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 
-from bucketnotify import cli
+from bucketnotify import leadership
 from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.gateway.topics import GatewayTopic, TopicClient
 from bucketnotify.settings import OperatorSettings
@@ -489,7 +489,7 @@ async def test_a_leader_whose_operator_fails_ends_with_a_non_zero_status(
         # task escape the event loop instead of reaching the awaiter.
         with pytest.raises(SystemExit) as ended:
             async with asyncio.timeout(30):
-                await cli._lead(api, settings, "failing", failing_operator(), asyncio.Event())
+                await leadership.lead(api, settings, "failing", failing_operator(), asyncio.Event())
         assert ended.value.code == 1
         lease = await k8s_client.CoordinationV1Api(api).read_namespaced_lease(
             settings.leader_election_lease, namespace

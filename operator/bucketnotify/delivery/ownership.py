@@ -27,6 +27,15 @@ schedule. So one slow or stuck call fences only its own partition; if a round wa
 it, the next round would come too late for every other partition as well. Every call has a
 timeout of ``renew_deadline``, past which its answer could not keep the partition anyway.
 
+After an API server outage every Lease looks expired, the other replicas' as well as their
+member Leases, though they are alive and only waiting to renew. A replica whose rounds
+failed for longer than the renew deadline therefore takes nobody's expired partition for
+one lease duration after it gets through again: it renews its own, takes only free ones,
+and lets the others renew theirs first. Without that pause the first replica back counts
+itself alone, takes every partition and hands most of them back a round later, and each
+move repeats the events in flight on it. A replica that died during the outage loses its
+partitions one lease duration later than it otherwise would.
+
 Clocks: expiry is judged from the Lease's renewTime against the local clock, so replicas'
 clocks must agree to well within a second (NTP), as Kubernetes leader election already
 assumes.
@@ -129,6 +138,10 @@ class Ownership:
         self._task: asyncio.Task[None] | None = None
         self.changed = asyncio.Event()
         """Set whenever the set of owned partitions changes."""
+        # monotonic time of the last round that reached the API server, and until when this
+        # replica takes no expired partition because it just got through after an outage
+        self._reached: float | None = None
+        self._settling_until = 0.0
         self.joined = False
         """True once this replica's member Lease was written: the others count it in the
         fair share from then on. It stays True through an API server outage, when the
@@ -216,6 +229,16 @@ class Ownership:
             ns, label_selector=selector, _request_timeout=self._timeout
         )
         now = _now()
+        reached = time.monotonic()
+        if self._reached is not None and reached - self._reached > self.settings.renew_deadline_s:
+            self._settling_until = reached + self.settings.lease_duration_s
+            log.info(
+                "the API server is back after %.0f s: taking no expired partition for %d s",
+                reached - self._reached,
+                self.settings.lease_duration_s,
+            )
+        self._reached = reached
+        settling = reached < self._settling_until
         members = [
             lease
             for lease in listed.items
@@ -266,8 +289,10 @@ class Ownership:
             if lease is None:
                 if await self._create(self._body(name, "partition", self.identity, _now())):
                     self._held[partition] = sent
-            elif _expired(lease, now) and await self._write(
-                lease, self.identity, _now(), renew=False
+            elif (
+                _expired(lease, now)
+                and not settling
+                and await self._write(lease, self.identity, _now(), renew=False)
             ):
                 self._held[partition] = sent
 
