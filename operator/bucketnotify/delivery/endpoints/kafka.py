@@ -58,6 +58,14 @@ DEFAULT_PORT = 9092
 SUPPORTED_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 CLIENT_ID = "bucketnotify"
 MAX_UNFINISHED = 10_000
+# Errors after which an idempotent producer never sends again.
+_PRODUCER_STATE_LOST = (
+    kafka_errors.OutOfOrderSequenceNumber,
+    kafka_errors.UnknownProducerId,
+    kafka_errors.InvalidProducerEpoch,
+    kafka_errors.InvalidProducerIdMapping,
+    kafka_errors.ProducerFenced,
+)
 """Timed-out pushes remembered per endpoint (each holds its event's body)."""
 
 
@@ -151,6 +159,7 @@ class KafkaPusher(BaseEndpoint):
             )
         self._lock = asyncio.Lock()
         self._producer: Any = None  # AIOKafkaProducer, started
+        self._stopping: set[asyncio.Task[None]] = set()  # discarded producers being stopped
         self._unfinished: OrderedDict[bytes, tuple[Any, asyncio.Future[Any]]] = OrderedDict()
         """Pushes whose wait timed out, by body, with the producer that has them: the next
         attempt of the event awaits that send instead of producing the event again (a new
@@ -232,7 +241,7 @@ class KafkaPusher(BaseEndpoint):
         producer = self._producer
         if producer is None:
             raise ConnectError(f"the producer for {self._where} is not running")
-        with self._map_errors("producing"):
+        with self._map_errors("producing", producer):
             made_by, earlier = self._unfinished.pop(body, (None, None))
             if (
                 earlier is not None
@@ -271,6 +280,16 @@ class KafkaPusher(BaseEndpoint):
             if producer is not None:
                 await self._stop(producer)
 
+    def _discard_producer(self, producer: Any) -> None:
+        """Forget ``producer`` if it is still the running one (the next push starts a new
+        one) and stop it in the background: its stop() waits for its pending batches, at
+        most the message timeout. A late failure of an older producer changes nothing."""
+        if producer is not None and producer is self._producer:
+            self._producer = None
+            task = asyncio.get_running_loop().create_task(self._stop(producer))
+            self._stopping.add(task)
+            task.add_done_callback(self._stopping.discard)
+
     async def _stop(self, producer: Any) -> None:
         # stop() flushes what is pending; with the brokers down that waits for the batches
         # to expire, so it is bounded here.
@@ -279,8 +298,8 @@ class KafkaPusher(BaseEndpoint):
                 await producer.stop()
 
     @contextlib.contextmanager
-    def _map_errors(self, doing: str) -> Iterator[None]:
-        """aiokafka's exceptions as ours."""
+    def _map_errors(self, doing: str, producer: Any = None) -> Iterator[None]:
+        """aiokafka's exceptions as ours; ``producer`` is the one doing it."""
         where = self._where
         try:
             yield
@@ -317,8 +336,17 @@ class KafkaPusher(BaseEndpoint):
         except TimeoutError as exc:
             raise ConnectError(f"could not connect to {where} in time") from exc
         except (kafka_errors.ProducerClosed, kafka_errors.IllegalStateError) as exc:
-            self._producer = None  # start a new one with the next batch
+            self._discard_producer(producer)  # start a new one with the next batch
             raise TransportError(f"the producer stopped ({type(exc).__name__})") from exc
+        except _PRODUCER_STATE_LOST as exc:
+            # The broker lost the idempotent producer's sequence state (a broker killed and
+            # started again): aiokafka's sender stops for good and every later send fails
+            # the same way, so the events would wait forever. A new producer gets a new
+            # producer id; what the old one had not written is produced again.
+            self._discard_producer(producer)
+            raise TransportError(
+                f"{where} lost this producer's state ({type(exc).__name__}); starting a new one"
+            ) from exc
         except kafka_errors.KafkaConnectionError as exc:
             reason = describe_tls_failure(exc) or str(exc) or type(exc).__name__
             raise ConnectError(f"{where}: {reason}") from exc
