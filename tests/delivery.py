@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
@@ -160,6 +161,20 @@ class DeliveryCluster:
         self.replicas[name].process.send_signal(sig)
         if sig == signal.SIGKILL:
             self.replicas[name].process.wait()
+
+    def metric(self, sample: str) -> float:
+        """``sample`` (e.g. ``pubsub_push_failed_total``) summed over the running replicas'
+        ``GET /metrics``."""
+        total = 0.0
+        for name, program in self.replicas.items():
+            if program.process.poll() is not None:
+                continue
+            url = f"http://127.0.0.1:{self.ports[name]}/metrics"
+            with urllib.request.urlopen(url, timeout=5) as response:
+                text = response.read().decode()
+            for family in text_string_to_metric_families(text):
+                total += sum(s.value for s in family.samples if s.name == sample)
+        return total
 
     def holders(self) -> dict[int, str]:
         """Partition → holder of every partition Lease that is held and not expired."""

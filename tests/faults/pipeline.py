@@ -252,7 +252,10 @@ class Pipeline:
             },
         )
         for i in range(self.replicas):
-            self.cluster.start(f"replica-{i}", **self.replica_settings)
+            # The partitions-owned gauge every second: the apiserver test reads it mid-outage.
+            self.cluster.start(
+                f"replica-{i}", **{"stats_interval_seconds": "1", **self.replica_settings}
+            )
         balancer = self.cluster.front()
         self.operator = Program(
             ["operator"],

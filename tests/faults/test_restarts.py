@@ -117,25 +117,44 @@ def test_an_apiserver_down_past_the_lease_duration_loses_no_event_and_repeats_no
         def restart() -> None:
             kube.script("apiserver-stop")
             time.sleep(LEASE_DURATION_S + 5)
+            # The outage reached the replicas: unable to renew, each fenced itself.
+            fenced.append(pipeline.cluster.metric("bucketnotify_lease_partitions_owned"))
             kube.script("apiserver-start")
 
+        fenced: list[float] = []
+
         _, outcomes = run(pipeline, HttpTarget(receiver), restart)
+    assert fenced == [0], "a replica still owned partitions at the end of the outage"
     assert_none_lost(outcomes)
     for outcome in outcomes:
         assert outcome.duplicates == 0, outcome.line()
 
 
-def test_a_rabbitmq_restart_loses_no_acknowledged_event(
+def broker_restart(pipeline: Pipeline, restart: Callable[[], None]) -> Callable[[], None]:
+    """``restart`` that asserts that it hit the stream: pushes failed while it ran."""
+
+    def fault() -> None:
+        before = pipeline.cluster.metric("pubsub_push_failed_total")
+        restart()
+        time.sleep(2)  # the pushes the restart broke report their failure
+        after = pipeline.cluster.metric("pubsub_push_failed_total")
+        assert after > before, "no push failed during the broker restart: the fault missed"
+
+    return fault
+
+
+def test_a_rabbitmq_restart_loses_no_acknowledged_event_and_repeats_none(
     kube: LocalService, rgw: LocalService, tmp_path: Path, pipelines: Callable[..., Pipeline]
 ) -> None:
     """The broker stops and boots again on its data: what it confirmed is in the durable
     queues afterwards, what it did not is pushed again."""
     with own_service("rabbitmq", tmp_path / "run") as rabbitmq:
         pipeline = pipelines(kube, rgw)
-        _, outcomes = run(
-            pipeline, AmqpTarget(rabbitmq.service()), lambda: rabbitmq.script("restart")
-        )
+        fault = broker_restart(pipeline, lambda: rabbitmq.script("restart"))
+        _, outcomes = run(pipeline, AmqpTarget(rabbitmq.service()), fault)
     assert_none_lost(outcomes)
+    for outcome in outcomes:
+        assert outcome.duplicates == 0, outcome.line()
 
 
 def test_a_kafka_restart_loses_no_acknowledged_event_and_repeats_none(
@@ -146,7 +165,9 @@ def test_a_kafka_restart_loses_no_acknowledged_event_and_repeats_none(
     with own_service("kafka", tmp_path / "run") as kafka:
         pipeline = pipelines(kube, rgw)
         target = KafkaTarget(kafka.env["KAFKA_BOOTSTRAP"])
-        _, outcomes = run(pipeline, target, lambda: kafka.script("restart"))
+        _, outcomes = run(
+            pipeline, target, broker_restart(pipeline, lambda: kafka.script("restart"))
+        )
     assert_none_lost(outcomes)
     for outcome in outcomes:
         assert outcome.duplicates == 0, outcome.line()
