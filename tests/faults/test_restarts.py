@@ -85,7 +85,7 @@ def pipelines() -> Iterator[Callable[..., Pipeline]]:
         pipeline.close()
 
 
-def test_a_gateway_killed_and_started_again_loses_no_acknowledged_event(
+def test_a_gateway_killed_and_started_again_loses_no_event_and_repeats_none(
     kube: LocalService, tmp_path: Path, pipelines: Callable[..., Pipeline]
 ) -> None:
     """radosgw is killed (SIGKILL) and started again on the same cluster. It holds both the
@@ -102,6 +102,8 @@ def test_a_gateway_killed_and_started_again_loses_no_acknowledged_event(
         _, outcomes = run(pipeline, HttpTarget(receiver), restart)
     assert_none_lost(outcomes)
     assert sum(o.unacked for o in outcomes), "no write met the outage: the fault missed"
+    for outcome in outcomes:
+        assert outcome.duplicates == 0, outcome.line()
 
 
 def test_an_apiserver_down_past_the_lease_duration_loses_no_event_and_repeats_none(
