@@ -108,7 +108,7 @@ def _default_identity() -> str:
 
 async def run_delivery(settings: DeliveryServiceSettings, operator: OperatorSettings) -> None:
     api = await connect()
-    identity = settings.identity or f"{socket.gethostname()}-{os.getpid()}"
+    identity = settings.identity or _default_identity()
     store = await _store(settings, operator)
     metrics = DeliveryMetrics()
     writer = _record_writer(settings, operator, identity, metrics)
