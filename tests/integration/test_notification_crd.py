@@ -24,7 +24,21 @@ def notification(name: str, namespace: str, spec: dict[str, Any]) -> dict[str, A
 
 
 BAD: list[tuple[str, dict[str, Any], str]] = [
-    ("no-topic", {"bucket": "photos"}, "spec.topicRef: Required value"),
+    (
+        "no-topic",
+        {"bucket": "photos"},
+        "set exactly one of topicRef (a Topic of this namespace) and topicARN",
+    ),
+    (
+        "topicRef-and-topicARN",
+        {**BASE, "topicARN": "arn:aws:sns:default::other"},
+        "set exactly one of topicRef (a Topic of this namespace) and topicARN",
+    ),
+    (
+        "not-an-arn",
+        {"bucket": "photos", "topicARN": "other"},
+        "spec.topicARN in body should match",
+    ),
     ("no-bucket", {"topicRef": {"name": "t"}}, "spec.bucket: Required value"),
     ("bad-bucket-name", {**BASE, "bucket": "Bad_Bucket"}, "spec.bucket in body should match"),
     (

@@ -395,3 +395,61 @@ def test_topic_change_is_carried_to_its_notifications(
                 return False
 
         wait_until(delivered_to_new, bool, 30, "events at the Topic's new endpoint")
+
+
+def test_a_topic_made_on_the_gateway_is_used_by_arn_and_never_deleted(
+    kubectl: Kubectl,
+    namespace: str,
+    operator: Program,
+    rgw: LocalService,
+    receiver: HttpReceiver,
+    notifications: NotificationClient,
+    bucket: str,
+    s3: Any,
+) -> None:
+    """spec.topicARN: a topic another team made through the gateway's SNS API. The
+    notification is Ready once the gateway has it, events flow to its endpoint, and deleting
+    the notification removes its Id but leaves the topic."""
+    sns = boto3.client(
+        "sns",
+        endpoint_url=rgw["RGW_ENDPOINT"],
+        aws_access_key_id=rgw["RGW_ACCESS_KEY"],
+        aws_secret_access_key=rgw["RGW_SECRET_KEY"],
+        region_name=rgw["RGW_REGION"] or "default",
+    )
+    name = f"made-by-hand-{uuid.uuid4().hex[:8]}"
+    arn = sns.create_topic(Name=name, Attributes={"push-endpoint": receiver.url})["TopicArn"]
+    try:
+        missing = arn.replace(name, f"{name}-missing")
+        apply(
+            kubectl,
+            namespace,
+            "BucketNotification",
+            "lost",
+            {"bucket": bucket, "topicARN": missing},
+        )
+        status = condition(kubectl, namespace, "bucketnotification", "lost", "False")
+        (ready,) = [c for c in status["conditions"] if c["type"] == "Ready"]
+        assert ready["reason"] == "TopicNotFound"
+        assert missing in ready["message"]
+        assert notifications.get(bucket, "lost") is None
+        kubectl.run("delete", "bucketnotification", "lost", "-n", namespace)
+
+        spec = {"bucket": bucket, "topicARN": arn, "events": ["s3:ObjectCreated:*"]}
+        apply(kubectl, namespace, "BucketNotification", "by-arn", spec)
+        status = condition(kubectl, namespace, "bucketnotification", "by-arn")
+        assert status["applied"]["topicArn"] == arn
+        on_gateway = notifications.get(bucket, "by-arn")
+        assert on_gateway is not None and on_gateway.topic_arn == arn
+
+        s3.put_object(Bucket=bucket, Key="by-arn.txt", Body=b"x")
+        (record,) = receiver.next_records()
+        assert record["s3"]["object"]["key"] == "by-arn.txt"
+        assert record["s3"]["configurationId"] == "by-arn"
+
+        kubectl.run("delete", "bucketnotification", "by-arn", "-n", namespace, "--timeout=60s")
+        assert notifications.get(bucket, "by-arn") is None
+        assert sns.get_topic_attributes(TopicArn=arn)["Attributes"]["TopicArn"] == arn
+    finally:
+        s3.delete_object(Bucket=bucket, Key="by-arn.txt")
+        sns.delete_topic(TopicArn=arn)

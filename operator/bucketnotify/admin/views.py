@@ -104,7 +104,7 @@ def notification_row(obj: dict[str, Any], now: dt.datetime, all_namespaces: bool
     return [
         *_name(obj, all_namespaces),
         spec.get("bucket", NONE),
-        (spec.get("topicRef") or {}).get("name", NONE),
+        (spec.get("topicRef") or {}).get("name") or spec.get("topicARN") or NONE,
         _events(spec),
         _filters(spec),
         _ready(obj).get("status", NONE),

@@ -39,6 +39,7 @@ BUCKET_NOTIFICATION = CrdInfo(
     printer_columns=[
         {"name": "Bucket", "type": "string", "jsonPath": ".spec.bucket"},
         {"name": "Topic", "type": "string", "jsonPath": ".spec.topicRef.name"},
+        {"name": "Topic ARN", "type": "string", "jsonPath": ".spec.topicARN", "priority": 1},
         {"name": "Id", "type": "string", "jsonPath": ".status.applied.id", "priority": 1},
         *ready_columns(),
     ],

@@ -133,12 +133,27 @@ class BucketNotificationSpec(Model):
             "rule": "self.bucket == oldSelf.bucket",
             "message": "bucket is immutable: create a new BucketNotification instead",
         },
+        {
+            "rule": "has(self.topicRef) != has(self.topicARN)",
+            "message": "set exactly one of topicRef (a Topic of this namespace) and topicARN"
+            " (a topic already on the gateway)",
+        },
     )
 
     bucket: str = Field(min_length=3, max_length=63, pattern=r"^[a-z0-9][a-z0-9.-]*[a-z0-9]$")
     """Name of the bucket on the gateway."""
-    topic_ref: TopicRef
-    """The Topic the events go to."""
+    topic_ref: TopicRef | None = None
+    """The Topic the events go to; or topicARN."""
+    topic_arn: str | None = Field(
+        default=None,
+        alias="topicARN",
+        max_length=1024,
+        pattern=r"^arn:aws:sns:[^:]*:[^:]*:[^:]+$",
+    )
+    """A topic that already exists on the gateway and is not managed here (made by another
+    team, by radosgw-admin or through the SNS API), by its ARN; instead of topicRef. The
+    operator checks that the gateway has it and never changes or deletes it, and sends it
+    no test event (it does not know the topic's endpoint)."""
     id: str | None = Field(default=None, min_length=1, max_length=255)
     """Notification configuration Id on the bucket; defaults to metadata.name. Immutable."""
     events: list[EventType] = Field(
@@ -156,7 +171,7 @@ class BucketNotificationSpec(Model):
     """Send an s3:TestEvent record through the Topic when the configuration first becomes
     Ready, so the wiring can be seen working."""
     gateway_ref: GatewayRef | None = None
-    """Gateway connection; defaults to the Topic's, then the operator's."""
+    """Gateway connection; defaults to the Topic's (topicRef), then the operator's."""
     adopt_existing: bool = False
     """Take over an entry with this Id that the bucket already has and that no bucketnotify
     operator made (a hand-made configuration being migrated). Without it such an entry is

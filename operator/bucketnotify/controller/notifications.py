@@ -73,8 +73,9 @@ class Resolved:
     spec: BucketNotificationSpec
     config_id: str
     topic_arn: str
-    topic_spec: TopicSpec
     connection: GatewayConnection
+    external: bool
+    """The topic is a gateway topic named by topicARN, not a Topic of ours."""
 
 
 def parse_spec(spec: dict[str, Any]) -> BucketNotificationSpec:
@@ -89,6 +90,11 @@ async def resolve(
         problem = regex_problem(spec.filter.key.regex)
         if problem:
             raise NotReconcilable("InvalidFilter", problem)
+    if spec.topic_ref is None:
+        # topicARN: whether the gateway has it is checked under the bucket lock.
+        assert spec.topic_arn is not None  # the schema asks for exactly one of them
+        connection = await _connection(kube, settings, namespace, spec.gateway_ref)
+        return Resolved(spec, spec.id or name, spec.topic_arn, connection, external=True)
     topic = await kube.get_object("topics", namespace, spec.topic_ref.name)
     if topic is None:
         raise NotReconcilable(
@@ -103,11 +109,17 @@ async def resolve(
         )
     topic_spec = TopicSpec.model_validate(topic["spec"])
     ref: GatewayRef | None = spec.gateway_ref or topic_spec.gateway_ref
+    connection = await _connection(kube, settings, namespace, ref)
+    return Resolved(spec, spec.id or name, arn, connection, external=False)
+
+
+async def _connection(
+    kube: Kube, settings: OperatorSettings, namespace: str, ref: GatewayRef | None
+) -> GatewayConnection:
     try:
-        connection = await gateway_connection(kube, namespace, ref, settings)
+        return await gateway_connection(kube, namespace, ref, settings)
     except SecretMissing as exc:
         raise NotReconcilable("SecretNotFound", str(exc)) from None
-    return Resolved(spec, spec.id or name, arn, topic_spec, connection)
 
 
 async def same_gateway(
@@ -136,7 +148,7 @@ async def resolve_gateway(
     the operator's."""
     spec = parse_spec(raw)
     ref: GatewayRef | None = spec.gateway_ref
-    if ref is None:
+    if ref is None and spec.topic_ref is not None:
         topic = await kube.get_object("topics", namespace, spec.topic_ref.name)
         if topic is not None:
             ref = TopicSpec.model_validate(topic["spec"]).gateway_ref
@@ -224,6 +236,16 @@ async def reconcile_notification(
             try:
                 gateway = await gateways.get(resolved.connection)
                 client = gateway.notifications
+                if (
+                    resolved.external
+                    and await gateway.read(gateway.topics.get, desired.topic_arn) is None
+                ):
+                    raise NotReconcilable(
+                        "TopicNotFound",
+                        f"the gateway has no topic {desired.topic_arn} (topicARN): create it"
+                        " there first, or use topicRef to a Topic of this namespace",
+                        retry=True,
+                    )
                 entries = [c for c in await gateway.read(client.list, bucket) if c.id == desired.id]
                 holders = [
                     EntryHolder(e.topic_arn, await _owner_of(gateway, e.topic_arn))
@@ -262,7 +284,8 @@ async def reconcile_notification(
         True, "Synced", f"Id {desired.id} on bucket {bucket} is in sync", repaired=repaired
     )
     event = None
-    if resolved.spec.test_event and not status.get("testEventSent"):
+    # A topic named by ARN has an endpoint the operator does not know: no test event.
+    if resolved.spec.test_event and not resolved.external and not status.get("testEventSent"):
         event = test_event(bucket, dt.datetime.now(dt.UTC))
     return result, event
 
@@ -282,6 +305,8 @@ async def send_test_event(
     persistent topics get their test event once the delivery service carries them.
     """
     parsed = parse_spec(spec)
+    if parsed.topic_ref is None:
+        raise EndpointError("test events reach only Topics of this namespace, not a topicARN")
     topic = await kube.get_object("topics", namespace, parsed.topic_ref.name)
     if topic is None:
         raise EndpointError("the Topic is gone")
@@ -331,7 +356,11 @@ async def delete_notification(
     # earlier, failed DELETE removed does not, nor does a PUT that failed halfway.
     topic_arns = {applied["topicArn"]} if applied else set()
     ref = parsed.gateway_ref
-    topic = await kube.get_object("topics", namespace, parsed.topic_ref.name)
+    if parsed.topic_arn is not None:
+        topic_arns.add(parsed.topic_arn)
+    topic = None
+    if parsed.topic_ref is not None:
+        topic = await kube.get_object("topics", namespace, parsed.topic_ref.name)
     if topic is not None:
         if ref is None:
             ref = TopicSpec.model_validate(topic["spec"]).gateway_ref
