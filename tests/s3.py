@@ -22,3 +22,14 @@ def s3_client(rgw: LocalService, **config: Any) -> Any:
         region_name=rgw["RGW_REGION"] or "default",
         config=Config(**config),
     )
+
+
+def sns_client(rgw: LocalService) -> Any:
+    """The gateway's SNS API (topics) as the test user."""
+    return boto3.client(
+        "sns",
+        endpoint_url=rgw["RGW_ENDPOINT"],
+        aws_access_key_id=rgw["RGW_ACCESS_KEY"],
+        aws_secret_access_key=rgw["RGW_SECRET_KEY"],
+        region_name=rgw["RGW_REGION"] or "default",
+    )

@@ -20,6 +20,7 @@ from tests.operator import DRIFT_INTERVAL_S
 from tests.processes import Program
 from tests.receivers import HttpReceiver
 from tests.resources import apply, condition
+from tests.s3 import sns_client
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("crds")
@@ -410,13 +411,7 @@ def test_a_topic_made_on_the_gateway_is_used_by_arn_and_never_deleted(
     """spec.topicARN: a topic another team made through the gateway's SNS API. The
     notification is Ready once the gateway has it, events flow to its endpoint, and deleting
     the notification removes its Id but leaves the topic."""
-    sns = boto3.client(
-        "sns",
-        endpoint_url=rgw["RGW_ENDPOINT"],
-        aws_access_key_id=rgw["RGW_ACCESS_KEY"],
-        aws_secret_access_key=rgw["RGW_SECRET_KEY"],
-        region_name=rgw["RGW_REGION"] or "default",
-    )
+    sns = sns_client(rgw)
     name = f"made-by-hand-{uuid.uuid4().hex[:8]}"
     arn = sns.create_topic(Name=name, Attributes={"push-endpoint": receiver.url})["TopicArn"]
     try:
