@@ -174,7 +174,14 @@ class _Metered:
         await self.aclose()
 
 
+# How long a Topic the API server did not have is not asked for again.
+MISS_TTL_S = 1.0
+
+
 class DeliveryService:
+    MAX_MISSES = 10_000
+    """Unknown Topics remembered (each a recent lookup that found nothing)."""
+
     def __init__(
         self,
         *,
@@ -259,7 +266,7 @@ class DeliveryService:
         key = (namespace, name)
         if not self._in_scope(namespace):
             return None
-        if time.monotonic() - self._misses.get(key, -1e9) < 1.0:
+        if time.monotonic() - self._misses.get(key, -1e9) < MISS_TTL_S:
             return None
         async with self._lock:
             if key not in self.ingest_topics:
@@ -273,7 +280,12 @@ class DeliveryService:
                         raise
         found = self.ingest_topics.get(key)
         if found is None:
+            # Oldest first, so the bound drops the stalest: a sender inventing names must
+            # not grow the replica's memory without end.
+            self._misses.pop(key, None)
             self._misses[key] = time.monotonic()
+            while len(self._misses) > self.MAX_MISSES:
+                del self._misses[next(iter(self._misses))]
         return found
 
     async def refresh(self) -> None:

@@ -1,0 +1,61 @@
+"""The delivery replica's lookup of Topics it does not know, against the real apiserver."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import cast
+
+from kubernetes_asyncio import client, config
+
+from bucketnotify.delivery.ownership import LeaseSettings, Ownership
+from bucketnotify.delivery.queue import QueueName
+from bucketnotify.delivery.service import DeliveryService
+from bucketnotify.delivery.stores.localdir import LocalDirStore
+from bucketnotify.metrics import DeliveryMetrics
+from tests.localservices import LocalService
+
+
+class _Owner:
+    identity = "replica-0"
+    before_release = None
+    settings = LeaseSettings(namespace="default")
+    joined = True
+
+    def owns_shard(self, queue: QueueName, shard: int) -> bool:
+        return True
+
+    def owned(self) -> set[int]:
+        return set(range(32))
+
+
+async def test_names_of_topics_that_do_not_exist_are_remembered_within_a_bound(
+    kube: LocalService, namespace: str, tmp_path: Path
+) -> None:
+    """Every push to a Topic the replica does not know asks the API server once (then the
+    answer is kept for a second, so a stray sender cannot turn each request into an API
+    call), and however many names a sender invents, the replica remembers at most
+    MAX_MISSES of them."""
+    configuration = client.Configuration()
+    await config.load_kube_config(
+        config_file=kube["KUBECONFIG_ADMIN"], client_configuration=configuration
+    )
+    async with client.ApiClient(configuration) as api:
+        service = DeliveryService(
+            api=api,
+            store=LocalDirStore(tmp_path),
+            ownership=cast(Ownership, _Owner()),
+            namespaces=[namespace],
+            metrics=DeliveryMetrics(),
+        )
+        service.MAX_MISSES = 20
+        names = [f"nope-{uuid.uuid4().hex[:8]}" for _ in range(60)]
+        for name in names:
+            assert await service.resolve(namespace, name) is None
+        remembered = service._misses
+        assert len(remembered) == 20
+        # The newest are kept: the oldest were dropped first.
+        assert list(remembered) == [(namespace, n) for n in names[-20:]]
+        # Remembered: answered without the API server (a closed client would raise).
+        await api.close()
+        assert await service.resolve(namespace, names[-1]) is None
