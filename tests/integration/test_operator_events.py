@@ -17,6 +17,7 @@ from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.operator import StartOperator
 from tests.resources import apply, condition
+from tests.s3 import s3_client
 from tests.tcpproxy import TcpProxy
 from tests.waiting import wait_until
 
@@ -143,3 +144,43 @@ def test_failure_once_then_recovered_created_updated_and_no_secret_in_events_or_
     about_far = [r for r in records if (r.get("object") or {}).get("name") == "far"]
     assert about_far and all(r["object"]["kind"] == "Topic" for r in about_far)
     assert any(r["severity"] == "debug" for r in records), "DEBUG records were written"
+
+
+def test_a_test_event_that_cannot_be_sent_warns_and_deletions_are_told(
+    kubectl: Kubectl, namespace: str, start_operator: StartOperator, rgw: LocalService
+) -> None:
+    """TestEventNotSent (Warning) when the Topic's endpoint refuses the s3:TestEvent, the
+    notification Ready all the same; Deleted (Normal) on each object once the gateway no
+    longer has it."""
+    start_operator()
+    bucket = f"ev-{namespace}"
+    s3_client(rgw).create_bucket(Bucket=bucket)
+    # Port 9 (discard) refuses on loopback: the test event cannot be posted.
+    apply(
+        kubectl, namespace, "Topic", "hook", {"endpoint": {"http": {"url": "http://127.0.0.1:9/"}}}
+    )
+    condition(kubectl, namespace, "topic", "hook")
+    apply(
+        kubectl,
+        namespace,
+        "BucketNotification",
+        "n",
+        {"bucket": bucket, "topicRef": {"name": "hook"}},
+    )
+    status = condition(kubectl, namespace, "bucketnotification", "n")
+    assert status.get("testEventSent") is False
+    (warning,) = [
+        e
+        for e in object_events(kubectl, namespace, "BucketNotification", "n")
+        if e["reason"] == "TestEventNotSent"
+    ]
+    assert warning["type"] == "Warning"
+    assert warning["message"].startswith("could not connect to http://127.0.0.1:9")
+
+    kubectl.run("delete", "bucketnotification", "n", "-n", namespace, "--timeout=60s")
+    kubectl.run("delete", "topic", "hook", "-n", namespace, "--timeout=60s")
+    for kind, name in (("BucketNotification", "n"), ("Topic", "hook")):
+        deleted = [
+            e for e in object_events(kubectl, namespace, kind, name) if e["reason"] == "Deleted"
+        ]
+        assert [e["type"] for e in deleted] == ["Normal"], (kind, deleted)
