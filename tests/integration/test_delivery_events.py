@@ -14,6 +14,7 @@ import secrets
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -372,3 +373,90 @@ async def test_a_series_of_occurrences_is_one_event_whose_count_rises(
     assert "hunter2-secret" not in event["message"]
     assert "amqp://***@h" in event["message"] and "(400 failed pushes since" in event["message"]
     assert event["involvedObject"]["uid"] == kubectl.get("topic", "t", namespace)["metadata"]["uid"]
+
+
+def test_an_endpoint_that_cannot_be_opened_as_specified_is_endpoint_invalid_until_fixed(
+    kube: LocalService,
+    kubectl: Kubectl,
+    namespace: str,
+    kafka: LocalService,
+    port: int,
+    tmp_path: Path,
+) -> None:
+    """SASL GSSAPI (Kerberos) cannot be done with a password from a Secret: EndpointInvalid
+    (Warning) saying so, the events wait in the queue; the Topic fixed to SCRAM with the
+    broker's own user: EndpointReady, and the waiting events are delivered. (The local
+    broker's SASL listener has no TLS, so the replica may send the password in the clear.)"""
+    program = Program(
+        ["delivery"],
+        {
+            **replica_env(kube, namespace, port, tmp_path),
+            "BUCKETNOTIFY_DELIVERY_ALLOW_CLEARTEXT_SECRETS": "true",
+        },
+    )
+    try:
+        kubectl.run(
+            "create",
+            "secret",
+            "generic",
+            "kafka-creds",
+            "-n",
+            namespace,
+            f"--from-literal=username={kafka['KAFKA_SCRAM_USER']}",
+            f"--from-literal=password={kafka['KAFKA_SCRAM_PASSWORD']}",
+        )
+        endpoint_topic = f"invalid-{uuid.uuid4().hex[:8]}"
+
+        def spec(mechanism: str) -> dict[str, Any]:
+            return {
+                "endpoint": {
+                    "kafka": {
+                        "url": f"kafka://{kafka['KAFKA_SASL_BOOTSTRAP']}",
+                        "sasl": {
+                            "mechanism": mechanism,
+                            "credentialsRef": {"secretName": "kafka-creds"},
+                        },
+                    }
+                },
+                "endpointTopic": endpoint_topic,
+                "persistent": True,
+                "delivery": {"shards": 1},
+            }
+
+        apply(kubectl, namespace, "Topic", "kerberos", spec("GSSAPI"))
+        token = token_secret(kubectl, namespace, "kerberos")
+        wait_until(
+            lambda: post(port, namespace, "kerberos", token, ["a", "b"]),
+            lambda status: status == 200,
+            30,
+            "the ingest to accept events for Topic kerberos",
+        )
+        invalid = wait_until(
+            lambda: topic_events(kubectl, namespace, "kerberos"),
+            lambda ev: "EndpointInvalid" in reasons(ev),
+            30,
+            "EndpointInvalid on Topic kerberos",
+        )
+        event = {e["reason"]: e for e in invalid}["EndpointInvalid"]
+        assert event["type"] == "Warning"
+        assert "GSSAPI" in event["message"] and "Kerberos" in event["message"]
+        store = LocalDirStore(tmp_path / "queues")
+        stats = asyncio.run(store.stats(QueueName(namespace, "kerberos"), time.time()))
+        assert stats.entries == 2, "the accepted events wait in the queue"
+
+        apply(kubectl, namespace, "Topic", "kerberos", spec("SCRAM-SHA-512"))
+        wait_until(
+            lambda: topic_events(kubectl, namespace, "kerberos"),
+            lambda ev: "EndpointReady" in reasons(ev),
+            60,
+            "EndpointReady on Topic kerberos",
+        )
+        wait_until(
+            lambda: asyncio.run(store.stats(QueueName(namespace, "kerberos"), time.time())).entries,
+            lambda n: n == 0,
+            60,
+            "the waiting events delivered",
+        )
+    finally:
+        program.stop()
+    assert kafka["KAFKA_SCRAM_PASSWORD"] not in program.log()
