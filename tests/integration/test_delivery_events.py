@@ -460,3 +460,71 @@ def test_an_endpoint_that_cannot_be_opened_as_specified_is_endpoint_invalid_unti
     finally:
         program.stop()
     assert kafka["KAFKA_SCRAM_PASSWORD"] not in program.log()
+
+
+def test_events_past_max_retries_go_to_the_dead_letter_topic_and_are_delivered_there(
+    kubectl: Kubectl, namespace: str, replica: Program, port: int
+) -> None:
+    """maxRetries 1 on a failing endpoint with delivery.deadLetterTopic: the dropped events
+    are queued on the dead-letter Topic and delivered by it, one EventsDeadLettered
+    (Warning) on the failing Topic and no EventsLost."""
+    with (
+        RecordingHttpServer(status=500) as failing,
+        RecordingHttpServer() as dead_letters,
+    ):
+        apply(
+            kubectl,
+            namespace,
+            "Topic",
+            "dead",
+            {
+                "endpoint": {"http": {"url": f"{dead_letters.url}/dead"}},
+                "persistent": True,
+                "delivery": {"shards": 1},
+            },
+        )
+        token_secret(kubectl, namespace, "dead")
+        apply(
+            kubectl,
+            namespace,
+            "Topic",
+            "hook",
+            {
+                "endpoint": {"http": {"url": f"{failing.url}/hook"}},
+                "persistent": True,
+                "maxRetries": 1,
+                "retrySleepDuration": 1,
+                "delivery": {"shards": 1, "deadLetterTopic": "dead"},
+            },
+        )
+        token = token_secret(kubectl, namespace, "hook")
+        wait_until(
+            lambda: post(port, namespace, "hook", token, ["x", "y"]),
+            lambda status: status == 200,
+            30,
+            "the ingest to accept events for Topic hook",
+        )
+        arrived: list[str] = []
+        wait_until(
+            lambda: (
+                arrived.extend(
+                    record["s3"]["object"]["key"]
+                    for request in dead_letters.received()
+                    for record in json.loads(request.body)["Records"]
+                )
+                or sorted(arrived)
+            ),
+            lambda keys: keys == ["x", "y"],
+            60,
+            "both events at the dead-letter Topic's endpoint",
+        )
+        assert failing.received(), "the events were tried on their own endpoint first"
+        events = wait_until(
+            lambda: topic_events(kubectl, namespace, "hook"),
+            lambda ev: "EventsDeadLettered" in reasons(ev),
+            30,
+            "EventsDeadLettered on Topic hook",
+        )
+    by_reason = {e["reason"]: e for e in events}
+    assert by_reason["EventsDeadLettered"]["type"] == "Warning"
+    assert "EventsLost" not in by_reason
