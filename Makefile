@@ -73,7 +73,20 @@ test-unit: install ## unit tests only (no services)
 
 .PHONY: test
 test: install services-install tools lint crds-check ## lint, crds check, then every test against the real services
-	$(BIN)/pytest -ra tests
+	@# tests/cluster runs with `make test-cluster` until it has passed a full CI run.
+	$(BIN)/pytest -ra tests --ignore=tests/cluster
+
+.PHONY: node-install
+node-install: ## the one-node cluster's packages and binaries, and our image's base (once)
+	bash $(LOCAL)/node.sh install
+
+.PHONY: test-cluster
+test-cluster: install services-install tools node-install ## the chart on a real one-node cluster (kubelet, containerd): tests/cluster
+	$(BIN)/pytest -ra tests/cluster
+
+.PHONY: cluster-down
+cluster-down: ## stop the one-node cluster and undo what it changed on the host
+	bash $(LOCAL)/node.sh stop
 
 .PHONY: bench
 bench: install services-install ## the ingest alone, delivery vs the gateway, failover, operator at scale (BENCH_ARGS, FAILOVER_ARGS="--rounds 1", OPERATOR_ARGS="--topics 100 --notifications 100")

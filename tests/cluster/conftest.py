@@ -1,0 +1,221 @@
+"""Fixtures of the cluster tier: a real one-node cluster (deploy/local/node.sh: kubelet,
+containerd, kube-proxy, controller-manager and scheduler), our image built and imported
+into it (deploy/local/images.sh), and the chart installed with helm as a user would.
+
+The gateway runs on the host, as an RGW outside the cluster would: pods reach it through a
+forwarder on the cluster bridge (they cannot reach the host's loopback), and it reaches the
+ingest through the delivery Service's ClusterIP, which kube-proxy serves on the host too.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from tests.install.manifests import CHART, helm, helm_binary
+from tests.kubectl import Kubectl
+from tests.localservices import LOCAL, LocalService, start, stop
+from tests.tcpproxy import TcpProxy
+
+# helm --wait: five pods start at once on two cores, each importing kopf or aiohttp.
+INSTALL_TIMEOUT = "6m"
+
+
+@pytest.fixture(scope="session")
+def helm_bin() -> str:
+    """helm from its Go module (deploy/local/helm.sh)."""
+    try:
+        return helm_binary()
+    except RuntimeError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def node() -> Iterator[LocalService]:
+    """The one-node cluster; ``NODE_KUBECONFIG``, ``NODE_ADDRESS`` (the bridge: the host's
+    address that pods reach), ``KUBECTL``."""
+    service = start("node")
+    try:
+        yield service
+    finally:
+        stop(service)
+
+
+@pytest.fixture(scope="session")
+def image(node: LocalService) -> str:
+    """Our operator/delivery image, built from the Dockerfile and imported into the node's
+    containerd (no registry: pods use it with imagePullPolicy Never)."""
+    result = subprocess.run(
+        ["bash", str(LOCAL / "images.sh"), "all"],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        check=False,
+    )
+    if result.returncode != 0:
+        tail = "\n".join((result.stdout + result.stderr).splitlines()[-60:])
+        pytest.fail(f"deploy/local/images.sh all failed:\n{tail}", pytrace=False)
+    print(result.stderr[-2000:])
+    return result.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="session")
+def ckubectl(node: LocalService) -> Kubectl:
+    """kubectl as the admin of the one-node cluster."""
+    return Kubectl(node["KUBECTL"], node["NODE_KUBECONFIG"])
+
+
+@pytest.fixture(scope="session")
+def gateway_for_pods(node: LocalService, rgw: LocalService) -> Iterator[TcpProxy]:
+    """The gateway at an address pods reach: a forwarder on the bridge to its loopback port."""
+    host, _, port = rgw["RGW_ENDPOINT"].removeprefix("http://").partition(":")
+    proxy = TcpProxy(host, int(port), listen_host=node["NODE_ADDRESS"])
+    proxy.start()
+    yield proxy
+    proxy.stop()
+
+
+@dataclass(frozen=True)
+class Release:
+    name: str
+    namespace: str
+    ingest_url: str
+    values: list[str]
+
+
+def pods(kubectl: Kubectl, namespace: str, component: str) -> list[dict[str, Any]]:
+    listed = kubectl.run(
+        "get",
+        "pods",
+        "-n",
+        namespace,
+        "-l",
+        f"app.kubernetes.io/component={component}",
+        "-o",
+        "json",
+    ).stdout
+    return [p for p in json.loads(listed)["items"] if not p["metadata"].get("deletionTimestamp")]
+
+
+def ready(pod: dict[str, Any]) -> bool:
+    conditions = pod.get("status", {}).get("conditions", [])
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def describe(kubectl: Kubectl, namespace: str) -> str:
+    """What a user would look at when an install does not come up."""
+    out = [kubectl.run("get", "pods,events", "-n", namespace, "-o", "wide", check=False).stdout]
+    for component in ("operator", "delivery"):
+        for pod in pods(kubectl, namespace, component):
+            name = pod["metadata"]["name"]
+            logs = kubectl.run("logs", "-n", namespace, name, "--tail=40", check=False)
+            out.append(f"--- {name} ---\n{logs.stdout}{logs.stderr}")
+    return "\n".join(out)
+
+
+@pytest.fixture(scope="module")
+def release(
+    helm_bin: str,
+    image: str,
+    node: LocalService,
+    ckubectl: Kubectl,
+    rgw: LocalService,
+    gateway_for_pods: TcpProxy,
+) -> Iterator[Release]:
+    """The chart installed with `helm install --wait` into a fresh namespace, then upgraded
+    with the ingest URL the host-side gateway can use (the Service's ClusterIP, known only
+    once installed): the upgrade rolls the operator's pods, which must come back Ready."""
+    suffix = uuid.uuid4().hex[:6]
+    # Unique: the chart's ClusterRoles are cluster-wide and named after the release.
+    name, namespace = f"bn{suffix}", f"bn-{suffix}"
+    repository, _, tag = image.rpartition(":")
+    values = [
+        f"image.repository={repository}",
+        f"image.tag={tag}",
+        "image.pullPolicy=Never",
+        "gateway.create=true",
+        f"gateway.endpoint={gateway_for_pods.url}",
+        f"gateway.accessKey={rgw['RGW_ACCESS_KEY']}",
+        f"gateway.secretKey={rgw['RGW_SECRET_KEY']}",
+        # Its own queue-store bucket and owner mark: other tests use the same gateway.
+        f"delivery.store.bucket=bn-queues-{suffix}",
+        f"operator.ownerId=cluster-{suffix}",
+        # One node: the chart's anti-affinity is soft, so all replicas land on it.
+        "delivery.preStopSleepSeconds=2",
+    ]
+    sets = [arg for value in values for arg in ("--set", value)]
+    # CRDs an earlier run's release kept (crds.keep) carry that release's name, and helm
+    # will not install them under another: this cluster is the tests' own, drop them.
+    ckubectl.run(
+        "delete", "crd", "topics.bucketnotify.io", "bucketnotifications.bucketnotify.io",
+        "--ignore-not-found", "--timeout=120s",
+    )  # fmt: skip
+    started = time.monotonic()
+    try:
+        helm(
+            helm_bin,
+            "install",
+            name,
+            str(CHART),
+            "-n",
+            namespace,
+            "--create-namespace",
+            "--kubeconfig",
+            node["NODE_KUBECONFIG"],
+            "--wait",
+            "--timeout",
+            INSTALL_TIMEOUT,
+            *sets,
+        )
+    except AssertionError as exc:
+        pytest.fail(f"{exc}\n{describe(ckubectl, namespace)}", pytrace=False)
+    installed = time.monotonic() - started
+    service = json.loads(
+        ckubectl.run(
+            "get", "service", f"{name}-bucketnotify-delivery", "-n", namespace, "-o", "json"
+        ).stdout
+    )
+    ingest_url = f"http://{service['spec']['clusterIP']}:{service['spec']['ports'][0]['port']}"
+    started = time.monotonic()
+    try:
+        helm(
+            helm_bin,
+            "upgrade",
+            name,
+            str(CHART),
+            "-n",
+            namespace,
+            "--kubeconfig",
+            node["NODE_KUBECONFIG"],
+            "--reuse-values",
+            "--set",
+            f"delivery.ingestURL={ingest_url}",
+            "--wait",
+            "--timeout",
+            INSTALL_TIMEOUT,
+        )
+    except AssertionError as exc:
+        pytest.fail(f"{exc}\n{describe(ckubectl, namespace)}", pytrace=False)
+    upgraded = time.monotonic() - started
+    print(f"helm install --wait: {installed:.0f} s; helm upgrade --wait: {upgraded:.0f} s")
+    yield Release(name, namespace, ingest_url, values)
+    print(describe(ckubectl, namespace)[-6000:])
+    helm(
+        helm_bin,
+        "uninstall",
+        name,
+        "-n",
+        namespace,
+        "--kubeconfig",
+        node["NODE_KUBECONFIG"],
+        "--wait",
+        check=False,
+    )
+    ckubectl.run("delete", "namespace", namespace, "--wait=false", check=False)

@@ -1,0 +1,333 @@
+"""The chart on a real one-node cluster: our image runs as pods, as our users run it.
+
+One release serves the module (installing it costs a minute): the tests run in file order
+and the last one uninstalls it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections import Counter
+from typing import Any
+
+import boto3
+import pytest
+
+from tests.cluster.conftest import Release, describe, pods, ready
+from tests.install.manifests import helm
+from tests.kubectl import Kubectl
+from tests.localservices import LocalService
+from tests.receivers import RecordingHttpServer
+from tests.s3 import s3_client
+from tests.waiting import wait_until
+
+API = "bucketnotify.io/v1alpha1"
+pytestmark = pytest.mark.usefixtures("release")
+
+
+def condition(kubectl: Kubectl, kind: str, name: str, namespace: str) -> dict[str, Any]:
+    status = kubectl.get(kind, name, namespace).get("status") or {}
+    return {c["type"]: c for c in status.get("conditions", [])}.get("Ready", {})
+
+
+def wait_ready(kubectl: Kubectl, kind: str, name: str, namespace: str) -> None:
+    wait_until(
+        lambda: condition(kubectl, kind, name, namespace),
+        lambda c: c.get("status") == "True",
+        90,
+        f"{kind} {name} Ready",
+    )
+
+
+def keys_of(requests: list[Any]) -> list[str]:
+    return [
+        record["s3"]["object"]["key"]
+        for request in requests
+        for record in json.loads(request.body)["Records"]
+    ]
+
+
+def test_every_pod_is_ready_and_the_operator_leads_under_its_pod_name(
+    release: Release, ckubectl: Kubectl
+) -> None:
+    """The operator pod used to crash-loop (kopf asked the user database for uid 65532)."""
+    operators = pods(ckubectl, release.namespace, "operator")
+    deliveries = pods(ckubectl, release.namespace, "delivery")
+    assert len(operators) == 2 and len(deliveries) == 3
+    for pod in operators + deliveries:
+        assert ready(pod), describe(ckubectl, release.namespace)
+        (status,) = pod["status"]["containerStatuses"]
+        assert status["restartCount"] == 0, describe(ckubectl, release.namespace)
+    # The upgrade replaced the operator pods: one of the new ones leads within a Lease.
+    names = {p["metadata"]["name"] for p in operators}
+    wait_until(
+        lambda: ckubectl.get("lease", "bucketnotify-operator", release.namespace)["spec"].get(
+            "holderIdentity"
+        ),
+        lambda holder: holder in names,
+        40,
+        "an operator pod of the release leading, under its pod name",
+    )
+    members = json.loads(
+        ckubectl.run(
+            "get",
+            "leases",
+            "-n",
+            release.namespace,
+            "-l",
+            "bucketnotify.io/lease-role=member",
+            "-o",
+            "json",
+        ).stdout
+    )["items"]
+    assert sorted(m["spec"]["holderIdentity"] for m in members) == sorted(
+        p["metadata"]["name"] for p in deliveries
+    )
+
+
+@pytest.fixture(scope="module")
+def receiver(node: LocalService) -> Any:
+    """The HTTP endpoint, on the bridge where the delivery pods reach it."""
+    with RecordingHttpServer(host=node["NODE_ADDRESS"]) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def bucket(release: Release, ckubectl: Kubectl, rgw: LocalService, receiver: Any) -> str:
+    """A persistent Topic to ``receiver`` and a BucketNotification on a new bucket, applied
+    with kubectl and Ready."""
+    name = f"cluster-{uuid.uuid4().hex[:6]}"
+    s3_client(rgw).create_bucket(Bucket=name)
+    ns = release.namespace
+    ckubectl.apply(
+        {
+            "apiVersion": API,
+            "kind": "Topic",
+            "metadata": {"name": "webhook", "namespace": ns},
+            "spec": {
+                "name": f"{ns}-webhook",
+                "endpoint": {"http": {"url": receiver.url}},
+                "persistent": True,
+                "delivery": {"handoff": "persistent", "shards": 4},
+            },
+        }
+    )
+    ckubectl.apply(
+        {
+            "apiVersion": API,
+            "kind": "BucketNotification",
+            "metadata": {"name": "uploads", "namespace": ns},
+            "spec": {
+                "bucket": name,
+                "topicRef": {"name": "webhook"},
+                "events": ["s3:ObjectCreated:*"],
+            },
+        }
+    )
+    wait_ready(ckubectl, "topic", "webhook", ns)
+    wait_ready(ckubectl, "bucketnotification", "uploads", ns)
+    return name
+
+
+def test_uploads_reach_the_endpoint_through_the_pods_once_each(
+    rgw: LocalService, bucket: str, receiver: Any
+) -> None:
+    s3 = s3_client(rgw)
+    keys = [f"first/{i:03d}" for i in range(20)]
+    for key in keys:
+        s3.put_object(Bucket=bucket, Key=key, Body=b"x")
+    seen: list[str] = []
+    wait_until(
+        lambda: seen.extend(keys_of(receiver.received())) or seen,
+        lambda s: set(keys) <= set(s),
+        60,
+        "every upload at the endpoint",
+    )
+    time.sleep(5)  # anything sent twice arrives within this
+    seen += keys_of(receiver.received())
+    assert Counter(seen) == Counter(keys)
+
+
+def test_pods_deleted_and_rolled_under_a_stream_lose_no_acknowledged_event(
+    release: Release, ckubectl: Kubectl, rgw: LocalService, bucket: str, receiver: Any
+) -> None:
+    """kubectl delete of the delivery pod holding most partitions, a rolling restart of the
+    delivery Deployment, then deletion of the operator's leader pod, under a steady stream
+    of uploads: every acknowledged upload arrives; duplicates are counted."""
+    ns = release.namespace
+    s3 = s3_client(rgw, retries={"max_attempts": 1}, read_timeout=20, connect_timeout=2)
+    acknowledged: list[str] = []
+    stop = threading.Event()
+
+    def write() -> None:
+        i = 0
+        while not stop.is_set():
+            key = f"stream/{i:05d}"
+            try:
+                s3.put_object(Bucket=bucket, Key=key, Body=b"x")
+                acknowledged.append(key)
+            except Exception as exc:  # a refused write is not acknowledged: not counted
+                print(f"write {key}: {exc}")
+            i += 1
+            time.sleep(0.1)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    try:
+        time.sleep(5)
+        holders = Counter(
+            lease["spec"].get("holderIdentity")
+            for lease in json.loads(
+                ckubectl.run(
+                    "get",
+                    "leases",
+                    "-n",
+                    ns,
+                    "-l",
+                    "bucketnotify.io/lease-role=partition",
+                    "-o",
+                    "json",
+                ).stdout
+            )["items"]
+        )
+        busiest, _ = holders.most_common(1)[0]
+        ckubectl.run("delete", "pod", "-n", ns, busiest, "--wait=true")
+        ckubectl.run(
+            "rollout", "restart", f"deployment/{release.name}-bucketnotify-delivery", "-n", ns
+        )
+        ckubectl.run(
+            "rollout",
+            "status",
+            f"deployment/{release.name}-bucketnotify-delivery",
+            "-n",
+            ns,
+            "--timeout=300s",
+        )
+        leader = ckubectl.get("lease", "bucketnotify-operator", ns)["spec"]["holderIdentity"]
+        ckubectl.run("delete", "pod", "-n", ns, leader, "--wait=true")
+        time.sleep(5)
+    finally:
+        stop.set()
+        writer.join()
+    seen: list[str] = []
+    wait_until(
+        lambda: seen.extend(keys_of(receiver.received())) or seen,
+        lambda s: set(acknowledged) <= set(s),
+        180,
+        "every acknowledged upload at the endpoint",
+    )
+    time.sleep(5)
+    seen += [k for k in keys_of(receiver.received())]
+    counts = Counter(k for k in seen if k.startswith("stream/"))
+    duplicates = sum(n - 1 for n in counts.values())
+    print(
+        f"{len(acknowledged)} acknowledged, {len(counts)} delivered, {duplicates} duplicates"
+        f" ({1000 * duplicates / max(1, len(acknowledged)):.1f} per 1,000)"
+    )
+    assert set(acknowledged) <= set(counts)
+    assert len(acknowledged) > 100  # the stream ran through the faults
+
+
+def test_a_namespace_deleted_whole_takes_its_gateway_objects_with_it(
+    release: Release, ckubectl: Kubectl, rgw: LocalService
+) -> None:
+    """The finalizers remove the gateway topic and the notification Id, and the namespace
+    (deleted by the controller-manager, which this cluster runs) goes away."""
+    ns = f"{release.namespace}-apps"
+    ckubectl.run("create", "namespace", ns)
+    s3 = s3_client(rgw)
+    bucket = f"gone-{uuid.uuid4().hex[:6]}"
+    s3.create_bucket(Bucket=bucket)
+    topic_name = f"{ns}-t"
+    ckubectl.apply(
+        {
+            "apiVersion": API,
+            "kind": "Topic",
+            "metadata": {"name": "t", "namespace": ns},
+            "spec": {"name": topic_name, "endpoint": {"http": {"url": "http://127.0.0.1:9/"}}},
+        }
+    )
+    ckubectl.apply(
+        {
+            "apiVersion": API,
+            "kind": "BucketNotification",
+            "metadata": {"name": "n", "namespace": ns},
+            "spec": {"bucket": bucket, "topicRef": {"name": "t"}},
+        }
+    )
+    wait_ready(ckubectl, "topic", "t", ns)
+    wait_ready(ckubectl, "bucketnotification", "n", ns)
+    assert s3.get_bucket_notification_configuration(Bucket=bucket).get("TopicConfigurations")
+
+    ckubectl.run("delete", "namespace", ns, "--wait=false")
+    wait_until(
+        lambda: ckubectl.run("get", "namespace", ns, check=False).returncode,
+        lambda rc: rc != 0,
+        120,
+        f"namespace {ns} gone",
+    )
+    assert not s3.get_bucket_notification_configuration(Bucket=bucket).get("TopicConfigurations")
+    sns = boto3.client(
+        "sns",
+        endpoint_url=rgw["RGW_ENDPOINT"],
+        aws_access_key_id=rgw["RGW_ACCESS_KEY"],
+        aws_secret_access_key=rgw["RGW_SECRET_KEY"],
+        region_name=rgw["RGW_REGION"] or "default",
+    )
+    arns = [t["TopicArn"] for t in sns.list_topics()["Topics"]]
+    assert not [a for a in arns if a.endswith(f":{topic_name}")]
+
+
+def test_helm_uninstall_removes_the_release_and_its_namespace_goes(
+    release: Release, helm_bin: str, node: LocalService, ckubectl: Kubectl
+) -> None:
+    """The user deletes their Topics and notifications while the operator still runs (its
+    finalizers clean the gateway), then uninstalls: nothing of the release is left and the
+    namespace deletion completes."""
+    ns = release.namespace
+    ckubectl.run(
+        "delete", "bucketnotifications,topics", "--all", "-n", ns, "--wait=true", "--timeout=120s"
+    )
+    helm(
+        helm_bin,
+        "uninstall",
+        release.name,
+        "-n",
+        ns,
+        "--kubeconfig",
+        node["NODE_KUBECONFIG"],
+        "--wait",
+        "--timeout",
+        "3m",
+    )
+    instance = f"app.kubernetes.io/instance={release.name}"
+
+    def left() -> list[str]:
+        namespaced = ckubectl.run(
+            "get",
+            "deployments,pods,services,poddisruptionbudgets,serviceaccounts,roles,rolebindings,"
+            "secrets",
+            "-n",
+            ns,
+            "-l",
+            instance,
+            "-o",
+            "name",
+        ).stdout.split()
+        cluster_wide = ckubectl.run(
+            "get", "clusterroles,clusterrolebindings", "-l", instance, "-o", "name"
+        ).stdout.split()
+        return namespaced + cluster_wide
+
+    # The pods go with their ReplicaSets, in the background, after their grace period.
+    wait_until(left, lambda objects: objects == [], 120, "nothing of the release left")
+    ckubectl.run("delete", "namespace", ns, "--wait=false")
+    wait_until(
+        lambda: ckubectl.run("get", "namespace", ns, check=False).returncode,
+        lambda rc: rc != 0,
+        120,
+        f"namespace {ns} gone",
+    )
