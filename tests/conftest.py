@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests import localservices
+from tests.install.manifests import helm_binary
 from tests.kubectl import Kubectl
 from tests.localservices import REPO, LocalService
 
@@ -68,3 +69,13 @@ def namespace(kubectl: Kubectl) -> str:
     name = f"t-{uuid.uuid4().hex[:10]}"
     kubectl.run("create", "namespace", name)
     return name
+
+
+@pytest.fixture(scope="session")
+def helm_bin() -> str:
+    """helm from its Go module (deploy/local/helm.sh); a build that fails fails the test,
+    it never skips."""
+    try:
+        return helm_binary()
+    except RuntimeError as exc:
+        pytest.fail(str(exc), pytrace=False)

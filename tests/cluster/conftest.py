@@ -19,22 +19,13 @@ from typing import Any
 
 import pytest
 
-from tests.install.manifests import CHART, helm, helm_binary
+from tests.install.manifests import CHART, helm
 from tests.kubectl import Kubectl
 from tests.localservices import LOCAL, LocalService, start, stop
 from tests.tcpproxy import TcpProxy
 
 # helm --wait: five pods start at once on two cores, each importing kopf or aiohttp.
 INSTALL_TIMEOUT = "6m"
-
-
-@pytest.fixture(scope="session")
-def helm_bin() -> str:
-    """helm from its Go module (deploy/local/helm.sh)."""
-    try:
-        return helm_binary()
-    except RuntimeError as exc:
-        pytest.fail(str(exc), pytrace=False)
 
 
 @pytest.fixture(scope="session")
