@@ -131,6 +131,7 @@ async def run_delivery(settings: DeliveryServiceSettings, operator: OperatorSett
         timings=ServiceTimings(
             refresh_interval_s=settings.refresh_interval_seconds,
             secret_refresh_s=settings.secret_refresh_seconds,
+            token_overlap_s=settings.token_overlap_seconds,
             idle_max_s=settings.idle_poll_max_seconds,
             sweep_interval_s=settings.sweep_interval_seconds,
             reservation_timeout_s=settings.reservation_timeout_seconds,

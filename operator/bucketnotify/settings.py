@@ -108,7 +108,11 @@ class DeliveryServiceSettings(BaseSettings):
     """How often the Topics are listed (new ones are also looked up on their first event)."""
     secret_refresh_seconds: float = Field(default=30.0, gt=0)
     """How often the Secrets of an unchanged Topic (token, credentials, CA) are read again:
-    a rotated Secret takes effect within this long."""
+    a rotated Secret takes effect within this long (a push with an ingest token the replica
+    does not know reads the token Secret at once)."""
+    token_overlap_seconds: float = Field(default=600.0, ge=0)
+    """How long a replaced ingest token is still taken, so the gateway's pushes made before
+    the operator rewrote its topic are not refused."""
     idle_poll_max_seconds: float = Field(default=1.0, gt=0)
     """Longest poll interval of an idle shard, i.e. the extra delay of an event that another
     replica ingested (events ingested by the owner start at once)."""

@@ -281,6 +281,46 @@ def test_a_namespace_deleted_whole_takes_its_gateway_objects_with_it(
     assert not [a for a in arns if a.endswith(f":{topic_name}")]
 
 
+def evict(kubectl: Kubectl, namespace: str, pod: str) -> str:
+    """POST an Eviction, as `kubectl drain` does; "" when granted, else the refusal."""
+    eviction = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": pod, "namespace": namespace},
+    }
+    result = kubectl.run(
+        "create",
+        "--raw",
+        f"/api/v1/namespaces/{namespace}/pods/{pod}/eviction",
+        "-f",
+        "-",
+        stdin=json.dumps(eviction),
+        check=False,
+    )
+    return "" if result.returncode == 0 else result.stderr
+
+
+def test_evictions_respect_the_pod_disruption_budget(release: Release, ckubectl: Kubectl) -> None:
+    """A drain evicts the delivery pods one at a time: with one replica evicted and its
+    successor not yet Ready, the chart's budget (maxUnavailable 1) refuses the next
+    eviction; once the successor is Ready, the next is granted."""
+    ns = release.namespace
+
+    def ready_pods() -> list[str]:
+        return sorted(p["metadata"]["name"] for p in pods(ckubectl, ns, "delivery") if ready(p))
+
+    wanted = len(pods(ckubectl, ns, "delivery"))
+    first, second, *_ = wait_until(ready_pods, lambda r: len(r) == wanted >= 2, 120, "all Ready")
+    assert evict(ckubectl, ns, first) == ""
+    refusal = evict(ckubectl, ns, second)
+    assert "disruption budget" in refusal, refusal
+    assert second in [p["metadata"]["name"] for p in pods(ckubectl, ns, "delivery")]
+    # The successor Ready again: the budget allows one more (the controller recomputes it).
+    wait_until(ready_pods, lambda r: len(r) == wanted and first not in r, 180, "successor Ready")
+    wait_until(lambda: evict(ckubectl, ns, second), lambda refused: not refused, 60, "granted")
+    wait_until(ready_pods, lambda r: len(r) == wanted and second not in r, 180, "all Ready")
+
+
 def test_helm_uninstall_removes_the_release_and_its_namespace_goes(
     release: Release, helm_bin: str, node: LocalService, ckubectl: Kubectl
 ) -> None:

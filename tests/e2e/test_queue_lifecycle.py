@@ -10,13 +10,11 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.delivery import free_port, wait_ready
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.operator import StartOperator
@@ -27,33 +25,6 @@ from tests.s3 import s3_client
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("crds")
-
-
-@pytest.fixture()
-def queues(tmp_path: Path) -> Path:
-    return tmp_path / "queues"
-
-
-@pytest.fixture()
-def replica(kube: LocalService, namespace: str, queues: Path) -> Iterator[tuple[Program, int]]:
-    port = free_port()
-    program = Program(
-        ["delivery"],
-        {
-            "KUBECONFIG": kube["KUBECONFIG_ADMIN"],
-            "BUCKETNOTIFY_DELIVERY_STORE": f"dir://{queues}",
-            "BUCKETNOTIFY_DELIVERY_LISTEN_PORT": str(port),
-            "BUCKETNOTIFY_DELIVERY_LEASE_NAMESPACE": namespace,
-            "BUCKETNOTIFY_DELIVERY_NAMESPACES": json.dumps([namespace]),
-            "BUCKETNOTIFY_DELIVERY_IDENTITY": "replica-1",
-            # Drained queues are deleted by the sweep: every 2 s instead of 30.
-            "BUCKETNOTIFY_DELIVERY_SWEEP_INTERVAL_SECONDS": "2",
-        },
-    )
-    wait_ready(port, program)
-    yield program, port
-    program.stop()
-    print(f"--- delivery log ---\n{program.log()[-4000:]}")
 
 
 def pending(queues: Path, namespace: str, topic: str) -> int | None:

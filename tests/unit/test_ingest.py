@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -165,3 +166,43 @@ async def test_a_queue_over_max_bytes_answers_503_and_enqueues_nothing(tmp_path:
         assert stats.bytes <= size * 3 + size // 2
         keys = sorted(json.loads(e.body)["s3"]["object"]["key"] for e in await store.list(QUEUE, 0))
         assert keys == ["k00", "k01", "k02"]
+
+
+async def test_a_token_the_replica_does_not_hold_is_checked_against_the_secret_once(
+    tmp_path: Path,
+) -> None:
+    """A push with an unknown token asks for the Topic again (the token Secret may have been
+    rotated): the new token is then taken, the replaced one until its overlap ends, the
+    ``previous-token`` as long as it is set, and anything else is 403."""
+    store = LocalDirStore(tmp_path)
+    await store.create(QUEUE, 1, QueueLimits(max_entries=100, max_bytes=1_000_000))
+    topics = {("team-a", "orders"): IngestTopic(QUEUE, TOKEN, 1)}
+    asked: list[tuple[str, str]] = []
+    rotated = IngestTopic(QUEUE, "new-token-0123456789", 1, previous="prev-token-0123456789")
+
+    async def recheck(namespace: str, name: str) -> IngestTopic | None:
+        asked.append((namespace, name))
+        topics[(namespace, name)] = rotated
+        return rotated
+
+    ingest = Ingest(store, topics, recheck=recheck)
+    body = {"Records": [record("k")]}
+    async with TestClient(TestServer(build_app(ingest))) as client:
+        assert (await client.post(URL, json=body)).status == 200
+        assert asked == []  # the token it holds: no question asked
+        new = await client.post("/v1/topics/team-a/orders/new-token-0123456789", json=body)
+        assert new.status == 200
+        assert asked == [("team-a", "orders")]
+        assert (await client.post(URL, json=body)).status == 403  # replaced, no overlap given
+        prev = await client.post("/v1/topics/team-a/orders/prev-token-0123456789", json=body)
+        assert prev.status == 200
+        assert (await client.post("/v1/topics/team-a/orders/guess", json=body)).status == 403
+    assert (await store.stats(QUEUE, 0)).entries == 3
+
+
+def test_a_replaced_token_is_taken_until_its_overlap_ends() -> None:
+    now = time.monotonic()
+    topic = IngestTopic(QUEUE, "new", 1, replaced="old", replaced_until=now + 60)
+    assert topic.accepts("new") and topic.accepts("old") and not topic.accepts("other")
+    expired = IngestTopic(QUEUE, "new", 1, replaced="old", replaced_until=now - 1)
+    assert expired.accepts("new") and not expired.accepts("old")

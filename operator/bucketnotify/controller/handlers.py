@@ -31,6 +31,7 @@ from bucketnotify.controller.topic_builder import (
     NameClaim,
     arn_topic_name,
     gateway_scope,
+    ingest_token_secret,
     referenced_secrets,
     wanted_gateway_topic_name,
 )
@@ -110,13 +111,6 @@ def _ns(namespace: str | None) -> str:
     # Topics are namespaced: kopf types namespace as optional only for cluster-scoped kinds.
     assert namespace is not None
     return namespace
-
-
-def _annotation(body: kopf.BodyEssence | None, key: str) -> str | None:
-    if not body:
-        return None
-    annotations: dict[str, str] = (body.get("metadata") or {}).get("annotations") or {}
-    return annotations.get(key)
 
 
 def _post_change(
@@ -215,14 +209,10 @@ async def topic_changed(
     _post_change(body, "topic", reason, status, bool(status.get("arn")), outcome, kwargs)
     if outcome.ready:
         if reason != "resume":
-            # The gateway applies a topic change only to notifications written after it
-            # (reference tip): re-apply every BucketNotification that uses this Topic.
-            notifications: kopf.Index[Any, str] = kwargs["notifications_by_topic"]
-            marker = f"{outcome.status.get('arn')}@{meta.get('generation')}"
-            for dependent in notifications.get((namespace, name), []):
-                await memo.kube.annotate(
-                    "bucketnotifications", _ns(namespace), dependent, {TOPIC_RESYNC: marker}
-                )
+            # A rotated Secret changes the gateway topic without a new generation.
+            rotated = (meta.get("annotations") or {}).get(SECRET_RESYNC, "")
+            marker = f"{outcome.status.get('arn')}@{meta.get('generation')}@{rotated}"
+            await _resync_notifications(memo, _ns(namespace), name, marker, kwargs)
         return
     _report_not_ready(outcome.reason)
     if outcome.retry:
@@ -255,6 +245,22 @@ async def topic_drift(
         claims_of=_claims_of(kwargs, _ns(namespace), spec),
     )
     _report_drift(body, "topic", patch, status, bool(status.get("arn")), outcome)
+    if outcome.ready and outcome.repaired:
+        marker = f"{outcome.status.get('arn')}@repaired@{time.time():.3f}"
+        await _resync_notifications(memo, _ns(namespace), name, marker, kwargs)
+
+
+async def _resync_notifications(
+    memo: kopf.Memo, namespace: str, topic: str, marker: str, kwargs: dict[str, Any]
+) -> None:
+    """Have every BucketNotification of the Topic written again: the gateway keeps a copy of
+    the topic (endpoint, token, credentials) in each notification and refreshes it only
+    when the notification is written."""
+    notifications: kopf.Index[Any, str] = kwargs["notifications_by_topic"]
+    for dependent in notifications.get((namespace, topic), []):
+        await memo.kube.annotate(
+            "bucketnotifications", namespace, dependent, {TOPIC_RESYNC: marker}
+        )
 
 
 def _report_drift(
@@ -347,9 +353,14 @@ async def topic_deleted(
 def topics_by_secret(namespace: str | None, name: str, spec: kopf.Spec, **_: Any) -> dict[Any, str]:
     """(namespace, Secret name) → names of the Topics that read it."""
     try:
-        secrets = referenced_secrets(parse_spec(dict(spec)))
+        parsed = parse_spec(dict(spec))
     except NotReconcilable:
         return {}
+    secrets = referenced_secrets(parsed)
+    if parsed.persistent:
+        # A rotated ingest token must reach the gateway's push-endpoint at once, not at the
+        # next drift check: until then the gateway pushes with the token it replaced.
+        secrets.add(ingest_token_secret(name))
     return {(namespace, secret): name for secret in secrets}
 
 
@@ -443,8 +454,6 @@ async def notification_changed(
     meta: kopf.Meta,
     patch: kopf.Patch,
     memo: kopf.Memo,
-    old: kopf.BodyEssence | None = None,
-    new: kopf.BodyEssence | None = None,
     reason: str = "",
     **kwargs: Any,
 ) -> None:
@@ -459,10 +468,6 @@ async def notification_changed(
         spec=dict(spec),
         status=dict(status),
         generation=meta.get("generation"),
-        # Only an update that changed the marker: a resume must not recreate every Id.
-        recreate=old is not None
-        and new is not None
-        and _annotation(old, TOPIC_RESYNC) != _annotation(new, TOPIC_RESYNC),
         claim=claim,
         rivals=rivals,
     )

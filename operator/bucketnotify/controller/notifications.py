@@ -184,7 +184,6 @@ async def reconcile_notification(
     status: dict[str, Any],
     generation: int | None,
     only_if_drifted: bool = False,
-    recreate: bool = False,
     claim: IdClaim | None = None,
     rivals: list[IdClaim] | None = None,
 ) -> tuple[Outcome, dict[str, Any] | None]:
@@ -196,10 +195,12 @@ async def reconcile_notification(
     Id; an Id held by another, or found on the bucket made by someone else, is
     ``IdConflict`` and nothing is written.
 
-    ``recreate`` deletes the Id before writing it: the gateway keeps a copy of the topic in
-    each notification, refreshed only when the notification is created, so a topic change
-    reaches the bucket only this way. Events in the moment between the two requests are
-    not notified.
+    Every call but a drift check writes the Id, even when the bucket holds it as desired:
+    the gateway keeps a copy of the topic (endpoint, token, credentials) in each
+    notification and refreshes it only when the notification is written, so a topic change
+    reaches the bucket only this way (the operator annotates the notifications of a changed
+    Topic). A write of the same Id and topic replaces the copy in place (measured on Ceph
+    16.2): no event falls between a delete and a create.
     """
     applied = status.get("applied")
 
@@ -269,9 +270,6 @@ async def reconcile_notification(
                     ), None
                 if only_if_drifted:
                     repaired = ["configuration" if current else "missing configuration"]
-                if recreate and current is not None:
-                    # The ARN given: a retry after a failed first try no longer sees the entry.
-                    await gateway.write(client.delete, bucket, desired.id, [current.topic_arn])
                 await gateway.write(client.put, bucket, desired)
             except GatewayError as exc:
                 raise _gateway_failure(exc, bucket, resolved.connection) from None

@@ -21,6 +21,7 @@ from bucketnotify.api.topic import (
 
 __all__ = [
     "OWNER",
+    "PREVIOUS_TOKEN_KEY",
     "Credentials",
     "NameClaim",
     "TopicBuildError",
@@ -243,6 +244,9 @@ def _kafka(kafka: KafkaEndpoint, credentials: Credentials | None, allow: bool) -
 
 
 INGEST_TOKEN_KEY = "token"  # noqa: S105 - the key name in the Secret, not a secret
+PREVIOUS_TOKEN_KEY = "previous-token"  # noqa: S105 - a key name, as above
+"""Also taken by the ingest while the Secret holds it: set by whoever rotates the token, for
+pushes the gateway queued with the old push-endpoint (docs/operator.md, token rotation)."""
 
 
 def ingest_token_secret(name: str) -> str:

@@ -5,7 +5,11 @@ The answer is 2xx only after every record is durably committed to the Topic's qu
 gateway (or, for hand-off ``sync``, the S3 client) sees any other answer as a failure:
 
 - 400 the body is not the gateway's JSON; 413 it is larger than ``max_body_bytes``;
-- 404 no such persistent Topic; 403 the token is wrong (compared in constant time);
+- 404 no such persistent Topic; 403 the token is wrong (compared in constant time). A
+  token the replica does not know makes it read the token Secret again first (at most once
+  a second per Topic), so a rotated token is taken at once, and the token it replaced is
+  still taken for a while (``IngestTopic``), so pushes the gateway sends with it are not
+  refused;
 - 503 the queue is full (the gateway retries, or counts the event lost, as for its own
   full persistent queues).
 
@@ -51,6 +55,26 @@ class IngestTopic:
     queue: QueueName
     token: str = field(repr=False)
     shards: int
+    previous: str | None = field(default=None, repr=False)
+    """The token Secret's ``previous-token``: taken as long as the Secret holds it, for
+    pushes the gateway queued with the old push-endpoint before a rotation."""
+    replaced: str | None = field(default=None, repr=False)
+    """The token ``token`` replaced, taken until ``replaced_until`` (monotonic): the
+    gateway keeps pushing with it until the operator has rewritten its topic."""
+    replaced_until: float = 0.0
+    read_at: float = 0.0
+    """When the Secret was read (monotonic): an unknown token re-reads it at most once a
+    second."""
+
+    def accepts(self, token: str) -> bool:
+        given = token.encode()
+        # Every candidate is compared, so the time taken does not say which one matched.
+        ok = hmac.compare_digest(given, self.token.encode())
+        if self.previous:
+            ok |= hmac.compare_digest(given, self.previous.encode())
+        if self.replaced is not None and time.monotonic() < self.replaced_until:
+            ok |= hmac.compare_digest(given, self.replaced.encode())
+        return ok
 
 
 def event_id(record: Mapping[str, Any]) -> str:
@@ -79,6 +103,7 @@ class Ingest:
         committed: Callable[[QueueName, int], None] | None = None,
         metrics: DeliveryMetrics | None = None,
         recorder: Recorder | None = None,
+        recheck: Resolver | None = None,
     ) -> None:
         self.store = store
         self.metrics = metrics if metrics is not None else DeliveryMetrics()
@@ -92,6 +117,9 @@ class Ingest:
         instead of at its next poll."""
         self._recorder = recorder
         """Writes an ``ingested`` delivery record per committed event."""
+        self._recheck = recheck
+        """Asked about a known Topic whose token does not match: the token Secret may have
+        changed since it was read."""
         self._groups = GroupCommit(self._write)
 
     async def commit(self, queue: QueueName, by_shard: dict[int, list[tuple[str, bytes]]]) -> float:
@@ -144,7 +172,10 @@ class Ingest:
             topic = await self._resolve(namespace, name)
         if topic is None:
             return web.json_response({"error": "no such persistent topic"}, status=404)
-        if not hmac.compare_digest(request.match_info["token"].encode(), topic.token.encode()):
+        token = request.match_info["token"]
+        if not topic.accepts(token) and self._recheck is not None:
+            topic = await self._recheck(namespace, name) or topic
+        if not topic.accepts(token):
             return web.json_response({"error": "wrong token"}, status=403)
         if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
             return web.json_response({"error": "body too large"}, status=413)

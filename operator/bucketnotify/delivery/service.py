@@ -48,7 +48,7 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any, Self
 
@@ -59,6 +59,7 @@ from bucketnotify.api.common import GROUP, VERSION
 from bucketnotify.api.topic import TopicSpec
 from bucketnotify.controller.topic_builder import (
     INGEST_TOKEN_KEY,
+    PREVIOUS_TOKEN_KEY,
     broker_cleartext_refusal,
     endpoint_topic_name,
     ingest_token_secret,
@@ -90,6 +91,8 @@ log = logging.getLogger(__name__)
 
 TopicKey = tuple[str, str]
 
+TOKEN_RECHECK_S = 1.0
+
 
 @dataclass(frozen=True)
 class ServiceTimings:
@@ -97,6 +100,10 @@ class ServiceTimings:
     """How often the persistent Topics are listed."""
     secret_refresh_s: float = 30.0
     """How often the Secrets of a known, unchanged Topic are read again."""
+    token_overlap_s: float = 600.0
+    """How long a replaced ingest token is still taken: the gateway pushes with it until the
+    operator has rewritten the gateway topic (seconds, or longer while the operator is
+    down)."""
     round_interval_s: float = 0.2
     """Poll interval of a shard that had work."""
     idle_max_s: float = 1.0
@@ -209,7 +216,13 @@ class DeliveryService:
         self.topics: dict[TopicKey, TopicRuntime] = {}
         self.ingest_topics: dict[TopicKey, IngestTopic] = {}
         self.ingest = Ingest(
-            store, self.ingest_topics, self.resolve, self._wake, self.metrics, recorder
+            store,
+            self.ingest_topics,
+            self.resolve,
+            self._wake,
+            self.metrics,
+            recorder,
+            recheck=self.recheck_token,
         )
         # Unknown Topics looked up recently: a stray or hostile sender must not turn every
         # request into an API server call.
@@ -332,18 +345,62 @@ class DeliveryService:
         )
         if not due:
             return
-        try:
-            token = await self._kube.secret_key(
-                key[0], ingest_token_secret(key[1]), INGEST_TOKEN_KEY
-            )
-        except SecretMissing:
-            token = None  # the operator has not created it yet
+        tokens = await self._read_tokens(key)
         await self._open(key, spec, generation, draining=False)
-        if token is None:
+        runtime = self.topics[key]
+        self._set_tokens(key, runtime.queue, runtime.shards, tokens)
+
+    async def _read_tokens(self, key: TopicKey) -> dict[str, str]:
+        try:
+            return await self._kube.secret_data(key[0], ingest_token_secret(key[1]))
+        except SecretMissing:
+            return {}  # the operator has not created it yet
+
+    def _set_tokens(
+        self, key: TopicKey, queue: QueueName, shards: int, secret: dict[str, str]
+    ) -> None:
+        token = secret.get(INGEST_TOKEN_KEY)
+        if not token:
             self.ingest_topics.pop(key, None)
-        else:
-            runtime = self.topics[key]
-            self.ingest_topics[key] = IngestTopic(runtime.queue, token, runtime.shards)
+            return
+        now = time.monotonic()
+        old = self.ingest_topics.get(key)
+        replaced, until = None, 0.0
+        if old is not None and old.token != token:
+            replaced, until = old.token, now + self.timings.token_overlap_s
+            log.info("the ingest token of topic %s/%s was rotated", *key)
+        elif old is not None:
+            replaced, until = old.replaced, old.replaced_until
+        self.ingest_topics[key] = IngestTopic(
+            queue,
+            token,
+            shards,
+            previous=secret.get(PREVIOUS_TOKEN_KEY) or None,
+            replaced=replaced,
+            replaced_until=until,
+            read_at=now,
+        )
+
+    async def recheck_token(self, namespace: str, name: str) -> IngestTopic | None:
+        """Read the token Secret of a known Topic again (a push came with a token it does
+        not hold), at most once a second per Topic: a rotated token works at once, not a
+        ``secret_refresh_s`` later, and a sender guessing tokens costs few API calls."""
+        key = (namespace, name)
+        current = self.ingest_topics.get(key)
+        if current is None or time.monotonic() - current.read_at < TOKEN_RECHECK_S:
+            return current
+        # Claimed before the read, so concurrent wrong tokens wait for no second read.
+        self.ingest_topics[key] = replace(current, read_at=time.monotonic())
+        try:
+            secret = await self._read_tokens(key)
+        except Exception as exc:  # the API server unreachable: answer with what is known
+            log.warning("cannot read the ingest token of topic %s/%s: %s", *key, exc)
+            return self.ingest_topics.get(key)
+        latest = self.ingest_topics.get(key)
+        if latest is None:
+            return None  # retired meanwhile
+        self._set_tokens(key, latest.queue, latest.shards, secret)
+        return self.ingest_topics.get(key)
 
     async def _endpoint_inputs(
         self, namespace: str, spec: TopicSpec

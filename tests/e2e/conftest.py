@@ -1,0 +1,49 @@
+"""One delivery replica as a subprocess, on a local-directory queue store."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.delivery import free_port, wait_ready
+from tests.localservices import LocalService
+from tests.processes import Program
+
+
+@pytest.fixture()
+def queues(tmp_path: Path) -> Path:
+    return tmp_path / "queues"
+
+
+@pytest.fixture()
+def replica_settings() -> dict[str, str]:
+    """Extra ``BUCKETNOTIFY_DELIVERY_*`` settings of the ``replica`` (override per module)."""
+    return {}
+
+
+@pytest.fixture()
+def replica(
+    kube: LocalService, namespace: str, queues: Path, replica_settings: dict[str, str]
+) -> Iterator[tuple[Program, int]]:
+    port = free_port()
+    program = Program(
+        ["delivery"],
+        {
+            "KUBECONFIG": kube["KUBECONFIG_ADMIN"],
+            "BUCKETNOTIFY_DELIVERY_STORE": f"dir://{queues}",
+            "BUCKETNOTIFY_DELIVERY_LISTEN_PORT": str(port),
+            "BUCKETNOTIFY_DELIVERY_LEASE_NAMESPACE": namespace,
+            "BUCKETNOTIFY_DELIVERY_NAMESPACES": json.dumps([namespace]),
+            "BUCKETNOTIFY_DELIVERY_IDENTITY": "replica-1",
+            # Drained queues are deleted by the sweep: every 2 s instead of 30.
+            "BUCKETNOTIFY_DELIVERY_SWEEP_INTERVAL_SECONDS": "2",
+            **{f"BUCKETNOTIFY_DELIVERY_{k}": v for k, v in replica_settings.items()},
+        },
+    )
+    wait_ready(port, program)
+    yield program, port
+    program.stop()
+    print(f"--- delivery log ---\n{program.log()[-4000:]}")
