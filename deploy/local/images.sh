@@ -25,9 +25,13 @@ DOCKERFILE=${DOCKERFILE:-$BN_REPO/Dockerfile}
 IMAGE_BUILD_ARGS=${IMAGE_BUILD_ARGS:-}
 BASE_IMAGE=${BASE_IMAGE:-localhost/bucketnotify-base:bookworm}
 BASE_SUITE=bookworm
-# What python:3.11-slim-bookworm would give the Dockerfile: python (3.11), venv, pip and the
-# CA certificates. Nothing in the Dockerfile depends on Python living in /usr/local.
-BASE_PACKAGES=(python3.11 python3.11-venv python3-pip python-is-python3 ca-certificates)
+# What python:3.11-slim-bookworm would give the Dockerfile: python (3.11), venv (its ensurepip
+# brings the pip the build uses) and the CA certificates. Debian's own pip is not needed, and
+# would add 25 MB to every image. Nothing in the Dockerfile depends on Python living in
+# /usr/local.
+# python3-distutils is named because debootstrap does not resolve the virtual package
+# python3.11-venv depends on (python3.11-distutils).
+BASE_PACKAGES=(python3.11 python3.11-venv python3-distutils python-is-python3 ca-certificates)
 cache="$BN_CACHE/images"
 work="$BN_RUN/images"
 
@@ -43,7 +47,7 @@ host_mirror() {
 BASE_MIRROR=${BASE_MIRROR:-$(host_mirror)}
 
 # Bump when base() makes a different image from the same packages.
-BASE_RECIPE_VERSION=2
+BASE_RECIPE_VERSION=3
 BASE_RECIPE=$(printf '%s\n' "$BASE_RECIPE_VERSION" "$BASE_SUITE" "${BASE_PACKAGES[@]}" | sha256sum | cut -c1-12)
 
 image_exists() { buildah inspect --type image "$1" >/dev/null 2>&1; }
@@ -67,8 +71,7 @@ remove_rootfs() {
 # made again from it (after buildah's storage is wiped) without debootstrap's 80 s.
 base_rootfs() {
   local key tarball rootfs
-  key=$(printf '%s\n' "$BASE_SUITE" "${BASE_PACKAGES[@]}" | sha256sum | cut -c1-12)
-  tarball="$cache/$BASE_SUITE-minbase-$key.tar"
+  tarball="$cache/$BASE_SUITE-minbase-$BASE_RECIPE.tar"
   if [[ ! -f $tarball ]]; then
     apt_ensure debootstrap debian-archive-keyring
     mkdir -p "$cache"
@@ -82,10 +85,14 @@ base_rootfs() {
       remove_rootfs "$rootfs"
       die_with_log "debootstrap failed" "$cache/debootstrap.log"
     fi
-    # Package lists and caches are of no use in an image; /dev is the runtime's.
+    # Package lists, caches, manuals, translations and documentation (but the copyright
+    # files) are of no use in an image, as in Debian's slim images; /dev is the runtime's.
     rm -rf "${rootfs:?}"/var/lib/apt/lists/* "${rootfs:?}"/var/cache/apt/* \
       "${rootfs:?}"/var/cache/debconf/*-old "${rootfs:?}"/var/log/* "${rootfs:?}"/usr/share/man/* \
-      "${rootfs:?}"/usr/share/info/* "${rootfs:?}"/dev/* "${rootfs:?}"/run/* "${rootfs:?}"/tmp/*
+      "${rootfs:?}"/usr/share/info/* "${rootfs:?}"/usr/share/locale/* \
+      "${rootfs:?}"/dev/* "${rootfs:?}"/run/* "${rootfs:?}"/tmp/*
+    find "${rootfs:?}"/usr/share/doc -mindepth 1 ! -type d ! -name copyright -delete
+    find "${rootfs:?}"/usr/share/doc -mindepth 1 -type d -empty -delete
     tar --numeric-owner -C "$rootfs" -cf "$tarball.tmp" .
     mv "$tarball.tmp" "$tarball"
     remove_rootfs "$rootfs"
@@ -122,8 +129,8 @@ base() {
 # ------------------------------------------------------------------------------------ build
 
 # pip inside the build reaches the package registries through a TLS-inspecting proxy that
-# only the host's CA bundle trusts. The bundle (over the base's own, which Debian's pip
-# reads) and a pip.conf naming it (for a pip from PyPI, which reads certifi's) are
+# only the host's CA bundle trusts. The bundle (over the base's own, which OpenSSL-based tools
+# read) and a pip.conf naming it (for a pip from PyPI, which reads certifi's) are
 # bind-mounted read-only into the RUN steps alone, over paths the base image has: nothing of
 # them lands in a layer.
 host_ca_bundle() {
