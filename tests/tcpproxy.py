@@ -28,6 +28,10 @@ class TcpProxy:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    def point_at(self, target_host: str, target_port: int) -> None:
+        """Forward the connections accepted from now on elsewhere (a server replaced)."""
+        self._target = (target_host, target_port)
+
     def start(self) -> None:
         server = socket.create_server((self.host, self.port), reuse_port=True)
         self._server = server
