@@ -7,15 +7,19 @@ import json
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from kubernetes_asyncio import client
 
 from bucketnotify.delivery.ingest import MAX_BODY_BYTES, Ingest, IngestTopic, build_app, event_id
+from bucketnotify.delivery.ownership import LeaseSettings, Ownership
 from bucketnotify.delivery.queue import QueueLimits, QueueName, shard_of
+from bucketnotify.delivery.service import DeliveryService
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 
+TopicKeyT = tuple[str, str]
 QUEUE = QueueName("team-a", "orders")
 TOKEN = "t0ken-0123456789"
 URL = f"/v1/topics/team-a/orders/{TOKEN}"
@@ -206,3 +210,46 @@ def test_a_replaced_token_is_taken_until_its_overlap_ends() -> None:
     assert topic.accepts("new") and topic.accepts("old") and not topic.accepts("other")
     expired = IngestTopic(QUEUE, "new", 1, replaced="old", replaced_until=now - 1)
     assert expired.accepts("new") and not expired.accepts("old")
+
+
+async def test_pushes_during_a_token_reread_wait_for_it_and_one_read_serves_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a rotation the gateway sends many pushes with the new token at once: the first
+    makes the replica read the token Secret, the others wait for that read (none refused),
+    and a second read comes no sooner than a second later."""
+    service = DeliveryService(
+        api=client.ApiClient(),
+        store=LocalDirStore(tmp_path),
+        ownership=cast(Ownership, _Owner()),
+        namespaces=[],
+    )
+    key = ("team-a", "orders")
+    service.ingest_topics[key] = IngestTopic(QUEUE, TOKEN, 1)
+    reads: list[TopicKeyT] = []
+
+    async def read_tokens(topic: TopicKeyT) -> dict[str, str]:
+        reads.append(topic)
+        await asyncio.sleep(0.2)  # an API server round trip
+        return {"token": "rotated-0123456789"}
+
+    monkeypatch.setattr(service, "_read_tokens", read_tokens)
+    answers = await asyncio.gather(*(service.recheck_token(*key) for _ in range(20)))
+    assert reads == [key]
+    assert all(a is not None and a.accepts("rotated-0123456789") for a in answers)
+    assert all(a is not None and a.accepts(TOKEN) for a in answers)  # the overlap
+    assert await service.recheck_token(*key) is service.ingest_topics[key]
+    assert reads == [key]  # within the second: no new read
+
+
+class _Owner:
+    identity = "replica-0"
+    before_release = None
+    settings = LeaseSettings(namespace="default")
+    joined = True
+
+    def owns_shard(self, queue: QueueName, shard: int) -> bool:
+        return True
+
+    def owned(self) -> set[int]:
+        return {0}

@@ -227,6 +227,8 @@ class DeliveryService:
         # Unknown Topics looked up recently: a stray or hostile sender must not turn every
         # request into an API server call.
         self._misses: dict[TopicKey, float] = {}
+        self._token_reads: dict[TopicKey, asyncio.Future[IngestTopic | None]] = {}
+        """Token Secret reads under way (``recheck_token``), one per Topic at most."""
         self._lock = asyncio.Lock()
         self._loops: dict[tuple[QueueName, int], asyncio.Task[None]] = {}
         self._wakes: dict[tuple[QueueName, int], asyncio.Event] = {}
@@ -384,17 +386,29 @@ class DeliveryService:
     async def recheck_token(self, namespace: str, name: str) -> IngestTopic | None:
         """Read the token Secret of a known Topic again (a push came with a token it does
         not hold), at most once a second per Topic: a rotated token works at once, not a
-        ``secret_refresh_s`` later, and a sender guessing tokens costs few API calls."""
+        ``secret_refresh_s`` later, and a sender guessing tokens costs few API calls.
+        Pushes that come while a read is under way wait for that read: after a rotation the
+        gateway sends many with the new token at once, and none may be refused."""
         key = (namespace, name)
+        running = self._token_reads.get(key)
+        if running is not None:
+            return await asyncio.shield(running)
         current = self.ingest_topics.get(key)
         if current is None or time.monotonic() - current.read_at < TOKEN_RECHECK_S:
             return current
-        # Claimed before the read, so concurrent wrong tokens wait for no second read.
-        self.ingest_topics[key] = replace(current, read_at=time.monotonic())
+        read = asyncio.ensure_future(self._reread_tokens(key))
+        self._token_reads[key] = read
+        read.add_done_callback(lambda _: self._token_reads.pop(key, None))
+        return await asyncio.shield(read)
+
+    async def _reread_tokens(self, key: TopicKey) -> IngestTopic | None:
         try:
             secret = await self._read_tokens(key)
         except Exception as exc:  # the API server unreachable: answer with what is known
             log.warning("cannot read the ingest token of topic %s/%s: %s", *key, exc)
+            current = self.ingest_topics.get(key)
+            if current is not None:
+                self.ingest_topics[key] = replace(current, read_at=time.monotonic())
             return self.ingest_topics.get(key)
         latest = self.ingest_topics.get(key)
         if latest is None:
