@@ -143,11 +143,13 @@ def release(
     ]
     sets = [arg for value in values for arg in ("--set", value)]
     # CRDs an earlier run's release kept (crds.keep) carry that release's name, and helm
-    # will not install them under another: this cluster is the tests' own, drop them.
-    ckubectl.run(
-        "delete", "crd", "topics.bucketnotify.io", "bucketnotifications.bucketnotify.io",
-        "--ignore-not-found", "--timeout=120s",
-    )  # fmt: skip
+    # adopts them only into a release of that name: hand them over as the README says.
+    for crd in ("topics.bucketnotify.io", "bucketnotifications.bucketnotify.io"):
+        if ckubectl.run("get", "crd", crd, check=False).returncode == 0:
+            ckubectl.run(
+                "annotate", "crd", crd, f"meta.helm.sh/release-name={name}",
+                f"meta.helm.sh/release-namespace={namespace}", "--overwrite",
+            )  # fmt: skip
     started = time.monotonic()
     try:
         helm(
