@@ -92,6 +92,7 @@ log = logging.getLogger(__name__)
 TopicKey = tuple[str, str]
 
 TOKEN_RECHECK_S = 1.0
+TOKEN_READ_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -403,7 +404,10 @@ class DeliveryService:
 
     async def _reread_tokens(self, key: TopicKey) -> IngestTopic | None:
         try:
-            secret = await self._read_tokens(key)
+            # Bounded: the pushes waiting for it must not hang on an API server that does
+            # not answer (the gateway's own push timeout would then decide).
+            async with asyncio.timeout(TOKEN_READ_TIMEOUT_S):
+                secret = await self._read_tokens(key)
         except Exception as exc:  # the API server unreachable: answer with what is known
             log.warning("cannot read the ingest token of topic %s/%s: %s", *key, exc)
             current = self.ingest_topics.get(key)
