@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from bucketnotify.delivery.ownership import LeaseSettings
+from bucketnotify.delivery.queue import QueueName
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.processes import Program
@@ -242,3 +244,44 @@ def delivery_cluster(
     yield make
     for cluster in clusters:
         cluster.stop()
+
+
+def push_records(port: int, namespace: str, topic: str, token: str, keys: list[str]) -> int:
+    """Push records of these object keys to a replica's ingest, as the gateway does; the HTTP
+    status (0: nothing listens there yet)."""
+    body = json.dumps(
+        {
+            "Records": [
+                {
+                    "eventName": "ObjectCreated:Put",
+                    "s3": {"bucket": {"name": "b"}, "object": {"key": k, "sequencer": k}},
+                }
+                for k in keys
+            ]
+        }
+    ).encode()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/topics/{namespace}/{topic}/{token}", data=body, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=20) as response:  # noqa: S310
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except urllib.error.URLError:
+        return 0
+
+
+class OwnsEverything:
+    """An Ownership stand-in for a replica alone: every shard is its own."""
+
+    identity = "replica-0"
+    before_release = None
+    settings = LeaseSettings(namespace="default")
+    joined = True
+
+    def owns_shard(self, queue: QueueName, shard: int) -> bool:
+        return True
+
+    def owned(self) -> set[int]:
+        return set(range(32))

@@ -45,6 +45,15 @@ def token_of(kubectl: Kubectl, namespace: str, topic: str) -> str:
     return base64.b64decode(secret["data"]["token"]).decode()
 
 
+def patch_token_secret(
+    kubectl: Kubectl, namespace: str, topic: str, string_data: dict[str, str]
+) -> None:
+    kubectl.run(
+        "patch", "secret", f"{topic}-ingest-token", "-n", namespace, "--type=merge",
+        "-p", json.dumps({"stringData": string_data}),
+    )  # fmt: skip
+
+
 def push(port: int, namespace: str, topic: str, token: str) -> int:
     """The ingest's status for a push of an empty body with ``token``: 400 means the token
     was taken (the body is checked after it), 403 that it was refused."""
@@ -114,16 +123,7 @@ def test_a_rotated_ingest_token_takes_effect_at_once_and_no_event_is_lost(
         try:
             wait_until(lambda: len(acked), lambda n: n >= 20, 60, "uploads before the rotation")
             new = secrets.token_urlsafe(32)
-            kubectl.run(
-                "patch",
-                "secret",
-                f"{topic}-ingest-token",
-                "-n",
-                namespace,
-                "--type=merge",
-                "-p",
-                json.dumps({"stringData": {"token": new}}),
-            )
+            patch_token_secret(kubectl, namespace, topic, {"token": new})
             # The operator rewrites the gateway topic at once, not at its next drift check
             # (60 s): the token Secret is one of the Secrets whose change re-syncs a Topic.
             sns = sns_client(rgw)
@@ -172,16 +172,7 @@ def test_a_rotated_ingest_token_takes_effect_at_once_and_no_event_is_lost(
         assert sorted(delivered()) == sorted(acked)
         # A rotation that keeps the old token as previous-token (for a gateway queue still
         # holding pushes made with it) has it taken again, without waiting for a refresh.
-        kubectl.run(
-            "patch",
-            "secret",
-            f"{topic}-ingest-token",
-            "-n",
-            namespace,
-            "--type=merge",
-            "-p",
-            json.dumps({"stringData": {"previous-token": old}}),
-        )
+        patch_token_secret(kubectl, namespace, topic, {"previous-token": old})
         wait_until(
             lambda: push(port, namespace, topic, old), lambda code: code == 400, 10, "old taken"
         )

@@ -12,8 +12,6 @@ import base64
 import json
 import secrets
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -26,7 +24,7 @@ from bucketnotify.controller.topic_builder import ingest_token_secret
 from bucketnotify.delivery.events import COMPONENT, EventRecorder
 from bucketnotify.delivery.queue import QueueName
 from bucketnotify.delivery.stores.localdir import LocalDirStore
-from tests.delivery import free_port
+from tests.delivery import free_port, push_records
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.processes import Program
@@ -77,31 +75,6 @@ def broker_secret(kubectl: Kubectl, namespace: str, rabbitmq: LocalService) -> N
         f"--from-literal=username={rabbitmq['AMQP_USER']}",
         f"--from-literal=password={rabbitmq['AMQP_PASSWORD']}",
     )
-
-
-def post(port: int, namespace: str, topic: str, token: str, keys: list[str]) -> int:
-    """Push records to the ingest as the gateway does; the HTTP status."""
-    body = json.dumps(
-        {
-            "Records": [
-                {
-                    "eventName": "ObjectCreated:Put",
-                    "s3": {"bucket": {"name": "b"}, "object": {"key": k, "sequencer": k}},
-                }
-                for k in keys
-            ]
-        }
-    ).encode()
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/topics/{namespace}/{topic}/{token}", data=body, method="POST"
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=20) as response:  # noqa: S310
-            return int(response.status)
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except urllib.error.URLError:
-        return 0  # not listening (yet)
 
 
 @pytest.fixture()
@@ -173,7 +146,7 @@ def test_broker_credentials_without_tls_are_refused_and_the_events_wait(
         )
         token = token_secret(kubectl, namespace, "plain")
         wait_until(
-            lambda: post(port, namespace, "plain", token, ["a", "b"]),
+            lambda: push_records(port, namespace, "plain", token, ["a", "b"]),
             lambda status: status == 200,
             30,
             "the ingest to accept events for Topic plain",
@@ -257,7 +230,7 @@ def test_failure_recovery_loss_full_queue_and_missing_secret_are_topic_events_wi
         tokens.append(token_secret(kubectl, namespace, "mq"))
 
         wait_until(
-            lambda: post(port, namespace, "hook", tokens[0], ["a", "b", "c"]),
+            lambda: push_records(port, namespace, "hook", tokens[0], ["a", "b", "c"]),
             lambda status: status == 200,
             30,
             "the ingest to accept events for Topic hook",
@@ -268,8 +241,8 @@ def test_failure_recovery_loss_full_queue_and_missing_secret_are_topic_events_wi
             60,
             "EndpointFailing and EventsLost on Topic hook",
         )
-        assert post(port, namespace, "tiny", tokens[1], ["x"]) == 200
-        assert post(port, namespace, "tiny", tokens[1], ["y"]) == 503
+        assert push_records(port, namespace, "tiny", tokens[1], ["x"]) == 200
+        assert push_records(port, namespace, "tiny", tokens[1], ["y"]) == 503
         missing = wait_until(
             lambda: topic_events(kubectl, namespace, "mq"),
             lambda ev: "SecretNotFound" in reasons(ev),
@@ -279,7 +252,7 @@ def test_failure_recovery_loss_full_queue_and_missing_secret_are_topic_events_wi
         # More failing rounds of hook: they raise the count of the one Event, if anything.
         time.sleep(3)
         receiver.status = 200
-        assert post(port, namespace, "hook", tokens[0], ["d"]) == 200
+        assert push_records(port, namespace, "hook", tokens[0], ["d"]) == 200
         recovered = wait_until(
             lambda: topic_events(kubectl, namespace, "hook"),
             lambda ev: "EndpointRecovered" in reasons(ev),
@@ -287,7 +260,7 @@ def test_failure_recovery_loss_full_queue_and_missing_secret_are_topic_events_wi
             "EndpointRecovered on Topic hook",
         )
     broker_secret(kubectl, namespace, rabbitmq)
-    assert post(port, namespace, "mq", tokens[2], ["m"]) == 200
+    assert push_records(port, namespace, "mq", tokens[2], ["m"]) == 200
     configured = wait_until(
         lambda: topic_events(kubectl, namespace, "mq"),
         lambda ev: "EndpointReady" in reasons(ev),
@@ -426,7 +399,7 @@ def test_an_endpoint_that_cannot_be_opened_as_specified_is_endpoint_invalid_unti
         apply(kubectl, namespace, "Topic", "kerberos", spec("GSSAPI"))
         token = token_secret(kubectl, namespace, "kerberos")
         wait_until(
-            lambda: post(port, namespace, "kerberos", token, ["a", "b"]),
+            lambda: push_records(port, namespace, "kerberos", token, ["a", "b"]),
             lambda status: status == 200,
             30,
             "the ingest to accept events for Topic kerberos",
@@ -499,7 +472,7 @@ def test_events_past_max_retries_go_to_the_dead_letter_topic_and_are_delivered_t
         )
         token = token_secret(kubectl, namespace, "hook")
         wait_until(
-            lambda: post(port, namespace, "hook", token, ["x", "y"]),
+            lambda: push_records(port, namespace, "hook", token, ["x", "y"]),
             lambda status: status == 200,
             30,
             "the ingest to accept events for Topic hook",

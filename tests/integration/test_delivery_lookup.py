@@ -8,25 +8,12 @@ from typing import cast
 
 from kubernetes_asyncio import client, config
 
-from bucketnotify.delivery.ownership import LeaseSettings, Ownership
-from bucketnotify.delivery.queue import QueueName
+from bucketnotify.delivery.ownership import Ownership
 from bucketnotify.delivery.service import DeliveryService
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from bucketnotify.metrics import DeliveryMetrics
+from tests.delivery import OwnsEverything
 from tests.localservices import LocalService
-
-
-class _Owner:
-    identity = "replica-0"
-    before_release = None
-    settings = LeaseSettings(namespace="default")
-    joined = True
-
-    def owns_shard(self, queue: QueueName, shard: int) -> bool:
-        return True
-
-    def owned(self) -> set[int]:
-        return set(range(32))
 
 
 async def test_names_of_topics_that_do_not_exist_are_remembered_within_a_bound(
@@ -44,7 +31,7 @@ async def test_names_of_topics_that_do_not_exist_are_remembered_within_a_bound(
         service = DeliveryService(
             api=api,
             store=LocalDirStore(tmp_path),
-            ownership=cast(Ownership, _Owner()),
+            ownership=cast(Ownership, OwnsEverything()),
             namespaces=[namespace],
             metrics=DeliveryMetrics(),
         )

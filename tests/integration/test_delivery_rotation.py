@@ -12,8 +12,6 @@ import json
 import secrets
 import subprocess
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -22,7 +20,7 @@ import aio_pika
 import pytest
 
 from bucketnotify.controller.topic_builder import ingest_token_secret
-from tests.delivery import free_port, wait_ready
+from tests.delivery import free_port, push_records, wait_ready
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.processes import Program
@@ -116,28 +114,6 @@ def ingest_token(kubectl: Kubectl, namespace: str, topic: str) -> str:
     return token
 
 
-def post(port: int, namespace: str, topic: str, token: str, keys: list[str]) -> int:
-    body = json.dumps(
-        {
-            "Records": [
-                {
-                    "eventName": "ObjectCreated:Put",
-                    "s3": {"bucket": {"name": "b"}, "object": {"key": k, "sequencer": k}},
-                }
-                for k in keys
-            ]
-        }
-    ).encode()
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/topics/{namespace}/{topic}/{token}", data=body, method="POST"
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=20) as response:  # noqa: S310
-            return int(response.status)
-    except urllib.error.HTTPError as exc:
-        return exc.code
-
-
 def close_connections_of(rabbitmq: LocalService, user: str) -> int:
     listed = ctl(rabbitmq, "list_connections", "pid", "user", "--no-table-headers", "-q")
     pids = [line.split("\t")[0] for line in listed.splitlines() if line.endswith(f"\t{user}")]
@@ -189,14 +165,14 @@ async def test_a_rotated_broker_password_is_used_without_a_restart_and_nothing_i
     port, replica = start_replica()
     try:
         before = [f"before-{i}" for i in range(5)]
-        assert post(port, namespace, "mq", token, before) == 200
+        assert push_records(port, namespace, "mq", token, before) == 200
         await async_wait(lambda: sorted(keys) == before, 30, "the events before the rotation")
 
         new_password = secrets.token_urlsafe(12)
         ctl(rabbitmq, "change_password", broker_user, new_password)
         assert close_connections_of(rabbitmq, broker_user) >= 1
         during = [f"during-{i}" for i in range(5)]
-        assert post(port, namespace, "mq", token, during) == 200
+        assert push_records(port, namespace, "mq", token, during) == 200
         # Refused by the broker for as long as the Secret holds the old password.
         await asyncio.sleep(2 * REFRESH_S + 1)
         assert sorted(keys) == before
@@ -213,7 +189,7 @@ async def test_a_rotated_broker_password_is_used_without_a_restart_and_nothing_i
             lambda: sorted(keys) == before + during, 30 + 2 * REFRESH_S, "the waiting events"
         )
         after = [f"after-{i}" for i in range(5)]
-        assert post(port, namespace, "mq", token, after) == 200
+        assert push_records(port, namespace, "mq", token, after) == 200
         await async_wait(
             lambda: sorted(keys) == sorted(before + during + after), 30, "the events after it"
         )
@@ -274,7 +250,7 @@ def test_a_rotated_ca_bundle_is_used_without_a_restart_and_nothing_is_lost(
         port, replica = start_replica()
         try:
             before = [f"before-{i}" for i in range(5)]
-            assert post(port, namespace, "hook", token, before) == 200
+            assert push_records(port, namespace, "hook", token, before) == 200
             at_one: list[str] = []
             at_two: list[str] = []
             wait_until(lambda: collect(one, at_one), lambda k: sorted(k) == before, 30, "before")
@@ -284,7 +260,7 @@ def test_a_rotated_ca_bundle_is_used_without_a_restart_and_nothing_is_lost(
             proxy.point_at("127.0.0.1", port_of(two))
             proxy.start()
             during = [f"during-{i}" for i in range(5)]
-            assert post(port, namespace, "hook", token, during) == 200
+            assert push_records(port, namespace, "hook", token, during) == 200
             time.sleep(2 * REFRESH_S + 1)
             # Refused by the replica's TLS check for as long as the bundle holds the old CA.
             assert collect(one, at_one) == before and collect(two, at_two) == []
@@ -294,7 +270,7 @@ def test_a_rotated_ca_bundle_is_used_without_a_restart_and_nothing_is_lost(
                 lambda: collect(two, at_two), lambda k: sorted(k) == during, 30, "the waiting"
             )
             after = [f"after-{i}" for i in range(5)]
-            assert post(port, namespace, "hook", token, after) == 200
+            assert push_records(port, namespace, "hook", token, after) == 200
             wait_until(
                 lambda: collect(two, at_two),
                 lambda k: sorted(k) == sorted(during + after),

@@ -14,10 +14,11 @@ from aiohttp.test_utils import TestClient, TestServer
 from kubernetes_asyncio import client
 
 from bucketnotify.delivery.ingest import MAX_BODY_BYTES, Ingest, IngestTopic, build_app, event_id
-from bucketnotify.delivery.ownership import LeaseSettings, Ownership
+from bucketnotify.delivery.ownership import Ownership
 from bucketnotify.delivery.queue import QueueLimits, QueueName, shard_of
 from bucketnotify.delivery.service import DeliveryService
 from bucketnotify.delivery.stores.localdir import LocalDirStore
+from tests.delivery import OwnsEverything
 
 TopicKeyT = tuple[str, str]
 QUEUE = QueueName("team-a", "orders")
@@ -221,7 +222,7 @@ async def test_pushes_during_a_token_reread_wait_for_it_and_one_read_serves_them
     service = DeliveryService(
         api=client.ApiClient(),
         store=LocalDirStore(tmp_path),
-        ownership=cast(Ownership, _Owner()),
+        ownership=cast(Ownership, OwnsEverything()),
         namespaces=[],
     )
     key = ("team-a", "orders")
@@ -240,16 +241,3 @@ async def test_pushes_during_a_token_reread_wait_for_it_and_one_read_serves_them
     assert all(a is not None and a.accepts(TOKEN) for a in answers)  # the overlap
     assert await service.recheck_token(*key) is service.ingest_topics[key]
     assert reads == [key]  # within the second: no new read
-
-
-class _Owner:
-    identity = "replica-0"
-    before_release = None
-    settings = LeaseSettings(namespace="default")
-    joined = True
-
-    def owns_shard(self, queue: QueueName, shard: int) -> bool:
-        return True
-
-    def owned(self) -> set[int]:
-        return {0}
