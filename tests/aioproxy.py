@@ -1,20 +1,16 @@
-"""A TCP forwarder on the test's event loop, optionally terminating TLS: a network outage
-and a TLS front a test controls, without touching the shared broker behind it."""
+"""A TCP forwarder on the test's event loop: a network outage a test controls, without
+touching the shared broker behind it."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import socket
-import ssl
 
 
 class AsyncTcpProxy:
-    def __init__(
-        self, target_host: str, target_port: int, *, ssl_context: ssl.SSLContext | None = None
-    ) -> None:
+    def __init__(self, target_host: str, target_port: int) -> None:
         self._target = (target_host, target_port)
-        self._ssl = ssl_context
         probe = socket.socket()
         probe.bind(("127.0.0.1", 0))
         self.port: int = probe.getsockname()[1]
@@ -26,7 +22,7 @@ class AsyncTcpProxy:
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(
-            self._handle, "127.0.0.1", self.port, ssl=self._ssl, reuse_address=True
+            self._handle, "127.0.0.1", self.port, reuse_address=True
         )
 
     async def stop(self) -> None:
@@ -56,7 +52,7 @@ class AsyncTcpProxy:
             while data := await src.read(65536):
                 dst.write(data)
                 await dst.drain()
-        except (OSError, ssl.SSLError):
+        except OSError:
             pass
         finally:
             self._transports.discard(dst.transport)

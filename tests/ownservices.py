@@ -14,15 +14,21 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.delivery import free_port
 from tests.localservices import LOCAL, LocalService, read_env
+from tests.processes import free_port
 
 # Each script's port variables (see the header of deploy/local/<name>.sh).
 PORT_VARIABLES = {
     "ceph": ("CEPH_RGW_PORT", "CEPH_MON_PORT", "CEPH_MON_V2_PORT"),
     "kube": ("KUBE_PORT", "ETCD_PORT", "ETCD_PEER_PORT"),
-    "rabbitmq": ("RABBITMQ_PORT", "RABBITMQ_DIST_PORT", "RABBITMQ_EPMD_PORT"),
-    "kafka": ("KAFKA_PORT", "KAFKA_CONTROLLER_PORT", "KAFKA_SASL_PORT", "KAFKA_SSL_PORT"),
+    "rabbitmq": ("RABBITMQ_PORT", "RABBITMQ_TLS_PORT", "RABBITMQ_DIST_PORT", "RABBITMQ_EPMD_PORT"),
+    "kafka": (
+        "KAFKA_PORT",
+        "KAFKA_CONTROLLER_PORT",
+        "KAFKA_SASL_PORT",
+        "KAFKA_SSL_PORT",
+        "KAFKA_SASL_SSL_PORT",
+    ),
 }
 # A second node of the same name would clash with the shared broker's in epmd and logs.
 EXTRA = {"rabbitmq": {"RABBITMQ_NODE": "bucketnotify-own@localhost"}, "ceph": {}}

@@ -9,7 +9,7 @@
 # 127.0.0.1 with its state under $BN_RUN/kafka; each start is a fresh, empty cluster (stop
 # deletes the state). Topics are auto-created with one partition.
 #
-# Three client listeners, all on 127.0.0.1:
+# Four client listeners, all on 127.0.0.1:
 #   PLAINTEXT       KAFKA_PORT       no TLS, no authentication
 #   SASL_PLAINTEXT  KAFKA_SASL_PORT  SASL PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 (one user,
 #                                    $KAFKA_SCRAM_USER/$KAFKA_SCRAM_PASSWORD, for all three) and
@@ -17,14 +17,17 @@
 #                                    unsecured (unsigned) JWTs
 #   SSL             KAFKA_SSL_PORT   TLS with a server certificate for 127.0.0.1/localhost signed
 #                                    by a CA generated at each start; no client certificate
+#   SASL_SSL        KAFKA_SASL_SSL_PORT  the SASL_PLAINTEXT mechanisms and user over the SSL
+#                                    listener's TLS (what a production cluster runs)
 # The SCRAM credentials go into the metadata log when the storage is formatted
 # (`StorageTool format --add-scram`), so they exist before the broker takes its first request.
-# $BN_RUN/kafka/env holds KAFKA_BOOTSTRAP KAFKA_SASL_BOOTSTRAP KAFKA_SSL_BOOTSTRAP KAFKA_CA_PEM
-# (the CA that signed the SSL listener's certificate) KAFKA_SCRAM_USER KAFKA_SCRAM_PASSWORD
+# $BN_RUN/kafka/env holds KAFKA_BOOTSTRAP KAFKA_SASL_BOOTSTRAP KAFKA_SSL_BOOTSTRAP
+# KAFKA_SASL_SSL_BOOTSTRAP KAFKA_CA_PEM (the CA that signed the TLS listeners' certificate) KAFKA_SCRAM_USER KAFKA_SCRAM_PASSWORD
 # KAFKA_LOG KAFKA_VERSION KAFKA_LIBS.
 #
 # Overrides: KAFKA_VERSION (3.9.x; 4.x drops the log4j 1.x setup used here), KAFKA_PORT (19092),
 # KAFKA_CONTROLLER_PORT (19093), KAFKA_SASL_PORT (19094), KAFKA_SSL_PORT (19095),
+# KAFKA_SASL_SSL_PORT (19096),
 # KAFKA_SCRAM_USER, KAFKA_SCRAM_PASSWORD, KAFKA_HEAP_OPTS (-Xmx512m), KAFKA_START_TIMEOUT (90).
 SERVICE=kafka
 source "$(dirname "$0")/lib.sh"
@@ -34,6 +37,7 @@ KAFKA_PORT=${KAFKA_PORT:-19092}
 KAFKA_CONTROLLER_PORT=${KAFKA_CONTROLLER_PORT:-19093}
 KAFKA_SASL_PORT=${KAFKA_SASL_PORT:-19094}
 KAFKA_SSL_PORT=${KAFKA_SSL_PORT:-19095}
+KAFKA_SASL_SSL_PORT=${KAFKA_SASL_SSL_PORT:-19096}
 # Test credentials (this broker listens on loopback only). They end up in a sed replacement and
 # in a JAAS string, so they are restricted to characters that need no quoting in either.
 KAFKA_SCRAM_USER=${KAFKA_SCRAM_USER:-bntest}
@@ -85,40 +89,29 @@ check_credentials() {
   done
 }
 
-# A CA and a server certificate for 127.0.0.1 and localhost, new at each start (the state dir
-# is fresh each time), with the server key and chain in a PKCS#12 keystore for the broker.
-# The CA's key is deleted once it has signed: nothing else is ever signed with it.
+# The TLS listeners' CA and certificate (make_server_tls), the key and chain in a PKCS#12
+# keystore for the broker.
 make_tls() {
-  command -v openssl >/dev/null || apt_ensure openssl
-  local tls=$dir/tls
-  mkdir -p "$tls"
+  make_server_tls "$dir/tls" "bucketnotify local Kafka CA"
   (
     umask 077
-    cd "$tls"
-    openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=bucketnotify local Kafka CA" \
-      -keyout ca.key -out ca.crt -addext basicConstraints=critical,CA:TRUE \
-      -addext keyUsage=critical,keyCertSign,cRLSign
-    openssl req -newkey rsa:2048 -nodes -subj "/CN=127.0.0.1" -keyout server.key -out server.csr
-    printf '%s\n' "subjectAltName=IP:127.0.0.1,DNS:localhost" "extendedKeyUsage=serverAuth" \
-      "basicConstraints=CA:FALSE" >server.ext
-    openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 30 \
-      -extfile server.ext -out server.crt
+    cd "$dir/tls"
     od -An -tx1 -N16 /dev/urandom | tr -d ' \n' >keystore.password
     openssl pkcs12 -export -name kafka -inkey server.key -in server.crt -certfile ca.crt \
       -passout file:keystore.password -out server.p12
-    rm -f ca.key ca.srl server.key server.csr server.ext
-  ) >"$dir/tls.log" 2>&1 || die_with_log "making the SSL listener's certificates failed" "$dir/tls.log"
-  chmod 644 "$tls/ca.crt"
+    rm -f server.key
+  ) >>"$dir/tls.log" 2>&1 || die_with_log "making the broker's keystore failed" "$dir/tls.log"
 }
 
 write_config() {
   mkdir -p "$dir/data"
   local listeners="PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT"
-  listeners+=",SASL_PLAINTEXT://127.0.0.1:$KAFKA_SASL_PORT,SSL://127.0.0.1:$KAFKA_SSL_PORT"
-  local advertised="PLAINTEXT://127.0.0.1:$KAFKA_PORT"
-  advertised+=",SASL_PLAINTEXT://127.0.0.1:$KAFKA_SASL_PORT,SSL://127.0.0.1:$KAFKA_SSL_PORT"
+  local clients="SASL_PLAINTEXT://127.0.0.1:$KAFKA_SASL_PORT,SSL://127.0.0.1:$KAFKA_SSL_PORT"
+  clients+=",SASL_SSL://127.0.0.1:$KAFKA_SASL_SSL_PORT"
+  listeners+=",$clients"
+  local advertised="PLAINTEXT://127.0.0.1:$KAFKA_PORT,$clients"
   local protocol_map="PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
-  protocol_map+=",SASL_PLAINTEXT:SASL_PLAINTEXT,SSL:SSL"
+  protocol_map+=",SASL_PLAINTEXT:SASL_PLAINTEXT,SSL:SSL,SASL_SSL:SASL_SSL"
   # The file holds the PLAIN password and the keystore password: readable by us only.
   (
     umask 077
@@ -168,7 +161,7 @@ launch() {
   # unfenced, i.e. it can take produce and metadata requests.
   local deadline=$((SECONDS + START_TIMEOUT))
   until tail -c "+$from" "$logfile" | grep -q 'Kafka Server started' && port_open "$KAFKA_PORT" &&
-    port_open "$KAFKA_SASL_PORT" && port_open "$KAFKA_SSL_PORT"; do
+    port_open "$KAFKA_SASL_PORT" && port_open "$KAFKA_SSL_PORT" && port_open "$KAFKA_SASL_SSL_PORT"; do
     pid_alive "$pidfile" || fail "Kafka exited during startup"
     ((SECONDS < deadline)) || fail "Kafka did not become ready within ${START_TIMEOUT}s"
     sleep 0.3
@@ -198,7 +191,8 @@ start() {
   check_credentials
   ensure_libs
   local port
-  for port in "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT" "$KAFKA_SASL_PORT" "$KAFKA_SSL_PORT"; do
+  for port in "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT" "$KAFKA_SASL_PORT" "$KAFKA_SSL_PORT" \
+    "$KAFKA_SASL_SSL_PORT"; do
     port_open "$port" && die "port $port is already in use (ss -ltnp 'sport = :$port')"
   done
 
@@ -217,6 +211,7 @@ start() {
     "KAFKA_BOOTSTRAP=127.0.0.1:$KAFKA_PORT" \
     "KAFKA_SASL_BOOTSTRAP=127.0.0.1:$KAFKA_SASL_PORT" \
     "KAFKA_SSL_BOOTSTRAP=127.0.0.1:$KAFKA_SSL_PORT" \
+    "KAFKA_SASL_SSL_BOOTSTRAP=127.0.0.1:$KAFKA_SASL_SSL_PORT" \
     "KAFKA_CA_PEM=$dir/tls/ca.crt" \
     "KAFKA_SCRAM_USER=$KAFKA_SCRAM_USER" \
     "KAFKA_SCRAM_PASSWORD=$KAFKA_SCRAM_PASSWORD" \

@@ -73,3 +73,26 @@ write_env() {
   for kv in "$@"; do printf '%s\n' "$kv" >>"$file.tmp"; done
   mv "$file.tmp" "$file"
 }
+
+# make_server_tls DIR CA_NAME: in DIR, a CA (ca.crt) and a server certificate for 127.0.0.1
+# and localhost signed by it (server.crt, server.key), new at each start of a service. The
+# CA's key is deleted once it has signed: nothing else is ever signed with it.
+make_server_tls() {
+  local tls=$1 name=$2
+  command -v openssl >/dev/null || apt_ensure openssl
+  mkdir -p "$tls"
+  (
+    umask 077
+    cd "$tls"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=$name" \
+      -keyout ca.key -out ca.crt -addext basicConstraints=critical,CA:TRUE \
+      -addext keyUsage=critical,keyCertSign,cRLSign
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=127.0.0.1" -keyout server.key -out server.csr
+    printf '%s\n' "subjectAltName=IP:127.0.0.1,DNS:localhost" "extendedKeyUsage=serverAuth" \
+      "basicConstraints=CA:FALSE" >server.ext
+    openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 30 \
+      -extfile server.ext -out server.crt
+    rm -f ca.key ca.srl server.csr server.ext
+  ) >"$tls.log" 2>&1 || die_with_log "making the TLS listener's certificates failed" "$tls.log"
+  chmod 644 "$tls/ca.crt"
+}

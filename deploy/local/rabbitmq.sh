@@ -10,16 +10,21 @@
 # rabbitmq/definitions.json.tmpl before its listener opens:
 #   vhosts "/" and "bucketnotify"; users guest/guest (loopback only, RabbitMQ's default rule)
 #   and $AMQP_USER/$AMQP_PASSWORD; both users have full permissions on both vhosts.
-# $BN_RUN/rabbitmq/env holds AMQP_URL AMQP_HOST AMQP_PORT AMQP_USER AMQP_PASSWORD RABBITMQ_NODE
-# RABBITMQ_LOG and RABBITMQCTL, a rabbitmqctl wrapper already pointed at this node
-# (e.g. `$RABBITMQCTL list_queues -p bucketnotify`).
+# Two listeners on 127.0.0.1: AMQP (plain) and AMQPS, TLS with a server certificate for
+# 127.0.0.1/localhost signed by a CA made at each start (no client certificate asked for).
+# $BN_RUN/rabbitmq/env holds AMQP_URL AMQP_HOST AMQP_PORT AMQPS_PORT AMQP_CA_PEM (the CA's
+# certificate file) AMQP_USER AMQP_PASSWORD RABBITMQ_NODE RABBITMQ_LOG and RABBITMQCTL, a
+# rabbitmqctl wrapper already pointed at this node (e.g. `$RABBITMQCTL list_queues -p
+# bucketnotify`).
 #
-# Overrides: RABBITMQ_PORT (AMQP, 15673), RABBITMQ_DIST_PORT (Erlang distribution, AMQP+10000),
+# Overrides: RABBITMQ_PORT (AMQP, 15673), RABBITMQ_TLS_PORT (AMQPS, 15674),
+# RABBITMQ_DIST_PORT (Erlang distribution, AMQP+10000),
 # RABBITMQ_EPMD_PORT (14369), RABBITMQ_NODE, AMQP_USER, AMQP_PASSWORD, RABBITMQ_START_TIMEOUT.
 SERVICE=rabbitmq
 source "$(dirname "$0")/lib.sh"
 
 AMQP_PORT=${RABBITMQ_PORT:-15673}
+AMQPS_PORT=${RABBITMQ_TLS_PORT:-15674}
 # Non-default distribution and epmd ports: a system RabbitMQ (25672, epmd 4369) and ours then
 # share nothing, and the epmd we start is ours to stop.
 DIST_PORT=${RABBITMQ_DIST_PORT:-$((AMQP_PORT + 10000))}
@@ -82,7 +87,9 @@ write_config() {
   od -An -tx1 -N20 /dev/urandom | tr -d ' \n' >"$dir/home/.erlang.cookie"
   chmod 400 "$dir/home/.erlang.cookie"
   echo '[].' >"$dir/enabled_plugins"
-  sed -e "s|@AMQP_PORT@|$AMQP_PORT|" -e "s|@DEFINITIONS@|$dir/definitions.json|" \
+  make_server_tls "$dir/tls" "bucketnotify local RabbitMQ CA"
+  sed -e "s|@AMQP_PORT@|$AMQP_PORT|" -e "s|@AMQPS_PORT@|$AMQPS_PORT|" \
+    -e "s|@TLS@|$dir/tls|g" -e "s|@DEFINITIONS@|$dir/definitions.json|" \
     "$TEMPLATES/rabbitmq.conf.tmpl" >"$dir/rabbitmq.conf"
   sed -e "s|@GUEST_HASH@|$(password_hash guest)|" \
     -e "s|@AMQP_USER_HASH@|$(password_hash "$AMQP_PASSWORD")|" \
@@ -155,7 +162,7 @@ stop_broker() {
 launch() {
   local version
   version=$(dpkg-query -W -f='${Version}' rabbitmq-server)
-  log "starting RabbitMQ $version as $NODE on 127.0.0.1:$AMQP_PORT"
+  log "starting RabbitMQ $version as $NODE on 127.0.0.1:$AMQP_PORT (AMQPS :$AMQPS_PORT)"
   (
     cd "$dir"
     HOME=$dir/home RABBITMQ_CONF_ENV_FILE=$dir/rabbitmq-env.conf \
@@ -167,7 +174,7 @@ launch() {
   # compete with the booting node on a 2-core machine. The AMQP listener opens after the
   # definitions are loaded, and await_startup then confirms the boot really completed.
   local deadline=$((SECONDS + START_TIMEOUT))
-  until port_open "$AMQP_PORT"; do
+  until port_open "$AMQP_PORT" && port_open "$AMQPS_PORT"; do
     pid_alive "$pidfile" || fail "RabbitMQ exited during startup"
     ((SECONDS < deadline)) || fail "RabbitMQ did not become ready within ${START_TIMEOUT}s"
     sleep 0.2
@@ -187,7 +194,7 @@ start() {
   fi
   ensure_installed
   local port
-  for port in "$AMQP_PORT" "$DIST_PORT"; do
+  for port in "$AMQP_PORT" "$AMQPS_PORT" "$DIST_PORT"; do
     port_open "$port" && die "port $port is already in use (ss -ltnp 'sport = :$port')"
   done
 
@@ -198,6 +205,8 @@ start() {
     "AMQP_URL=amqp://guest:guest@127.0.0.1:$AMQP_PORT/" \
     "AMQP_HOST=127.0.0.1" \
     "AMQP_PORT=$AMQP_PORT" \
+    "AMQPS_PORT=$AMQPS_PORT" \
+    "AMQP_CA_PEM=$dir/tls/ca.crt" \
     "AMQP_USER=$AMQP_USER" \
     "AMQP_PASSWORD=$AMQP_PASSWORD" \
     "RABBITMQ_NODE=$NODE" \

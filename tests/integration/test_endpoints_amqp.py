@@ -1,5 +1,5 @@
 """The AMQP 0.9.1 endpoint against the real RabbitMQ: ack levels, a missing exchange,
-credentials and vhosts, amqps through a TLS front, and recovery from lost connections.
+credentials and vhosts, amqps to the broker's TLS listener, and recovery from lost connections.
 
 The shared broker is never restarted: a broker-side close of our own connection
 (``rabbitmqctl close_connection``) and an outage of a TCP proxy in front of the broker stand
@@ -34,7 +34,7 @@ from bucketnotify.delivery.endpoints.base import event_body
 from tests.aioproxy import AsyncTcpProxy
 from tests.localservices import LocalService
 from tests.records import s3_record
-from tests.tls import issue_server_certificate, make_ca
+from tests.tls import make_ca
 
 
 @pytest.fixture()
@@ -359,30 +359,30 @@ async def test_amqps_verifies_the_broker_with_the_topics_ca(
     exchange: AbstractExchange,
     tmp_path: Path,
 ) -> None:
-    """amqps: the right CA connects, another CA is refused (retryably), verifySSL: false
-    connects anyway. The TLS front is a proxy terminating TLS before the broker."""
-    ca = make_ca(tmp_path, "amqps-ca")
-    other = make_ca(tmp_path, "other-ca")
-    server = issue_server_certificate(ca, tmp_path, "broker")
-    proxy = AsyncTcpProxy(
-        rabbitmq["AMQP_HOST"], int(rabbitmq["AMQP_PORT"]), ssl_context=server.server_context()
-    )
-    await proxy.start()
+    """amqps to the broker's own TLS listener: its CA connects and publishes with the
+    Secret's user, another CA is refused (retryably) with the reason, verifySSL: false
+    connects anyway, and only the accepted pushes reach the queue."""
+    broker_ca = await asyncio.to_thread(Path(rabbitmq["AMQP_CA_PEM"]).read_text)
+    other = make_ca(tmp_path, "not-the-brokers-ca")
     queue = await bound_queue(channel, exchange, "events")
-    url = f"amqps://127.0.0.1:{proxy.port}"
-    try:
-        async with amqp_endpoint(url, exchange.name, ca_pem=ca.pem) as endpoint:
-            [outcome] = await endpoint.send([Delivery("right-ca", s3_record())])
-        assert outcome.ok, outcome
+    url = f"amqps://{rabbitmq['AMQP_HOST']}:{rabbitmq['AMQPS_PORT']}"
+    user = (rabbitmq["AMQP_USER"], rabbitmq["AMQP_PASSWORD"])
 
-        async with amqp_endpoint(url, exchange.name, ca_pem=other.pem) as endpoint:
-            [outcome] = await endpoint.send([Delivery("wrong-ca", s3_record())])
-        assert not outcome.ok and outcome.retryable
-        assert outcome.error is not None and "certificate verification failed" in outcome.error
+    async with amqp_endpoint(url, exchange.name, credentials=user, ca_pem=broker_ca) as endpoint:
+        [outcome] = await endpoint.send([Delivery("right-ca", s3_record(key="right-ca"))])
+    assert outcome.ok, outcome
 
-        async with amqp_endpoint(url, exchange.name, ca_pem=other.pem, verifySSL=False) as endpoint:
-            [outcome] = await endpoint.send([Delivery("no-verify", s3_record())])
-        assert outcome.ok, outcome
-    finally:
-        await proxy.stop()
-    await drain(queue, 2)
+    async with amqp_endpoint(url, exchange.name, credentials=user, ca_pem=other.pem) as endpoint:
+        [outcome] = await endpoint.send([Delivery("wrong-ca", s3_record(key="wrong-ca"))])
+    assert not outcome.ok and outcome.retryable
+    assert outcome.error is not None and "certificate verification failed" in outcome.error
+
+    async with amqp_endpoint(
+        url, exchange.name, credentials=user, ca_pem=other.pem, verifySSL=False
+    ) as endpoint:
+        [outcome] = await endpoint.send([Delivery("no-verify", s3_record(key="no-verify"))])
+    assert outcome.ok, outcome
+
+    keys = [json.loads(m.body)["Records"][0]["s3"]["object"]["key"] for m in await drain(queue, 2)]
+    assert sorted(keys) == ["no-verify", "right-ca"]
+    assert await queue.get(timeout=1, fail=False) is None

@@ -1,5 +1,5 @@
-"""The Kafka endpoint against the real broker's three listeners (PLAINTEXT, SASL_PLAINTEXT,
-SSL): ack levels, message keys, every SASL mechanism but GSSAPI, TLS with the broker's CA,
+"""The Kafka endpoint against the real broker's four listeners (PLAINTEXT, SASL_PLAINTEXT,
+SSL, SASL_SSL): ack levels, message keys, every SASL mechanism but GSSAPI, TLS with the broker's CA,
 refused credentials, unreachable brokers, and a real restart of a broker of the test's own."""
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from bucketnotify.delivery.endpoints import (
     open_endpoint,
 )
 from bucketnotify.delivery.endpoints.base import event_body
-from tests.delivery import free_port
 from tests.localservices import LocalService
 from tests.ownservices import OwnService, own_service
+from tests.processes import free_port
 from tests.records import s3_record
 from tests.tls import make_ca
 
@@ -171,6 +171,53 @@ async def test_ssl_verifies_the_broker_with_the_topics_ca(
         [outcome] = await endpoint.send([Delivery("no-verify", s3_record())])
     assert outcome.ok, outcome
     assert len(await consume(kafka["KAFKA_BOOTSTRAP"], topic, 2)) == 2
+
+
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-512", "PLAIN"])
+async def test_sasl_over_ssl_delivers_and_verifies_the_broker(
+    kafka: LocalService, tmp_path: Path, mechanism: str
+) -> None:
+    """sasl + useSSL: SASL_SSL to the broker's SASL_SSL listener, the login inside TLS checked
+    with the Topic's CA; another CA is refused retryably before any credential is sent, and a
+    wrong password over TLS is an authentication error like over plain SASL."""
+    topic = new_topic()
+    url = f"kafka://{kafka['KAFKA_SASL_SSL_BOOTSTRAP']}"
+    broker_ca = await asyncio.to_thread(Path(kafka["KAFKA_CA_PEM"]).read_text)
+    credentials = (kafka["KAFKA_SCRAM_USER"], kafka["KAFKA_SCRAM_PASSWORD"])
+    sasl = {"mechanism": mechanism, "credentialsRef": {"secretName": "s"}}
+
+    batch = deliveries(2)
+    async with kafka_endpoint(
+        url, topic, credentials=credentials, ca_pem=broker_ca, sasl=sasl, useSSL=True
+    ) as endpoint:
+        outcomes = await endpoint.send(batch)
+    assert all(o.ok for o in outcomes), outcomes
+
+    other = make_ca(tmp_path, "not-the-brokers-ca")
+    async with kafka_endpoint(
+        url, topic, credentials=credentials, ca_pem=other.pem, sasl=sasl, useSSL=True
+    ) as endpoint:
+        [outcome] = await endpoint.send([Delivery("wrong-ca", s3_record())])
+    assert not outcome.ok and outcome.retryable
+    assert outcome.error is not None and "certificate verification failed" in outcome.error
+
+    async with kafka_endpoint(
+        url,
+        topic,
+        credentials=(credentials[0], "Wr0ng-k4fka-p4ss-77c1"),
+        ca_pem=broker_ca,
+        sasl=sasl,
+        useSSL=True,
+    ) as endpoint:
+        [outcome] = await endpoint.send([Delivery("wrong-password", s3_record())])
+    assert (outcome.ok, outcome.retryable) == (False, True)
+    assert outcome.error == (
+        f"{kafka['KAFKA_SASL_SSL_BOOTSTRAP']} refused the credentials from the Secret"
+        f" (SASL {mechanism})"
+    )
+    # Only the two pushed with the right CA and password reached the topic.
+    records = await consume(kafka["KAFKA_BOOTSTRAP"], topic, 2)
+    assert sorted(r.value for r in records) == sorted(event_body(d.record) for d in batch)
 
 
 async def test_unreachable_brokers_fail_pushes_retryably() -> None:
