@@ -40,15 +40,15 @@ services-down: ## stop the local services
 
 .PHONY: lint
 lint: install ## ruff (lint and format check), mypy strict, import layers
-	$(BIN)/ruff check operator spark tests bench demo
-	$(BIN)/ruff format --check operator spark tests bench demo
+	$(BIN)/ruff check operator spark devstack tests bench demo
+	$(BIN)/ruff format --check operator spark devstack tests bench demo
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
 .PHONY: fmt
 fmt: install ## format the code
-	$(BIN)/ruff check --fix operator spark tests bench demo
-	$(BIN)/ruff format operator spark tests bench demo
+	$(BIN)/ruff check --fix operator spark devstack tests bench demo
+	$(BIN)/ruff format operator spark devstack tests bench demo
 
 .PHONY: crds
 crds: install tools ## regenerate crds/ from the API models, and the chart's copy and deploy/base with them

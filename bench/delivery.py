@@ -36,21 +36,17 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
 
-from bench import services
 from bench.kube import (
     Kubectl,
     SetupError,
     apply,
-    install_crds,
     new_namespace,
     wait_even_ownership,
     wait_lease_held,
     wait_ready,
 )
-from bench.programs import Program, cpu_seconds, free_port, wait_for_port
 from bench.proxy import RoundRobinProxy
 from bench.receiver import Receiver
-from bench.services import REPO, Service, ServiceError
 from bench.workload import (
     WARMUP_PREFIX,
     Collector,
@@ -60,6 +56,10 @@ from bench.workload import (
     percentiles,
     s3_client,
 )
+from devstack import services
+from devstack.gateway import gateway_settings
+from devstack.programs import Program, cpu_seconds, free_port, wait_for_port
+from devstack.services import REPO, Service, ServiceError
 
 EVENT = "s3:ObjectCreated:Put"
 PARTITIONS = 32
@@ -152,7 +152,7 @@ class Run:
         self.log_dir = out / f"{benchmark}-{self.id}-logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.clients = [s3_client(rgw) for _ in range(options.clients)]
-        self.kubectl = Kubectl(kube["KUBECTL"], kube["KUBECONFIG_ADMIN"]) if kube else None
+        self.kubectl = Kubectl.admin(kube) if kube else None
 
     def bucket_name(self, scenario: Scenario) -> str:
         return f"bnb-{self.tag}-{scenario.name}"[:63]
@@ -222,13 +222,7 @@ def setup_bucketnotify(
     namespace = new_namespace(kubectl, f"bench-{scenario.name}"[:50])
     ours.namespace = namespace
     print(f"  namespace {namespace}", flush=True)
-    rgw = run.rgw
-    gateway_env = {
-        "BUCKETNOTIFY_GATEWAY_ENDPOINT": rgw["RGW_ENDPOINT"],
-        "BUCKETNOTIFY_GATEWAY_ACCESS_KEY": rgw["RGW_ACCESS_KEY"],
-        "BUCKETNOTIFY_GATEWAY_SECRET_KEY": rgw["RGW_SECRET_KEY"],
-        "BUCKETNOTIFY_GATEWAY_REGION": rgw.env.get("RGW_REGION") or "default",
-    }
+    gateway_env = gateway_settings(run.rgw)
     log_dir = run.log_dir / scenario.name
     log_dir.mkdir(exist_ok=True)
 
@@ -249,7 +243,6 @@ def setup_bucketnotify(
     for identity in identities:
         port = free_port()
         replica = Program(
-            identity,
             ["delivery"],
             {
                 "KUBECONFIG": run.kube["KUBECONFIG_ADMIN"],
@@ -261,7 +254,8 @@ def setup_bucketnotify(
                 "BUCKETNOTIFY_DELIVERY_PARTITIONS": str(PARTITIONS),
                 **(gateway_env if scenario.store == "s3" else {}),
             },
-            log_dir,
+            name=identity,
+            log_dir=log_dir,
             profile=run.options.profile,
         )
         stack.callback(replica.stop)
@@ -276,7 +270,6 @@ def setup_bucketnotify(
         ingest_url = ours.proxy.url
 
     operator = Program(
-        "operator",
         ["operator"],
         {
             "KUBECONFIG": run.kube["KUBECONFIG_ADMIN"],
@@ -287,7 +280,8 @@ def setup_bucketnotify(
             # Not the default 9090: another operator on this machine may hold it.
             "BUCKETNOTIFY_METRICS_PORT": str(free_port()),
         },
-        log_dir,
+        name="operator",
+        log_dir=log_dir,
         profile=run.options.profile,
     )
     stack.callback(operator.stop)
@@ -717,7 +711,7 @@ def main(argv: list[str] | None = None) -> int:
             started.append(kube)
         run = Run(options, rgw, kube, args.out)
         if run.kubectl is not None:
-            install_crds(run.kubectl)
+            run.kubectl.install_crds()
         load_before = os.getloadavg()
         results = []
         for scenario in chosen.values():

@@ -40,7 +40,6 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 from tests.delivery import partition_holders
 
-from bench import services
 from bench.delivery import (
     PARTITIONS,
     Run,
@@ -51,12 +50,12 @@ from bench.delivery import (
     warm_up,
 )
 from bench.delivery import Options as DeliveryOptions
-from bench.kube import install_crds
 from bench.receiver import Receiver
-from bench.services import REPO, Service, ServiceError
 from bench.workload import Collector, object_body, percentiles
 from bucketnotify.delivery.ownership import partition_of
 from bucketnotify.delivery.queue import QueueName, shard_of
+from devstack import services
+from devstack.services import REPO, Service, ServiceError
 
 TOPIC = "bench"  # what setup_bucketnotify names the Topic
 REPLICAS = 3
@@ -486,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         run = Run(delivery_options, rgw, kube, args.out, benchmark="failover")
         assert run.kubectl is not None
-        install_crds(run.kubectl)
+        run.kubectl.install_crds()
         load_before = os.getloadavg()
         rounds = [run_round(run, options, i + 1) for i in range(options.rounds)]
         total = summary(rounds)

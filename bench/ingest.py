@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from tests.records import event
 
 from bucketnotify.delivery.ingest import Ingest, IngestTopic, build_app
 from bucketnotify.delivery.queue import QueueLimits, QueueName
@@ -31,15 +32,14 @@ TOKEN = "bench-token"  # noqa: S105 - the ingest token of a throwaway queue
 
 
 def record(n: int) -> dict[str, Any]:
-    return {
-        "eventName": "ObjectCreated:Put",
-        "responseElements": {"x-amz-request-id": f"req-{n}"},
-        "s3": {
-            "configurationId": "bench",
-            "bucket": {"name": "bench"},
-            "object": {"key": f"key-{n}", "sequencer": "01"},
-        },
-    }
+    """The n-th event of the run: a key of its own, the rest as the gateway sends it."""
+    return event(
+        f"key-{n}",
+        bucket="bench",
+        sequencer="01",
+        request_id=f"req-{n}",
+        configuration_id="bench",
+    )
 
 
 def batch_files(root: Path) -> int:

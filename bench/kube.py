@@ -8,21 +8,15 @@ import uuid
 from collections import Counter
 from typing import Any
 
-from tests.kubectl import Kubectl
 from tests.resources import apply
 
-from bench.services import REPO
+from devstack.kubectl import Kubectl
 
-__all__ = ["Kubectl", "SetupError", "apply", "install_crds", "new_namespace", "wait_ready"]
+__all__ = ["Kubectl", "SetupError", "apply", "new_namespace", "wait_ready"]
 
 
 class SetupError(RuntimeError):
     """A scenario could not be set up; the message says what was last seen."""
-
-
-def install_crds(kubectl: Kubectl) -> None:
-    kubectl.apply_path(REPO / "crds")
-    kubectl.run("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
 
 
 def new_namespace(kubectl: Kubectl, prefix: str) -> str:

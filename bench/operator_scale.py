@@ -46,12 +46,13 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench import services
 from bench.delivery import OPERATOR_LEASE, source_revision
-from bench.kube import Kubectl, SetupError, install_crds, new_namespace, wait_lease_held
-from bench.programs import Program, ProgramDied, cpu_seconds, free_port
-from bench.services import REPO, Service, ServiceError
+from bench.kube import Kubectl, SetupError, new_namespace, wait_lease_held
 from bench.workload import s3_client
+from devstack import services
+from devstack.gateway import gateway_settings
+from devstack.programs import Program, ProgramDied, cpu_seconds, free_port
+from devstack.services import REPO, Service, ServiceError
 
 API = "bucketnotify.io/v1alpha1"
 PLURALS = {"Topic": "topics", "BucketNotification": "bucketnotifications"}
@@ -586,10 +587,7 @@ def release_leftovers(
 def operator_env(kube: Service, rgw: Service, namespace: str, metrics_port: int) -> dict[str, str]:
     return {
         "KUBECONFIG": kube["KUBECONFIG_ADMIN"],
-        "BUCKETNOTIFY_GATEWAY_ENDPOINT": rgw["RGW_ENDPOINT"],
-        "BUCKETNOTIFY_GATEWAY_ACCESS_KEY": rgw["RGW_ACCESS_KEY"],
-        "BUCKETNOTIFY_GATEWAY_SECRET_KEY": rgw["RGW_SECRET_KEY"],
-        "BUCKETNOTIFY_GATEWAY_REGION": rgw.env.get("RGW_REGION") or "default",
+        **gateway_settings(rgw),
         "BUCKETNOTIFY_NAMESPACES": json.dumps([namespace]),
         "BUCKETNOTIFY_LEADER_ELECTION_NAMESPACE": namespace,
         # Persistent Topics point the gateway here; no object is written, nothing is pushed.
@@ -608,8 +606,8 @@ def delete_both(kubectl: Kubectl, namespace: str) -> None:
 def measure(
     options: Options, rgw: Service, kube: Service, out: Path, run_id: str
 ) -> dict[str, Any]:
-    kubectl = Kubectl(kube["KUBECTL"], kube["KUBECONFIG_ADMIN"])
-    install_crds(kubectl)
+    kubectl = Kubectl.admin(kube)
+    kubectl.install_crds()
     gateway = Gateway(rgw)
     tag = uuid.uuid4().hex[:6]
     namespace = new_namespace(kubectl, "bench-operator")
@@ -637,7 +635,10 @@ def measure(
         notification_objects = notifications(options, buckets)
         notification_names = {o["metadata"]["name"] for o in notification_objects}
         operator = Program(
-            "operator", ["operator"], operator_env(kube, rgw, namespace, metrics_port), log_dir
+            ["operator"],
+            operator_env(kube, rgw, namespace, metrics_port),
+            name="operator",
+            log_dir=log_dir,
         )
         document["operator_log"] = str(operator.log_path)
         phases: list[dict[str, Any]] = document["phases"]

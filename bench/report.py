@@ -24,8 +24,8 @@ from pathlib import Path
 
 from tests.recordfiles import LocalFiles, batch_key, encode
 
-from bench.services import REPO
 from bucketnotify.records import FIELDS, DeliveryRecord, Outcome
+from devstack.services import REPO
 
 DAY_START = 1_763_596_800.0  # 2025-11-20T00:00:00Z
 DAY = "2025-11-20"

@@ -16,11 +16,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from bench.receiver import Arrival, Receiver
-from bench.services import Service
+from devstack.gateway import SINGLE_ATTEMPT, gateway_client
+from devstack.services import Service
 
 __all__ = [
     "Collector",
@@ -36,25 +36,8 @@ WARMUP_PREFIX = "warmup-"
 
 
 def s3_client(rgw: Service, service: str = "s3") -> Any:
-    # One session per client: boto3 sessions are not thread-safe, and each PUT thread gets
-    # its own client. No retries: a retried PUT may notify twice, which would be counted as a
-    # duplicate delivery although no delivery path made it.
-    import boto3
-
-    session = boto3.session.Session()
-    return session.client(
-        service,  # type: ignore[call-overload]
-        endpoint_url=rgw["RGW_ENDPOINT"],
-        aws_access_key_id=rgw["RGW_ACCESS_KEY"],
-        aws_secret_access_key=rgw["RGW_SECRET_KEY"],
-        region_name=rgw.env.get("RGW_REGION") or "default",
-        config=Config(
-            retries={"total_max_attempts": 1, "mode": "standard"},
-            max_pool_connections=4,
-            connect_timeout=10,
-            read_timeout=60,
-        ),
-    )
+    """A client of its own for each PUT thread, which never retries (``SINGLE_ATTEMPT``)."""
+    return gateway_client(rgw, service, **SINGLE_ATTEMPT)
 
 
 def object_body(key: str, size: int) -> bytes:

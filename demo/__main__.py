@@ -27,14 +27,13 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from bench.services import REPO, RUN_DIR, Service, ServiceError, start
-from bench.workload import s3_client
-from tests.kubectl import Kubectl
-
 from demo import arrivals, report, samples, show, uploads
 from demo.console import DemoError, info, step
 from demo.processes import STATE, STATE_DIR, State, alive, log_tail, stop
 from demo.stack import NAMESPACE, QUEUE_BUCKET, Stack, start_stack
+from devstack.gateway import SINGLE_ATTEMPT, gateway_client
+from devstack.kubectl import Kubectl
+from devstack.services import LOCAL, RUN_DIR, Service, ServiceError, read_env, start
 
 ARRIVAL_TIMEOUT_S = 120
 # After the last expected event, how long an event a filter should have left out is given
@@ -52,15 +51,15 @@ def up() -> None:
     step("Local services (the first run installs and builds them: minutes; later runs: seconds)")
     services = {name: _service(name) for name in ("kube", "ceph", "rabbitmq", "kafka")}
     kube, rgw = services["kube"], services["ceph"]
-    kubectl = Kubectl(kube["KUBECTL"], kube["KUBECONFIG_ADMIN"])
+    kubectl = Kubectl.admin(kube)
 
     step("CRDs, the namespace and the buckets")
-    kubectl.apply_path(REPO / "crds")
-    kubectl.run("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+    kubectl.install_crds()
     if kubectl.run("get", "namespace", NAMESPACE, check=False).returncode != 0:
         kubectl.run("create", "namespace", NAMESPACE)
     info(f"namespace {NAMESPACE}")
-    s3 = s3_client(rgw)
+    # Never retried: a retried PUT may notify twice, and the demo checks each event arrives once.
+    s3 = gateway_client(rgw, "s3", **SINGLE_ATTEMPT)
     for bucket in (samples.BUCKET, QUEUE_BUCKET):
         with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou):
             s3.create_bucket(Bucket=bucket)
@@ -258,7 +257,7 @@ def down(stop_services: bool = True) -> None:
     if stop_services:
         step("Stopping the local services")
         for name in ("kafka", "rabbitmq", "ceph", "kube"):
-            subprocess.run(["bash", str(REPO / "deploy" / "local" / f"{name}.sh"), "stop"])
+            subprocess.run(["bash", str(LOCAL / f"{name}.sh"), "stop"])
 
 
 def _delete_amqp_queue() -> None:
@@ -267,8 +266,7 @@ def _delete_amqp_queue() -> None:
     env_file = RUN_DIR / "rabbitmq" / "env"
     if not env_file.exists():
         return
-    env = dict(line.partition("=")[::2] for line in env_file.read_text().splitlines() if line)
-    asyncio.run(arrivals.delete_amqp_queue(env["AMQP_URL"]))
+    asyncio.run(arrivals.delete_amqp_queue(read_env(env_file)["AMQP_URL"]))
 
 
 def _kubectl_or_none() -> Kubectl | None:
@@ -276,7 +274,7 @@ def _kubectl_or_none() -> Kubectl | None:
         kube = start("kube")
     except ServiceError:
         return None
-    return Kubectl(kube["KUBECTL"], kube["KUBECONFIG_ADMIN"])
+    return Kubectl.admin(kube)
 
 
 def status() -> None:

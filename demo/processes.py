@@ -12,14 +12,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.programs import wait_for_port
-from bench.services import REPO, RUN_DIR
-
 from demo.console import DemoError, info
+from devstack.programs import wait_for_port
+from devstack.services import REPO, RUN_DIR
 
 STATE_DIR = RUN_DIR / "demo"
 STATE = STATE_DIR / "state.json"
-BIN = REPO / ".venv" / "bin"
 
 
 class State:

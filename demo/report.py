@@ -15,11 +15,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from bench.services import REPO
 from prometheus_client.parser import text_string_to_metric_families
 
 from demo.console import DemoError, Ticker, info
-from demo.processes import BIN, STATE_DIR
+from demo.processes import STATE_DIR
+from devstack.programs import BIN
+from devstack.services import REPO
 
 __all__ = ["clear_records", "copy_records", "run_report", "wait_records_written"]
 

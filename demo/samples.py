@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
-from bench.services import REPO, Service
 
 from demo.console import DemoError
+from devstack.services import REPO, Service
 
 SAMPLES = REPO / "deploy" / "samples"
 BUCKET = "uploads"

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.programs import free_port
-from bench.services import Service
-
 from demo.console import DemoError, Ticker, info, step
-from demo.processes import BIN, STATE_DIR, State, wait_listening
+from demo.processes import STATE_DIR, State, wait_listening
+from devstack.gateway import gateway_settings
+from devstack.programs import BIN, free_port
+from devstack.services import Service
 
 __all__ = ["NAMESPACE", "PARTITIONS", "QUEUE_BUCKET", "Stack", "metric_lines", "start_stack"]
 
@@ -33,15 +33,6 @@ class Stack:
     operator: dict[str, Any]
     delivery_env: dict[str, str]
     """What a delivery replica is given; the admin CLI reads the queue store with it too."""
-
-
-def gateway_env(rgw: Service) -> dict[str, str]:
-    return {
-        "BUCKETNOTIFY_GATEWAY_ENDPOINT": rgw["RGW_ENDPOINT"],
-        "BUCKETNOTIFY_GATEWAY_ACCESS_KEY": rgw["RGW_ACCESS_KEY"],
-        "BUCKETNOTIFY_GATEWAY_SECRET_KEY": rgw["RGW_SECRET_KEY"],
-        "BUCKETNOTIFY_GATEWAY_REGION": rgw.env.get("RGW_REGION") or "default",
-    }
 
 
 def start_stack(state: State, kube: Service, rgw: Service) -> Stack:
@@ -72,7 +63,7 @@ def start_stack(state: State, kube: Service, rgw: Service) -> Stack:
         # The local RabbitMQ and Kafka have no TLS (the operator is told the same).
         "BUCKETNOTIFY_DELIVERY_ALLOW_CLEARTEXT_SECRETS": "true",
         "BUCKETNOTIFY_LOG_FORMAT": "plain",
-        **gateway_env(rgw),
+        **gateway_settings(rgw),
     }
     replicas = []
     for identity in REPLICAS:
@@ -96,7 +87,7 @@ def start_stack(state: State, kube: Service, rgw: Service) -> Stack:
     port = free_port()
     operator_env = {
         "KUBECONFIG": kube["KUBECONFIG_ADMIN"],
-        **gateway_env(rgw),
+        **gateway_settings(rgw),
         "BUCKETNOTIFY_NAMESPACES": json.dumps([NAMESPACE]),
         "BUCKETNOTIFY_LEADER_ELECTION_NAMESPACE": NAMESPACE,
         # No Service spreads the ingest here: the gateway pushes to replica-1, which

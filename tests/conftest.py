@@ -10,7 +10,7 @@ import pytest
 from tests import localservices
 from tests.install.manifests import helm_binary
 from tests.kubectl import Kubectl
-from tests.localservices import REPO, LocalService
+from tests.localservices import LocalService
 
 # The operator fixtures live beside the helpers they use.
 pytest_plugins = ["tests.operator", "tests.delivery"]
@@ -53,14 +53,13 @@ def kafka() -> Iterator[LocalService]:
 @pytest.fixture(scope="session")
 def kubectl(kube: LocalService) -> Kubectl:
     """kubectl as the cluster admin."""
-    return Kubectl(kube["KUBECTL"], kube["KUBECONFIG_ADMIN"])
+    return Kubectl.admin(kube)
 
 
 @pytest.fixture(scope="session")
 def crds(kubectl: Kubectl) -> None:
     """The CRDs of crds/ installed and Established, as `kubectl apply -f crds/` does."""
-    kubectl.apply_path(REPO / "crds")
-    kubectl.run("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+    kubectl.install_crds()
 
 
 @pytest.fixture()

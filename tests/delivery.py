@@ -1,4 +1,5 @@
-"""Delivery replicas as real processes behind a balancer, the way a Service spreads them.
+"""Delivery replicas as real processes behind a balancer, the way a Service spreads them,
+and what tests send them and read from them: pushes to the ingest, their /metrics.
 
 The gateway pushes to one ingest URL; in a cluster that is a Service in front of every
 replica. Here a round-robin TCP balancer plays that part: a connection goes to the next
@@ -7,13 +8,9 @@ replica that accepts it, so a killed replica drops out as its endpoint would.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
-import itertools
 import json
 import signal
-import socket
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -21,75 +18,24 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bucketnotify.delivery.ownership import LeaseSettings
 from bucketnotify.delivery.queue import QueueName
+from devstack.gateway import gateway_settings
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
-from tests.processes import Program
+from tests.processes import Program, free_port
+from tests.receivers import RecordingHttpServer
+from tests.records import event
+from tests.resources import apply, condition
+from tests.tcpproxy import Balancer
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-class Balancer:
-    """Round-robin TCP forwarding to ``ports``, skipping those that refuse connections."""
-
-    def __init__(self, ports: list[int]) -> None:
-        self.ports = ports
-        self._next = itertools.cycle(range(len(ports)))
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self._server.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self._server.shutdown(socket.SHUT_RDWR)
-        self._server.close()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._server.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
-
-    def _serve(self, client: socket.socket) -> None:
-        for _ in self.ports:
-            port = self.ports[next(self._next)]
-            try:
-                upstream = socket.create_connection(("127.0.0.1", port), timeout=2)
-            except OSError:
-                continue
-            upstream.settimeout(None)
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
-            return
-        client.close()
-
-
-def _pipe(src: socket.socket, dst: socket.socket) -> None:
-    try:
-        while data := src.recv(65536):
-            dst.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for s in (src, dst):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+"""(sample name, labels) → value."""
 
 
 def partition_holders(kubectl: Kubectl, namespace: str) -> dict[int, str]:
@@ -171,11 +117,10 @@ class DeliveryCluster:
         for name, program in self.replicas.items():
             if program.process.poll() is not None:
                 continue
-            url = f"http://127.0.0.1:{self.ports[name]}/metrics"
-            with urllib.request.urlopen(url, timeout=5) as response:
-                text = response.read().decode()
-            for family in text_string_to_metric_families(text):
-                total += sum(s.value for s in family.samples if s.name == sample)
+            found = scrape(f"http://127.0.0.1:{self.ports[name]}/metrics")
+            total += sum(
+                value for (sample_name, _), value in found.items() if sample_name == sample
+            )
         return total
 
     def holders(self) -> dict[int, str]:
@@ -233,9 +178,7 @@ def delivery_cluster(
                 "BUCKETNOTIFY_DELIVERY_STORE": url,
                 "BUCKETNOTIFY_DELIVERY_LEASE_NAMESPACE": namespace,
                 "BUCKETNOTIFY_DELIVERY_NAMESPACES": json.dumps([namespace]),
-                "BUCKETNOTIFY_GATEWAY_ENDPOINT": rgw["RGW_ENDPOINT"],
-                "BUCKETNOTIFY_GATEWAY_ACCESS_KEY": rgw["RGW_ACCESS_KEY"],
-                "BUCKETNOTIFY_GATEWAY_SECRET_KEY": rgw["RGW_SECRET_KEY"],
+                **gateway_settings(rgw),
             },
         )
         clusters.append(cluster)
@@ -246,30 +189,91 @@ def delivery_cluster(
         cluster.stop()
 
 
-def push_records(port: int, namespace: str, topic: str, token: str, keys: list[str]) -> int:
-    """Push records of these object keys to a replica's ingest, as the gateway does; the HTTP
-    status (0: nothing listens there yet)."""
-    body = json.dumps(
-        {
-            "Records": [
-                {
-                    "eventName": "ObjectCreated:Put",
-                    "s3": {"bucket": {"name": "b"}, "object": {"key": k, "sequencer": k}},
-                }
-                for k in keys
-            ]
-        }
-    ).encode()
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/topics/{namespace}/{topic}/{token}", data=body, method="POST"
+def post_records(url: str, records: list[dict[str, Any]], timeout: float = 10) -> int:
+    """POST ``{"Records": records}`` to an ingest URL, as the gateway does; the HTTP status."""
+    request = urllib.request.Request(  # noqa: S310 - a loopback http:// URL the test built
+        url, data=json.dumps({"Records": records}).encode(), method="POST"
     )
     try:
-        with urllib.request.urlopen(request, timeout=20) as response:  # noqa: S310
+        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
             return int(response.status)
     except urllib.error.HTTPError as exc:
         return exc.code
+
+
+def post_events(url: str, keys: list[str]) -> int:
+    """POST an event of each object key to an ingest URL; the HTTP status. Each event has a
+    request id of its own, so a key posted again is a new event, never a duplicate."""
+    return post_records(url, [event(k, request_id=uuid.uuid4().hex) for k in keys])
+
+
+def push_records(port: int, namespace: str, topic: str, token: str, keys: list[str]) -> int:
+    """Push records of these object keys to a replica's ingest, as the gateway does; the HTTP
+    status (0: nothing listens there yet). A key's event is the same event each time (its
+    identity is the key), so pushing it again is a duplicate."""
+    url = f"http://127.0.0.1:{port}/v1/topics/{namespace}/{topic}/{token}"
+    try:
+        return post_records(url, [event(k, sequencer=k) for k in keys], timeout=20)
     except urllib.error.URLError:
         return 0
+
+
+def samples(exposition: str) -> Samples:
+    """Every sample of a /metrics answer."""
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(exposition)
+        for sample in family.samples
+    }
+
+
+def scrape(url: str) -> Samples:
+    """Every sample a /metrics endpoint shows."""
+    with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310 (our http URL)
+        return samples(response.read().decode())
+
+
+def sync_topics(
+    kubectl: Kubectl,
+    namespace: str,
+    s3: Any,
+    topics: dict[str, tuple[RecordingHttpServer, dict[str, Any]]],
+) -> dict[str, str]:
+    """A persistent Topic (hand-off sync, endpoint ``<receiver>/<name>``) per entry, each
+    with a bucket of its own notifying it of PUTs; Ready. Returns name → bucket."""
+    buckets = {}
+    for name, (receiver, settings) in topics.items():
+        apply(
+            kubectl,
+            namespace,
+            "Topic",
+            name,
+            {
+                "endpoint": {"http": {"url": f"{receiver.url}/{name}"}},
+                "persistent": True,
+                "delivery": {"handoff": "sync"},
+                **settings,
+            },
+        )
+        buckets[name] = f"{name}-{uuid.uuid4().hex[:10]}"
+        s3.create_bucket(Bucket=buckets[name])
+    for name in topics:
+        condition(kubectl, namespace, "topic", name)
+        apply(
+            kubectl,
+            namespace,
+            "BucketNotification",
+            name,
+            {
+                "bucket": buckets[name],
+                "topicRef": {"name": name},
+                "testEvent": False,
+                "events": ["s3:ObjectCreated:Put"],
+            },
+        )
+    for name in topics:
+        condition(kubectl, namespace, "bucketnotification", name)
+    return buckets
 
 
 class OwnsEverything:

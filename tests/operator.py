@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from devstack.gateway import gateway_settings
 from tests.localservices import LocalService
 from tests.processes import Program
 
@@ -24,9 +25,7 @@ def start_operator(
     def start(user: int | None = None, **settings: str) -> Program:
         env = {
             "KUBECONFIG": kube["KUBECONFIG_ADMIN"],
-            "BUCKETNOTIFY_GATEWAY_ENDPOINT": rgw["RGW_ENDPOINT"],
-            "BUCKETNOTIFY_GATEWAY_ACCESS_KEY": rgw["RGW_ACCESS_KEY"],
-            "BUCKETNOTIFY_GATEWAY_SECRET_KEY": rgw["RGW_SECRET_KEY"],
+            **gateway_settings(rgw),
             "BUCKETNOTIFY_NAMESPACES": json.dumps([namespace]),
             "BUCKETNOTIFY_LEADER_ELECTION_NAMESPACE": namespace,
             "BUCKETNOTIFY_DRIFT_INTERVAL_SECONDS": str(DRIFT_INTERVAL_S),

@@ -1,52 +1,47 @@
-"""Our own programs as real subprocesses, with their logs kept for failing tests."""
+"""Our own programs for tests: devstack.programs, and the admin CLI run once to its end."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
-import signal
-import subprocess
-import tempfile
-from pathlib import Path
+from dataclasses import dataclass
+from typing import Any
 
-from tests.localservices import REPO
+from devstack.programs import BIN, Program, free_port
 
-BIN = REPO / ".venv" / "bin"
-# What getpass.getuser() reads before it asks the user database.
-USER_NAME_VARIABLES = ("LOGNAME", "USER", "LNAME", "USERNAME")
+__all__ = ["BIN", "Program", "Result", "free_port", "run_cli"]
 
 
-class Program:
-    """A running ``bucketnotify`` command; its combined output goes to a log file."""
+@dataclass(frozen=True)
+class Result:
+    code: int
+    out: str
+    err: str
 
-    def __init__(self, args: list[str], env: dict[str, str], user: int | None = None) -> None:
-        """``user``: seen by the process as its numeric uid and gid, with no passwd entry
-        and none of the variables that name a user, as in our image. A user namespace maps
-        it onto ours, so it still reads what we can (our Python lives under /root)."""
-        self.log_path = Path(tempfile.mkstemp(prefix="bucketnotify-", suffix=".log")[1])
-        self._log = self.log_path.open("w")
-        environ = {**os.environ, **env}
-        command = [str(BIN / "bucketnotify"), *args]
-        if user is not None:
-            for name in USER_NAME_VARIABLES:
-                environ.pop(name, None)
-            command = ["unshare", "--user", f"--map-user={user}", f"--map-group={user}", *command]
-        self.process = subprocess.Popen(
-            command,
-            env=environ,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    def json(self) -> Any:
+        return json.loads(self.out)
 
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
 
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._log.close()
+def _base_env() -> dict[str, str]:
+    # The caller's own settings must not leak into what a test asserts.
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("BUCKETNOTIFY_") and k != "KUBECONFIG"
+    }
+
+
+async def run_cli(env: dict[str, str], *args: str) -> Result:
+    """``bucketnotify <args>`` with ``env`` and none of the caller's ``BUCKETNOTIFY_*``
+    settings or ``KUBECONFIG``; its exit code and output."""
+    process = await asyncio.create_subprocess_exec(
+        str(BIN / "bucketnotify"),
+        *args,
+        env={**_base_env(), **env},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), timeout=120)
+    assert process.returncode is not None
+    return Result(process.returncode, out.decode(), err.decode())

@@ -1,4 +1,5 @@
-"""S3 event records shaped like the gateway's (the reference's example), for endpoint tests."""
+"""S3 event records for tests: shaped like the gateway's (the reference's example) for
+endpoint tests, and minimal ones with only the fields the ingest and the worker read."""
 
 from __future__ import annotations
 
@@ -50,3 +51,29 @@ def s3_record(
         "eventId": "",
         "opaqueData": "",
     }
+
+
+def event(
+    key: Any = "k",
+    *,
+    bucket: Any = "b",
+    sequencer: str | None = None,
+    request_id: str | None = None,
+    configuration_id: str | None = None,
+    **fields: Any,
+) -> dict[str, Any]:
+    """An S3 event record with only what the ingest and the worker read: the event name,
+    bucket and key, and the request id, configuration id and sequencer when given (they make
+    up the event's identity with the rest, see ``ingest.event_id``). ``fields``: further
+    top-level fields, or replacements (``eventName``). ``key`` and ``bucket`` may be of any
+    type, for bodies the ingest must refuse."""
+    record: dict[str, Any] = {"eventName": "ObjectCreated:Put"}
+    if request_id is not None:
+        record["responseElements"] = {"x-amz-request-id": request_id}
+    s3: dict[str, Any] = {}
+    if configuration_id is not None:
+        s3["configurationId"] = configuration_id
+    s3["bucket"] = {"name": bucket}
+    s3["object"] = {"key": key} if sequencer is None else {"key": key, "sequencer": sequencer}
+    record["s3"] = s3
+    return {**record, **fields}

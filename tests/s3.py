@@ -1,35 +1,37 @@
-"""An S3 client of the test user on a local gateway, the one every test writes objects with."""
+"""The test user on a local gateway: the S3 and SNS clients every test writes objects and
+topics with, and the ``GatewayConnection`` our gateway adapters are given."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import boto3
-from botocore.config import Config
-
+from bucketnotify.gateway.connection import GatewayConnection
+from devstack.gateway import gateway_client
 from tests.localservices import LocalService
+
+__all__ = ["connection", "s3_client", "sns_client"]
 
 
 def s3_client(rgw: LocalService, **config: Any) -> Any:
     """``config``: botocore ``Config`` options (retries, timeouts) for this client."""
-    return boto3.client(
-        "s3",
-        endpoint_url=rgw["RGW_ENDPOINT"],
-        aws_access_key_id=rgw["RGW_ACCESS_KEY"],
-        aws_secret_access_key=rgw["RGW_SECRET_KEY"],
-        # Empty unless the zonegroup has a name (docs/gateway-compatibility.md); boto3 needs
-        # one to sign.
-        region_name=rgw["RGW_REGION"] or "default",
-        config=Config(**config),
-    )
+    return gateway_client(rgw, "s3", **config)
 
 
 def sns_client(rgw: LocalService) -> Any:
     """The gateway's SNS API (topics) as the test user."""
-    return boto3.client(
-        "sns",
-        endpoint_url=rgw["RGW_ENDPOINT"],
-        aws_access_key_id=rgw["RGW_ACCESS_KEY"],
-        aws_secret_access_key=rgw["RGW_SECRET_KEY"],
-        region_name=rgw["RGW_REGION"] or "default",
+    return gateway_client(rgw, "sns")
+
+
+def connection(
+    rgw: LocalService, *, secret: str | None = None, other: bool = False
+) -> GatewayConnection:
+    """The test user's connection; ``other``: the second user's (``RGW_OTHER_*``), another
+    tenant's view of the same gateway; ``secret``: that user's access key with this secret
+    key instead (a wrong one, for refusals)."""
+    prefix = "RGW_OTHER_" if other else "RGW_"
+    return GatewayConnection(
+        endpoint=rgw["RGW_ENDPOINT"],
+        access_key=rgw[f"{prefix}ACCESS_KEY"],
+        secret_key=secret or rgw[f"{prefix}SECRET_KEY"],
+        region=rgw.env.get("RGW_REGION") or "default",
     )

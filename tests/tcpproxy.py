@@ -1,14 +1,34 @@
-"""A TCP forwarder that a test can take down and bring back: a real network outage.
+"""TCP forwarders on threads: one a test can take down and bring back (a real network
+outage), and a round-robin balancer over several ports (a Service's part).
 
-Used to make the real gateway unreachable for the operator without stopping the gateway
-for every other test.
+``TcpProxy`` makes the real gateway unreachable for the operator without stopping the
+gateway for every other test; ``Balancer`` spreads connections over delivery replicas.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import socket
 import threading
+
+
+def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    """Copy ``src`` to ``dst`` until either side ends, then shut both down."""
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+
+def _forward(a: socket.socket, b: socket.socket) -> None:
+    for src, dst in ((a, b), (b, a)):
+        threading.Thread(target=_pipe, args=(src, dst), daemon=True).start()
 
 
 class TcpProxy:
@@ -60,17 +80,45 @@ class TcpProxy:
                 client.close()
                 continue
             self._conns += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+            _forward(client, upstream)
 
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
+
+class Balancer:
+    """Round-robin TCP forwarding to ``ports``, skipping those that refuse connections: a
+    killed replica drops out as its endpoint would."""
+
+    def __init__(self, ports: list[int]) -> None:
+        self.ports = ports
+        self._next = itertools.cycle(range(len(ports)))
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._server.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._server.shutdown(socket.SHUT_RDWR)
+        self._server.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        for _ in self.ports:
+            port = self.ports[next(self._next)]
+            try:
+                upstream = socket.create_connection(("127.0.0.1", port), timeout=2)
+            except OSError:
+                continue
+            upstream.settimeout(None)
+            _forward(client, upstream)
+            return
+        client.close()

@@ -13,7 +13,6 @@ import uuid
 from collections import Counter
 from typing import Any
 
-import boto3
 import pytest
 
 from tests.cluster.conftest import Release, describe, pods, ready
@@ -21,7 +20,7 @@ from tests.install.manifests import helm
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.receivers import RecordingHttpServer
-from tests.s3 import s3_client
+from tests.s3 import s3_client, sns_client
 from tests.waiting import wait_until
 
 API = "bucketnotify.io/v1alpha1"
@@ -270,13 +269,7 @@ def test_a_namespace_deleted_whole_takes_its_gateway_objects_with_it(
         f"namespace {ns} gone",
     )
     assert not s3.get_bucket_notification_configuration(Bucket=bucket).get("TopicConfigurations")
-    sns = boto3.client(
-        "sns",
-        endpoint_url=rgw["RGW_ENDPOINT"],
-        aws_access_key_id=rgw["RGW_ACCESS_KEY"],
-        aws_secret_access_key=rgw["RGW_SECRET_KEY"],
-        region_name=rgw["RGW_REGION"] or "default",
-    )
+    sns = sns_client(rgw)
     arns = [t["TopicArn"] for t in sns.list_topics()["Topics"]]
     assert not [a for a in arns if a.endswith(f":{topic_name}")]
 

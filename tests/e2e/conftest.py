@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.delivery import free_port, wait_ready
+from tests.delivery import wait_ready
 from tests.localservices import LocalService
-from tests.processes import Program
+from tests.processes import Program, free_port
 
 
 @pytest.fixture()

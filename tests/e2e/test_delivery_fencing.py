@@ -24,8 +24,7 @@ import pytest
 from bucketnotify.delivery.ownership import partition_of
 from bucketnotify.delivery.queue import QueueName
 from bucketnotify.delivery.worker import FENCE_WINDOW
-from tests.delivery import StartCluster
-from tests.e2e.test_delivery_replicas import _post, _record
+from tests.delivery import StartCluster, post_events
 from tests.kubectl import Kubectl
 from tests.operator import StartOperator
 from tests.receivers import RecordingHttpServer
@@ -103,7 +102,7 @@ def test_a_replica_paused_past_its_lease_is_fenced_when_it_resumes(
         (survivor,) = set(cluster.replicas) - {victim}
         ingest = f"http://127.0.0.1:{cluster.ports[survivor]}/v1/topics/{namespace}/{topic}/{token}"
         wait_until(
-            lambda: _post(ingest, [_record("b", "warm-up")]),
+            lambda: post_events(ingest, ["warm-up"]),
             lambda status: status == 200,
             30,
             "the replica serves the Topic",
@@ -112,7 +111,10 @@ def test_a_replica_paused_past_its_lease_is_fenced_when_it_resumes(
         batches = [keys[i : i + 50] for i in range(0, EVENTS, 50)]
         with ThreadPoolExecutor(len(batches)) as posting:
             statuses = list(
-                posting.map(lambda b: _post(ingest, [_record("b", k) for k in b]), batches)
+                posting.map(
+                    lambda b: post_events(ingest, b),
+                    batches,
+                )
             )
         assert statuses == [200] * len(batches), "every event committed"
 
@@ -163,7 +165,7 @@ def test_a_replica_paused_past_its_lease_is_fenced_when_it_resumes(
 
         # Still healthy after the rebalance: new events go through whoever owns the shard now.
         more = [f"late-{i}" for i in range(20)]
-        assert _post(ingest, [_record("b", k) for k in more]) == 200
+        assert post_events(ingest, more) == 200
         wait_until(
             lambda: (received(receiver, got), {k for k, _ in got})[1],
             lambda seen: set(more) <= seen,

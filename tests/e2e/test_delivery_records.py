@@ -13,11 +13,8 @@ import base64
 import collections
 import gzip
 import json
-import os
 import signal
-import subprocess
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -27,14 +24,14 @@ import pytest
 from bucketnotify.delivery.queue import QueueName
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from bucketnotify.records import FIELDS, partition_of
-from tests.delivery import StartCluster
-from tests.e2e.test_delivery_replicas import s3_client, scrape, sync_topics
+from tests.delivery import StartCluster, post_records, scrape, sync_topics
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.operator import StartOperator
-from tests.processes import BIN
+from tests.processes import run_cli
 from tests.receivers import RecordingHttpServer
 from tests.records import s3_record
+from tests.s3 import s3_client
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("crds")
@@ -80,17 +77,9 @@ def answers(receiver: RecordingHttpServer, into: Counts) -> Counts:
 
 def cli(settings: dict[str, str], *args: str) -> Any:
     """``bucketnotify`` with the replicas' settings (kubeconfig, store, Lease namespace)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BUCKETNOTIFY_")}
-    done = subprocess.run(
-        [str(BIN / "bucketnotify"), *args],
-        env={**env, **settings},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    result = asyncio.run(run_cli(settings, *args))
+    assert result.code == 0, result.err
+    return result.json()
 
 
 def test_records_add_up_to_the_metrics_of_a_known_workload(
@@ -141,7 +130,7 @@ def test_records_add_up_to_the_metrics_of_a_known_workload(
         ingest = f"http://127.0.0.1:{port}/v1/topics/{namespace}/up/"
         ingest += base64.b64decode(token).decode()
         twice = s3_record(bucket=buckets["up"], key="dup", request_id="dup-request")
-        _post(ingest, {"Records": [twice, twice]})
+        assert post_records(ingest, [twice, twice]) == 200
 
         # While the flaky endpoint is down its events wait: the CLI shows the queue as is.
         wait_until(
@@ -341,11 +330,3 @@ def test_a_graceful_stop_writes_the_buffered_records(
 
 def get(found: dict[Any, float], name: str, namespace: str, topic: str) -> float | None:
     return found.get((name, frozenset({("namespace", namespace), ("topic", topic)})))
-
-
-def _post(url: str, body: dict[str, Any]) -> None:
-    request = urllib.request.Request(  # noqa: S310 - a loopback http:// URL the test built
-        url, data=json.dumps(body).encode(), method="POST"
-    )
-    with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
-        assert response.status == 200

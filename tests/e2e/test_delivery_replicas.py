@@ -15,21 +15,19 @@ import os
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from bucketnotify.delivery.ownership import partition_of
 from bucketnotify.delivery.queue import QueueName, shard_of
-from tests.delivery import StartCluster, free_port
+from tests.delivery import StartCluster, post_events, scrape, sync_topics
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.operator import StartOperator
+from tests.processes import free_port
 from tests.receivers import RecordingHttpServer
 from tests.resources import apply, condition
 from tests.s3 import s3_client
@@ -51,49 +49,6 @@ def delivered(receiver: RecordingHttpServer, into: list[tuple[str, float]]) -> l
             keys.append(record["s3"]["object"]["key"])
             into.append((keys[-1], request.time))
     return keys
-
-
-def sync_topics(
-    kubectl: Kubectl,
-    namespace: str,
-    s3: Any,
-    topics: dict[str, tuple[RecordingHttpServer, dict[str, Any]]],
-) -> dict[str, str]:
-    """A persistent Topic (hand-off sync, endpoint ``<receiver>/<name>``) per entry, each
-    with a bucket of its own notifying it of PUTs; Ready. Returns name → bucket."""
-    buckets = {}
-    for name, (receiver, settings) in topics.items():
-        apply(
-            kubectl,
-            namespace,
-            "Topic",
-            name,
-            {
-                "endpoint": {"http": {"url": f"{receiver.url}/{name}"}},
-                "persistent": True,
-                "delivery": {"handoff": "sync"},
-                **settings,
-            },
-        )
-        buckets[name] = f"{name}-{uuid.uuid4().hex[:10]}"
-        s3.create_bucket(Bucket=buckets[name])
-    for name in topics:
-        condition(kubectl, namespace, "topic", name)
-        apply(
-            kubectl,
-            namespace,
-            "BucketNotification",
-            name,
-            {
-                "bucket": buckets[name],
-                "topicRef": {"name": name},
-                "testEvent": False,
-                "events": ["s3:ObjectCreated:Put"],
-            },
-        )
-    for name in topics:
-        condition(kubectl, namespace, "bucketnotification", name)
-    return buckets
 
 
 def spread(holders: dict[int, str]) -> list[int]:
@@ -207,26 +162,6 @@ def test_three_replicas_spread_evenly_and_a_killed_owner_loses_nothing(
     )
 
 
-def _post(url: str, records: list[dict[str, Any]]) -> int:
-    request = urllib.request.Request(  # noqa: S310 - a loopback http:// URL the test built
-        url, data=json.dumps({"Records": records}).encode(), method="POST"
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
-            status: int = response.status
-            return status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-
-
-def _record(bucket: str, key: str) -> dict[str, Any]:
-    return {
-        "eventName": "ObjectCreated:Put",
-        "responseElements": {"x-amz-request-id": uuid.uuid4().hex},
-        "s3": {"bucket": {"name": bucket}, "object": {"key": key}},
-    }
-
-
 CRASHING_WRITER = """
 import asyncio, os, signal, time
 from bucketnotify.delivery.queue import QueueName
@@ -270,7 +205,7 @@ def test_a_writer_killed_between_reserve_and_commit_leaks_no_reservation(
         token = base64.b64decode(secret["data"]["token"]).decode()
         ingest = f"http://127.0.0.1:{port}/v1/topics/{namespace}/small/{token}"
         wait_until(
-            lambda: _post(ingest, [_record("b", "first")]),
+            lambda: post_events(ingest, ["first"]),
             lambda status: status == 200,
             30,
             "the replica serves the topic",
@@ -302,11 +237,10 @@ def test_a_writer_killed_between_reserve_and_commit_leaks_no_reservation(
 
         assert leaked() == 1
         # The dead writer's reservation fills the queue: refused, and nothing enqueued.
-        refused = [_record("b", f"refused-{i}") for i in range(3)]
-        assert [_post(ingest, [r]) for r in refused] == [503, 503, 503]
+        assert [post_events(ingest, [f"refused-{i}"]) for i in range(3)] == [503, 503, 503]
         # After the reservation timeout it no longer counts, and the sweep removes it.
         wait_until(leaked, lambda n: n == 0, 20, "the abandoned reservation reclaimed")
-        assert _post(ingest, [_record("b", "accepted")]) == 200
+        assert post_events(ingest, ["accepted"]) == 200
         arrived = wait_until(
             lambda: [r for q in receiver.received() for r in json.loads(q.body)["Records"]],
             bool,
@@ -417,17 +351,6 @@ def test_endpoint_outages_retry_until_delivered_or_expire_as_configured(
             if f"{namespace}/{name} shard" in line and " lost " in line:
                 lost[name] += int(line.split(" lost ")[1].split()[0])
     assert lost == {"retries": 3, "ttl": 3, "dead": 0}, "dropped events counted lost"
-
-
-def scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    """(sample name, labels) → value of every sample a /metrics endpoint shows."""
-    with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310 (our http URL)
-        text = response.read().decode()
-    return {
-        (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
 
 
 def test_metrics_count_a_known_workload_exactly(

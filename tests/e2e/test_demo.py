@@ -15,15 +15,14 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
-import boto3
 import pytest
 from demo import samples, uploads
 from demo.processes import STATE, STATE_DIR
 
 from tests.kubectl import Kubectl
 from tests.localservices import REPO, LocalService
+from tests.s3 import s3_client, sns_client
 
 pytestmark = pytest.mark.usefixtures("kube", "rgw", "rabbitmq", "kafka")
 
@@ -47,24 +46,14 @@ def demo(*args: str) -> subprocess.CompletedProcess[str]:
     return result
 
 
-def client(rgw: LocalService, service: str) -> Any:
-    return boto3.client(
-        service,
-        endpoint_url=rgw["RGW_ENDPOINT"],
-        aws_access_key_id=rgw["RGW_ACCESS_KEY"],
-        aws_secret_access_key=rgw["RGW_SECRET_KEY"],
-        region_name=rgw["RGW_REGION"] or "default",
-    )
-
-
 def demo_gateway_topics(rgw: LocalService) -> set[str]:
-    arns = [t["TopicArn"] for t in client(rgw, "sns").list_topics().get("Topics", [])]
+    arns = [t["TopicArn"] for t in sns_client(rgw).list_topics().get("Topics", [])]
     names = {arn.rsplit(":", 1)[1] for arn in arns}
     return {name for name in names if name.startswith(f"{NAMESPACE}.")}
 
 
 def notification_ids(rgw: LocalService) -> set[str]:
-    config = client(rgw, "s3").get_bucket_notification_configuration(Bucket=samples.BUCKET)
+    config = s3_client(rgw).get_bucket_notification_configuration(Bucket=samples.BUCKET)
     return {c["Id"] for c in config.get("TopicConfigurations", [])}
 
 

@@ -24,11 +24,11 @@ from hypothesis import strategies as st
 
 from bucketnotify.delivery.queue import QueueName
 from bucketnotify.delivery.stores.localdir import LocalDirStore
-from tests.delivery import StartCluster
-from tests.e2e.test_delivery_replicas import scrape
+from tests.delivery import StartCluster, scrape
 from tests.kubectl import Kubectl
 from tests.operator import StartOperator
 from tests.receivers import RecordingHttpServer
+from tests.records import event
 from tests.resources import apply, condition
 from tests.waiting import wait_until
 
@@ -37,19 +37,11 @@ pytestmark = pytest.mark.usefixtures("crds")
 MAX_BODY = 4 * 1024 * 1024  # ingest.MAX_BODY_BYTES
 
 
-def record(key: Any = "k", bucket: Any = "b", **extra: Any) -> dict[str, Any]:
-    return {
-        "eventName": "ObjectCreated:Put",
-        "s3": {"bucket": {"name": bucket}, "object": {"key": key}},
-        **extra,
-    }
-
-
 def body(*records: Any) -> bytes:
     return json.dumps({"Records": list(records)}).encode()
 
 
-VALID = body(record())
+VALID = body(event())
 DEEP = 100_000
 
 # (what, body, content type); every one must be refused and enqueue nothing.
@@ -62,21 +54,21 @@ HOSTILE: list[tuple[str, bytes, str]] = [
     ("Records an object", b'{"Records": {}}', "application/json"),
     ("a number record", b'{"Records": [1]}', "application/json"),
     ("an empty record", b'{"Records": [{}]}', "application/json"),
-    ("key a number", body(record(key=1)), "application/json"),
-    ("key null", body(record(key=None)), "application/json"),
-    ("bucket an object", body(record(bucket={"name": "b"})), "application/json"),
+    ("key a number", body(event(key=1)), "application/json"),
+    ("key null", body(event(key=None)), "application/json"),
+    ("bucket an object", body(event(bucket={"name": "b"})), "application/json"),
     (
         "one bad record among good ones",
-        body(record(), record(key=[]), record()),
+        body(event(), event(key=[]), event()),
         "application/json",
     ),
     ("not JSON", b"Records=1", "application/x-www-form-urlencoded"),
     ("truncated", VALID[:-3], "application/json"),
     ("not UTF-8", VALID.replace(b'"k"', b'"\xff\xfe\xfa"'), "application/json"),
-    ("UTF-16", json.dumps({"Records": [record()]}).encode("utf-16"), "application/json"),
+    ("UTF-16", json.dumps({"Records": [event()]}).encode("utf-16"), "application/json"),
     ("UTF-8 BOM", b"\xef\xbb\xbf" + VALID, "application/json"),
     ("lone surrogate key", VALID.replace(b'"k"', b'"\\ud800"'), "application/json"),
-    ("NaN", body(record()).replace(b'"eventName"', b'"n": NaN, "eventName"'), "application/json"),
+    ("NaN", body(event()).replace(b'"eventName"', b'"n": NaN, "eventName"'), "application/json"),
     ("Infinity", VALID.replace(b'"eventName"', b'"n": -Infinity, "eventName"'), "application/json"),
     (
         "huge integer",
@@ -140,8 +132,8 @@ fuzzed_bodies = st.one_of(
     st.dictionaries(st.text(max_size=10), json_values, max_size=3).map(
         lambda d: json.dumps({"Records": d}).encode()
     ),
-    st.builds(lambda k, b: body(record(key=k, bucket=b)), wrong_types, st.text(max_size=5)),
-    st.builds(lambda k, b: body(record(key=k, bucket=b)), st.text(max_size=5), wrong_types),
+    st.builds(lambda k, b: body(event(key=k, bucket=b)), wrong_types, st.text(max_size=5)),
+    st.builds(lambda k, b: body(event(key=k, bucket=b)), st.text(max_size=5), wrong_types),
     st.lists(json_values.filter(lambda v: not isinstance(v, dict)), min_size=1, max_size=3).map(
         lambda r: body(*r)
     ),

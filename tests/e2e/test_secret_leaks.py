@@ -19,12 +19,11 @@ from typing import Any
 
 import pytest
 
-from tests.delivery import StartCluster, free_port
-from tests.e2e.test_delivery_replicas import _post, _record
-from tests.integration.test_admin_cli import run_cli
+from tests.delivery import StartCluster, post_events
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.operator import StartOperator
+from tests.processes import free_port, run_cli
 from tests.resources import apply, condition
 from tests.waiting import wait_until
 
@@ -173,15 +172,15 @@ def test_no_secret_in_logs_events_status_metrics_or_cli_output(
     for name, token in tokens.items():
         url = f"http://127.0.0.1:{port}/v1/topics/{namespace}/{name}/{token}"
         wait_until(
-            lambda url=url: _post(url, [_record("b", f"k-{uuid.uuid4().hex[:6]}")]),
+            lambda url=url: post_events(url, [f"k-{uuid.uuid4().hex[:6]}"]),
             lambda status: status == 200,
             30,
             f"{name} takes events",
         )
         for i in range(3):
-            assert _post(url, [_record("b", f"key-{i}")]) == 200
+            assert post_events(url, [f"key-{i}"]) == 200
     forged = f"http://127.0.0.1:{port}/v1/topics/{namespace}/mq-good/{FORGED_TOKEN}"
-    assert _post(forged, [_record("b", "x")]) == 403
+    assert post_events(forged, ["x"]) == 403
 
     metrics_url = f"http://127.0.0.1:{port}/metrics"
 

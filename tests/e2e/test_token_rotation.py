@@ -85,7 +85,9 @@ def test_a_rotated_ingest_token_takes_effect_at_once_and_no_event_is_lost(
     rgw: LocalService,
 ) -> None:
     _, port = replica
-    start_operator(ingest_url=f"http://127.0.0.1:{port}")
+    # A drift check far away: only the re-sync on the Secret's change can rewrite the topic
+    # within the test's 20 s.
+    start_operator(ingest_url=f"http://127.0.0.1:{port}", drift_interval_seconds="600")
     topic = f"rot-{uuid.uuid4().hex[:8]}"
     bucket = f"{topic}-b"
     s3 = s3_client(rgw)
@@ -125,7 +127,8 @@ def test_a_rotated_ingest_token_takes_effect_at_once_and_no_event_is_lost(
             new = secrets.token_urlsafe(32)
             patch_token_secret(kubectl, namespace, topic, {"token": new})
             # The operator rewrites the gateway topic at once, not at its next drift check
-            # (60 s): the token Secret is one of the Secrets whose change re-syncs a Topic.
+            # (600 s here): the token Secret is one of the Secrets whose change re-syncs a
+            # Topic.
             sns = sns_client(rgw)
             wait_until(
                 lambda: sns.get_topic_attributes(TopicArn=arn)["Attributes"]["EndPoint"],

@@ -24,9 +24,10 @@ import aio_pika
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 
+from devstack.gateway import gateway_settings
 from tests.delivery import DeliveryCluster
 from tests.kubectl import Kubectl
-from tests.localservices import REPO, LocalService
+from tests.localservices import LocalService
 from tests.processes import Program
 from tests.receivers import RecordingHttpServer
 from tests.resources import apply, condition
@@ -228,18 +229,13 @@ class Pipeline:
     operator: Program | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
-        self.kubectl = Kubectl(self.kube["KUBECTL"], self.kube["KUBECONFIG_ADMIN"])
+        self.kubectl = Kubectl.admin(self.kube)
         # The apiserver may be one of the test's own, so the CRDs go in here, not in a
         # session fixture.
-        self.kubectl.apply_path(REPO / "crds")
-        self.kubectl.run("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+        self.kubectl.install_crds()
         self.namespace = f"f-{uuid.uuid4().hex[:10]}"
         self.kubectl.run("create", "namespace", self.namespace)
-        gateway = {
-            "BUCKETNOTIFY_GATEWAY_ENDPOINT": self.rgw["RGW_ENDPOINT"],
-            "BUCKETNOTIFY_GATEWAY_ACCESS_KEY": self.rgw["RGW_ACCESS_KEY"],
-            "BUCKETNOTIFY_GATEWAY_SECRET_KEY": self.rgw["RGW_SECRET_KEY"],
-        }
+        gateway = gateway_settings(self.rgw)
         self.cluster = DeliveryCluster(
             self.kubectl,
             self.namespace,

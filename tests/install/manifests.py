@@ -1,5 +1,6 @@
 """Rendering the chart and the kustomize trees, as a user's `helm template` and `kubectl
-kustomize` do, and the one normalisation that makes deploy/base comparable with the chart.
+kustomize` do, and the one normalisation that makes deploy/base comparable with the chart;
+the install tests' chart values with every option on, and their server-side apply.
 
 ``python -m tests.install.manifests`` writes deploy/base/bucketnotify.yaml from the chart's
 defaults (`make manifests`); tests/install/test_manifests.py fails when it is out of date.
@@ -7,6 +8,7 @@ defaults (`make manifests`); tests/install/test_manifests.py fails when it is ou
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterable, Sequence
@@ -16,7 +18,8 @@ from typing import Any
 
 import yaml
 
-from tests.localservices import LOCAL, REPO
+from devstack.kubectl import Kubectl
+from devstack.services import LOCAL, REPO
 
 CHART = REPO / "charts" / "bucketnotify"
 BASE = REPO / "deploy" / "base"
@@ -27,6 +30,41 @@ BASE_RELEASE = "bucketnotify"
 BASE_NAMESPACE = "bucketnotify"
 # Labels that say "Helm manages this": true of the chart's objects, false of the base's.
 HELM_ONLY_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by")
+# Whom the apiserver records as the manager of the fields the install tests apply.
+FIELD_MANAGER = "bucketnotify-install-test"
+
+# Every optional part switched on, the non-default variants chosen: what `helm lint` and the
+# dry-run install test see besides the defaults.
+ALL_OPTIONS: dict[str, Any] = {
+    "watchNamespaces": ["team-a", "team-b"],
+    "gateway": {
+        "create": True,
+        "endpoint": "http://rgw.example:8080",
+        "accessKey": "AK",
+        "secretKey": "SK",
+        "region": "zg",
+    },
+    "image": {"digest": "sha256:" + "a" * 64},
+    "operator": {"antiAffinity": "hard", "extraEnv": [{"name": "X", "value": "1"}]},
+    "delivery": {
+        "replicas": 1,
+        "store": {"type": "dir"},
+        "antiAffinity": "none",
+        "ingestURL": "http://ingest.example:8085",
+        "service": {"type": "NodePort"},
+    },
+    "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
+    "networkPolicy": {
+        "enabled": True,
+        "ingestFrom": [{"namespaceSelector": {"matchLabels": {"name": "rook-ceph"}}}],
+        "metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}],
+    },
+    "report": {
+        "enabled": True,
+        "image": "registry.example.com/storage/bucketnotify-report:0.1.0",
+        "arguments": ["--date", "2026-01-01"],
+    },
+}
 
 Obj = dict[str, Any]
 
@@ -81,6 +119,23 @@ def kustomize(kubectl_bin: str, path: Path) -> list[Obj]:
     if result.returncode != 0:
         raise AssertionError(f"kubectl kustomize {path} failed:\n{result.stderr}")
     return load_all(result.stdout)
+
+
+def apply(kubectl: Kubectl, objs: list[Obj], namespace: str, *extra: str) -> str:
+    """Server-side apply of ``objs`` as one List into ``namespace``; kubectl's output."""
+    listed = {"apiVersion": "v1", "kind": "List", "items": objs}
+    return kubectl.run(
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        f"--field-manager={FIELD_MANAGER}",
+        "-n",
+        namespace,
+        "-f",
+        "-",
+        *extra,
+        stdin=json.dumps(listed),
+    ).stdout
 
 
 def load_all(text: str) -> list[Obj]:

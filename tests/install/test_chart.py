@@ -9,40 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.install.manifests import CHART, helm, template
-
-# Every optional part switched on, the non-default variants chosen: what `helm lint` and the
-# dry-run install test see besides the defaults.
-ALL_OPTIONS: dict[str, Any] = {
-    "watchNamespaces": ["team-a", "team-b"],
-    "gateway": {
-        "create": True,
-        "endpoint": "http://rgw.example:8080",
-        "accessKey": "AK",
-        "secretKey": "SK",
-        "region": "zg",
-    },
-    "image": {"digest": "sha256:" + "a" * 64},
-    "operator": {"antiAffinity": "hard", "extraEnv": [{"name": "X", "value": "1"}]},
-    "delivery": {
-        "replicas": 1,
-        "store": {"type": "dir"},
-        "antiAffinity": "none",
-        "ingestURL": "http://ingest.example:8085",
-        "service": {"type": "NodePort"},
-    },
-    "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
-    "networkPolicy": {
-        "enabled": True,
-        "ingestFrom": [{"namespaceSelector": {"matchLabels": {"name": "rook-ceph"}}}],
-        "metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}],
-    },
-    "report": {
-        "enabled": True,
-        "image": "registry.example.com/storage/bucketnotify-report:0.1.0",
-        "arguments": ["--date", "2026-01-01"],
-    },
-}
+from tests.install.manifests import ALL_OPTIONS, CHART, helm, template
 
 
 @pytest.fixture()

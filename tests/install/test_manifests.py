@@ -12,12 +12,14 @@ from typing import Any
 import yaml
 
 from tests.install.manifests import (
+    ALL_OPTIONS,
     BASE,
     BASE_MANIFEST,
     BASE_NAMESPACE,
     BASE_RELEASE,
     CHART,
     Obj,
+    apply,
     helm,
     key_of,
     kustomize,
@@ -25,11 +27,8 @@ from tests.install.manifests import (
     template,
     without_helm,
 )
-from tests.install.test_chart import ALL_OPTIONS
 from tests.kubectl import Kubectl
 from tests.localservices import REPO
-
-FIELD_MANAGER = "bucketnotify-install-test"
 
 
 def test_base_is_the_rendered_chart(helm_bin: str) -> None:
@@ -71,22 +70,6 @@ def api_kinds(kubectl: Kubectl) -> set[tuple[str, str]]:
 
 def group_of(obj: Obj) -> str:
     return str(obj["apiVersion"]).rpartition("/")[0]
-
-
-def apply(kubectl: Kubectl, objs: list[Obj], namespace: str, *extra: str) -> str:
-    listed = {"apiVersion": "v1", "kind": "List", "items": objs}
-    return kubectl.run(
-        "apply",
-        "--server-side",
-        "--force-conflicts",
-        f"--field-manager={FIELD_MANAGER}",
-        "-n",
-        namespace,
-        "-f",
-        "-",
-        *extra,
-        stdin=json.dumps(listed),
-    ).stdout
 
 
 def versions(kubectl: Kubectl, objs: list[Obj], namespace: str) -> dict[tuple[str, ...], Any]:

@@ -23,12 +23,11 @@ from typing import Any
 
 import pytest
 
-from tests.delivery import free_port, wait_ready
-from tests.install.manifests import SAMPLES, Obj, kustomize, template
-from tests.install.test_manifests import apply
+from tests.delivery import wait_ready
+from tests.install.manifests import SAMPLES, Obj, apply, kustomize, template
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
-from tests.processes import Program
+from tests.processes import Program, free_port
 from tests.receivers import HttpReceiver
 from tests.s3 import s3_client
 from tests.waiting import wait_until

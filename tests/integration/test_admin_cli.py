@@ -7,10 +7,8 @@ partition Leases are taken by real ``Ownership`` replicas, and what ``topic stat
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import json
-import os
 import re
 import time
 import uuid
@@ -27,11 +25,13 @@ from bucketnotify.delivery.ownership import LeaseSettings, Ownership, partition_
 from bucketnotify.delivery.queue import Entry, QueueLimits, QueueName, QueueStore
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from bucketnotify.delivery.stores.s3 import S3Store
-from bucketnotify.gateway.connection import GatewayConnection
+from devstack.gateway import gateway_settings
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
-from tests.processes import BIN
+from tests.processes import Result, run_cli
+from tests.records import event
 from tests.resources import apply
+from tests.s3 import connection
 
 pytestmark = pytest.mark.integration
 
@@ -39,39 +39,7 @@ PARTITIONS = 2
 HTTP = {"http": {"url": "http://127.0.0.1:9/hook"}}
 
 
-@dataclass(frozen=True)
-class Result:
-    code: int
-    out: str
-    err: str
-
-    def json(self) -> Any:
-        return json.loads(self.out)
-
-
 Cli = Callable[..., Awaitable[Result]]
-
-
-def _base_env() -> dict[str, str]:
-    # The caller's own settings must not leak into what a test asserts.
-    return {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("BUCKETNOTIFY_") and k != "KUBECONFIG"
-    }
-
-
-async def run_cli(env: dict[str, str], *args: str) -> Result:
-    process = await asyncio.create_subprocess_exec(
-        str(BIN / "bucketnotify"),
-        *args,
-        env={**_base_env(), **env},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(process.communicate(), timeout=120)
-    assert process.returncode is not None
-    return Result(process.returncode, out.decode(), err.decode())
 
 
 @pytest.fixture()
@@ -92,23 +60,6 @@ async def api(kube: LocalService) -> AsyncIterator[client.ApiClient]:
     )
     async with client.ApiClient(configuration) as api_client:
         yield api_client
-
-
-def connection(rgw: LocalService) -> GatewayConnection:
-    return GatewayConnection(
-        endpoint=rgw["RGW_ENDPOINT"],
-        access_key=rgw["RGW_ACCESS_KEY"],
-        secret_key=rgw["RGW_SECRET_KEY"],
-        region=rgw["RGW_REGION"] or "default",
-    )
-
-
-def gateway_env(rgw: LocalService) -> dict[str, str]:
-    return {
-        "BUCKETNOTIFY_GATEWAY_ENDPOINT": rgw["RGW_ENDPOINT"],
-        "BUCKETNOTIFY_GATEWAY_ACCESS_KEY": rgw["RGW_ACCESS_KEY"],
-        "BUCKETNOTIFY_GATEWAY_SECRET_KEY": rgw["RGW_SECRET_KEY"],
-    }
 
 
 @dataclass(frozen=True)
@@ -136,21 +87,12 @@ def queues(
     bucket = f"admin-{uuid.uuid4().hex[:10]}"
     s3 = connection(rgw).s3()
     s3.create_bucket(Bucket=bucket)
-    env = {"BUCKETNOTIFY_DELIVERY_STORE": f"s3://{bucket}", **gateway_env(rgw), **leases}
+    env = {"BUCKETNOTIFY_DELIVERY_STORE": f"s3://{bucket}", **gateway_settings(rgw), **leases}
     yield Queues(S3Store(connection(rgw), bucket), env)
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
         for obj in page.get("Contents", []):
             s3.delete_object(Bucket=bucket, Key=obj["Key"])
     s3.delete_bucket(Bucket=bucket)
-
-
-def record(key: str, n: int) -> dict[str, Any]:
-    return {
-        "eventVersion": "2.2",
-        "eventSource": "ceph:s3",
-        "eventName": "ObjectCreated:Put",
-        "s3": {"bucket": {"name": "photos"}, "object": {"key": key, "size": n}},
-    }
 
 
 async def commit(store: QueueStore, queue: QueueName, shard: int, *records: Any) -> list[Entry]:
@@ -206,8 +148,8 @@ async def test_stats_show_each_shards_entries_bytes_reservations_and_owner(
     queue = persistent_topic(kubectl, namespace, name, shards=4)
     store = queues.store
     await store.create(queue, 4, QueueLimits())
-    zero = await commit(store, queue, 0, record("a", 1), record("b", 2))
-    one = await commit(store, queue, 1, record("c", 3))
+    zero = await commit(store, queue, 0, event("a"), event("b"))
+    one = await commit(store, queue, 1, event("c"))
     now = time.time()
     await store.reserve(queue, 3, 5, 500, now)  # open: counts
     await store.reserve(queue, 2, 1, 10, now - 3600)  # expired long ago: does not
@@ -335,9 +277,9 @@ async def test_dump_gives_the_pending_records_shard_by_shard_in_commit_order(
     queue = persistent_topic(kubectl, namespace, "orders", shards=3)
     store = queues.store
     await store.create(queue, 3, QueueLimits())
-    first = await commit(store, queue, 0, record("a", 1), record("b", 2))
-    second = await commit(store, queue, 0, record("c", 3))
-    third = await commit(store, queue, 2, record("z", 26))
+    first = await commit(store, queue, 0, event("a"), event("b"))
+    second = await commit(store, queue, 0, event("c"))
+    third = await commit(store, queue, 2, event("z"))
     retried = replace(first[1], attempts=3, not_before=time.time() + 60)
     await store.update(queue, 0, [retried])
     pending = [(0, first[0]), (0, retried), (0, second[0]), (2, third[0])]
@@ -601,7 +543,7 @@ async def test_an_unreachable_store_is_exit_code_3_and_never_shows_the_secret_ke
 ) -> None:
     persistent_topic(kubectl, namespace, "orders", shards=2)
     env = {
-        **gateway_env(rgw),
+        **gateway_settings(rgw),
         "BUCKETNOTIFY_GATEWAY_ENDPOINT": "http://127.0.0.1:1",
         "BUCKETNOTIFY_DELIVERY_STORE": "s3://queues",
     }
@@ -614,7 +556,7 @@ async def test_an_unreachable_store_is_exit_code_3_and_never_shows_the_secret_ke
 
     no_bucket = await cli(
         "topic", "stats", "orders", "-n", namespace,
-        **{**gateway_env(rgw), "BUCKETNOTIFY_DELIVERY_STORE": f"s3://none-{uuid.uuid4().hex[:8]}"},
+        **{**gateway_settings(rgw), "BUCKETNOTIFY_DELIVERY_STORE": f"s3://none-{uuid.uuid4().hex[:8]}"},
     )  # fmt: skip
     assert no_bucket.code == 3
     assert "the bucket does not exist" in no_bucket.err

@@ -24,10 +24,10 @@ from bucketnotify.controller.topic_builder import ingest_token_secret
 from bucketnotify.delivery.events import COMPONENT, EventRecorder
 from bucketnotify.delivery.queue import QueueName
 from bucketnotify.delivery.stores.localdir import LocalDirStore
-from tests.delivery import free_port, push_records
+from tests.delivery import push_records
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
-from tests.processes import Program
+from tests.processes import Program, free_port
 from tests.receivers import RecordingHttpServer
 from tests.resources import apply
 from tests.waiting import wait_until

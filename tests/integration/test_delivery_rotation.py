@@ -20,10 +20,10 @@ import aio_pika
 import pytest
 
 from bucketnotify.controller.topic_builder import ingest_token_secret
-from tests.delivery import free_port, push_records, wait_ready
+from tests.delivery import push_records, wait_ready
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
-from tests.processes import Program
+from tests.processes import Program, free_port
 from tests.receivers import RecordingHttpServer
 from tests.resources import apply
 from tests.tcpproxy import TcpProxy

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from bucketnotify.delivery.endpoints import (
     open_endpoint,
 )
 from bucketnotify.delivery.endpoints.http import post_json
+from tests.processes import free_port
 from tests.receivers import RecordingHttpServer
 from tests.records import s3_record
 from tests.tls import (
@@ -225,9 +225,7 @@ async def test_a_shared_in_flight_limit_bounds_several_endpoints(
 
 async def test_an_unreachable_endpoint_fails_every_push_retryably() -> None:
     """Nothing listens: each push fails fast with a retryable connect error."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     async with http_endpoint(f"http://127.0.0.1:{port}/x") as endpoint:
         outcomes = await endpoint.send([Delivery("a", s3_record()), Delivery("b", s3_record())])
     assert [o.ok for o in outcomes] == [False, False]

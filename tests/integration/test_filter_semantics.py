@@ -20,17 +20,16 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import boto3
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.gateway.errors import GatewayError
 from bucketnotify.gateway.notifications import FilterRule, NotificationClient, NotificationConfig
 from bucketnotify.gateway.topics import TopicClient
 from tests.localservices import LocalService
 from tests.receivers import HttpReceiver
+from tests.s3 import connection, s3_client
 
 # Few characters, so prefixes, suffixes and regexes match often; one of two and three bytes.
 ALPHABET = "ab/.é日"
@@ -91,18 +90,10 @@ def retrying_500(call: Callable[[], None]) -> None:
 def wiring(rgw: LocalService) -> Iterator[tuple[Any, NotificationClient, str, str, HttpReceiver]]:
     """A bucket with a synchronous (non-persistent) topic: the event is pushed before the
     PUT returns, so "no event" needs no waiting."""
-    connection = GatewayConnection(
-        rgw["RGW_ENDPOINT"], rgw["RGW_ACCESS_KEY"], rgw["RGW_SECRET_KEY"]
-    )
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=rgw["RGW_ENDPOINT"],
-        aws_access_key_id=rgw["RGW_ACCESS_KEY"],
-        aws_secret_access_key=rgw["RGW_SECRET_KEY"],
-        region_name=rgw["RGW_REGION"],
-    )
-    topics = TopicClient(connection)
-    with HttpReceiver() as receiver, NotificationClient(connection) as notifications:
+    gateway = connection(rgw)
+    s3 = s3_client(rgw)
+    topics = TopicClient(gateway)
+    with HttpReceiver() as receiver, NotificationClient(gateway) as notifications:
         arn = topics.upsert(f"filters-{uuid.uuid4().hex[:8]}", {"push-endpoint": receiver.url})
         bucket = f"filters-{uuid.uuid4().hex[:10]}"
         s3.create_bucket(Bucket=bucket)

@@ -18,15 +18,14 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import boto3
 import pytest
 
-from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.gateway.notifications import NotificationClient
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.operator import StartOperator
 from tests.resources import API, apply, condition
+from tests.s3 import connection, s3_client, sns_client
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("crds")
@@ -40,20 +39,12 @@ KOPF_RETRY = "failed temporarily"
 
 @pytest.fixture(scope="module")
 def s3(rgw: LocalService) -> Any:
-    return boto3.client(
-        "s3",
-        endpoint_url=rgw["RGW_ENDPOINT"],
-        aws_access_key_id=rgw["RGW_ACCESS_KEY"],
-        aws_secret_access_key=rgw["RGW_SECRET_KEY"],
-        region_name=rgw["RGW_REGION"],
-    )
+    return s3_client(rgw)
 
 
 @pytest.fixture(scope="module")
 def notifications(rgw: LocalService) -> Iterator[NotificationClient]:
-    with NotificationClient(
-        GatewayConnection(rgw["RGW_ENDPOINT"], rgw["RGW_ACCESS_KEY"], rgw["RGW_SECRET_KEY"])
-    ) as client:
+    with NotificationClient(connection(rgw)) as client:
         yield client
 
 
@@ -197,13 +188,7 @@ def test_deleting_a_notification_removes_the_topic_copy_a_failed_delete_left(
     # What a DELETE answered 500 halfway through leaves: the bucket's entry gone, Ceph's copy
     # of the topic still there (made again here, as the PUT of the notification makes it).
     notifications.delete(bucket, "orders")
-    sns = boto3.client(
-        "sns",
-        endpoint_url=rgw["RGW_ENDPOINT"],
-        aws_access_key_id=rgw["RGW_ACCESS_KEY"],
-        aws_secret_access_key=rgw["RGW_SECRET_KEY"],
-        region_name=rgw["RGW_REGION"],
-    )
+    sns = sns_client(rgw)
     sns.create_topic(Name=copy, Attributes={"push-endpoint": "http://127.0.0.1:9"})
     assert gateway_topic_names(rgw, copy) == [copy]
 

@@ -15,10 +15,8 @@ import time
 import uuid
 from typing import Any
 
-import boto3
 import pytest
 
-from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.gateway.notifications import NotificationClient
 from bucketnotify.gateway.topics import TopicClient
 from tests.kubectl import Kubectl
@@ -26,6 +24,7 @@ from tests.localservices import LocalService
 from tests.operator import DRIFT_INTERVAL_S
 from tests.processes import Program
 from tests.resources import API, apply, condition
+from tests.s3 import connection, s3_client
 
 pytestmark = pytest.mark.usefixtures("crds")
 
@@ -159,23 +158,15 @@ def test_hostile_values_are_refused_at_apply_time(
 def test_the_operator_refuses_what_the_schema_cannot_judge_and_keeps_running(
     kubectl: Kubectl, namespace: str, operator: Program, rgw: LocalService
 ) -> None:
-    connection = GatewayConnection(
-        rgw["RGW_ENDPOINT"], rgw["RGW_ACCESS_KEY"], rgw["RGW_SECRET_KEY"]
-    )
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=rgw["RGW_ENDPOINT"],
-        aws_access_key_id=rgw["RGW_ACCESS_KEY"],
-        aws_secret_access_key=rgw["RGW_SECRET_KEY"],
-        region_name=rgw["RGW_REGION"],
-    )
+    gateway = connection(rgw)
+    s3 = s3_client(rgw)
     bucket = f"hostile-{uuid.uuid4().hex[:10]}"
     s3.create_bucket(Bucket=bucket)
 
     # Unusual but valid: markup, quotes, bidi override, emoji reach the gateway unchanged.
     apply(kubectl, namespace, "Topic", "odd", {"endpoint": HTTP, "opaqueData": UNUSUAL})
     arn = condition(kubectl, namespace, "topic", "odd")["arn"]
-    on_gateway = TopicClient(connection).get(arn)
+    on_gateway = TopicClient(gateway).get(arn)
     assert on_gateway is not None and on_gateway.opaque_data == UNUSUAL
 
     bad_regexes = {
@@ -223,7 +214,7 @@ def test_the_operator_refuses_what_the_schema_cannot_judge_and_keeps_running(
         assert message.startswith("filter.key.regex "), message
     applied = condition(kubectl, namespace, "bucketnotification", "odd-values")["applied"]
     assert applied["id"] == odd_id
-    with NotificationClient(connection) as notifications:
+    with NotificationClient(gateway) as notifications:
         configs = notifications.list(bucket)
     assert [c.id for c in configs] == [odd_id], "only the valid one reached the bucket"
     (config,) = configs
@@ -242,5 +233,5 @@ def test_the_operator_refuses_what_the_schema_cannot_judge_and_keeps_running(
     assert operator.process.poll() is None, "the operator is still running"
 
     kubectl.run("delete", "bucketnotification", "odd-values", "-n", namespace, "--timeout=60s")
-    with NotificationClient(connection) as notifications:
+    with NotificationClient(gateway) as notifications:
         assert notifications.list(bucket) == []

@@ -22,19 +22,19 @@ from tests.localservices import LocalService
 from tests.operator import DRIFT_INTERVAL_S, StartOperator
 from tests.receivers import HttpReceiver
 from tests.resources import apply, condition
-from tests.s3 import s3_client
+from tests.s3 import connection, s3_client
 
 pytestmark = pytest.mark.usefixtures("crds")
 
 
 @pytest.fixture()
-def connection(rgw: LocalService) -> GatewayConnection:
-    return GatewayConnection(rgw["RGW_ENDPOINT"], rgw["RGW_ACCESS_KEY"], rgw["RGW_SECRET_KEY"])
+def gateway(rgw: LocalService) -> GatewayConnection:
+    return connection(rgw)
 
 
 @pytest.fixture()
-def notifications(connection: GatewayConnection) -> NotificationClient:
-    return NotificationClient(connection)
+def notifications(gateway: GatewayConnection) -> NotificationClient:
+    return NotificationClient(gateway)
 
 
 @pytest.fixture()
@@ -98,7 +98,7 @@ def test_one_id_on_one_bucket_has_one_owner_and_the_next_takes_over(
     other_namespace: str,
     start_operator: StartOperator,
     notifications: NotificationClient,
-    connection: GatewayConnection,
+    gateway: GatewayConnection,
     bucket: str,
 ) -> None:
     start_operator(namespaces=json.dumps([namespace, other_namespace]))
@@ -133,7 +133,7 @@ def test_one_id_on_one_bucket_has_one_owner_and_the_next_takes_over(
         uid = kubectl.run(
             "get", "namespace", "kube-system", "-o", "jsonpath={.metadata.uid}"
         ).stdout.strip()
-        marked = TopicClient(connection).get(first_arn)
+        marked = TopicClient(gateway).get(first_arn)
         assert marked is not None and marked.endpoint_args.get("bucketnotify-owner") == uid
 
         # Deleting a notification that never held the Id leaves the owner's entry.
@@ -152,13 +152,13 @@ def test_an_id_made_outside_bucketnotify_is_taken_only_when_asked(
     namespace: str,
     start_operator: StartOperator,
     notifications: NotificationClient,
-    connection: GatewayConnection,
+    gateway: GatewayConnection,
     bucket: str,
 ) -> None:
     start_operator()
     with HttpReceiver() as receiver:
         # Made by hand: a topic without an owner mark and an entry naming it.
-        hand_arn = TopicClient(connection).upsert(
+        hand_arn = TopicClient(gateway).upsert(
             f"hand-{uuid.uuid4().hex[:8]}", {"push-endpoint": receiver.url}
         )
         for id in ("legacy", "kept"):
@@ -188,7 +188,7 @@ def test_two_operators_on_one_gateway_never_share_an_id(
     other_namespace: str,
     start_operator: StartOperator,
     notifications: NotificationClient,
-    connection: GatewayConnection,
+    gateway: GatewayConnection,
     bucket: str,
 ) -> None:
     """Two clusters on one gateway, as two operators with their own owner ids."""
@@ -227,7 +227,7 @@ def test_two_operators_on_one_gateway_never_share_an_id(
             for c in kubectl.get("topic", "same-name", other_namespace)["status"]["conditions"]
         }["Ready"]["message"]
         assert "another bucketnotify operator (owner cluster-a)" in message
-        kept = TopicClient(connection).get(a_arn)
+        kept = TopicClient(gateway).get(a_arn)
         assert kept is not None and kept.endpoint_address == receiver.url
         kubectl.run("delete", "topic", "same-name", "-n", other_namespace, "--timeout=30s")
-        assert TopicClient(connection).get(a_arn) is not None
+        assert TopicClient(gateway).get(a_arn) is not None

@@ -9,10 +9,8 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
-import boto3
 import pytest
 
-from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.gateway.notifications import FilterRule, NotificationClient, NotificationConfig
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
@@ -20,7 +18,7 @@ from tests.operator import DRIFT_INTERVAL_S
 from tests.processes import Program
 from tests.receivers import HttpReceiver
 from tests.resources import apply, condition
-from tests.s3 import sns_client
+from tests.s3 import connection, s3_client, sns_client
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("crds")
@@ -28,20 +26,12 @@ pytestmark = pytest.mark.usefixtures("crds")
 
 @pytest.fixture(scope="module")
 def s3(rgw: LocalService) -> Any:
-    return boto3.client(
-        "s3",
-        endpoint_url=rgw["RGW_ENDPOINT"],
-        aws_access_key_id=rgw["RGW_ACCESS_KEY"],
-        aws_secret_access_key=rgw["RGW_SECRET_KEY"],
-        region_name=rgw["RGW_REGION"],
-    )
+    return s3_client(rgw)
 
 
 @pytest.fixture(scope="module")
 def notifications(rgw: LocalService) -> NotificationClient:
-    return NotificationClient(
-        GatewayConnection(rgw["RGW_ENDPOINT"], rgw["RGW_ACCESS_KEY"], rgw["RGW_SECRET_KEY"])
-    )
+    return NotificationClient(connection(rgw))
 
 
 @pytest.fixture()

@@ -13,22 +13,13 @@ import pytest
 
 from bucketnotify.delivery.record_targets import S3Target
 from bucketnotify.delivery.recording import RecordWriter
-from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.gateway.errors import GatewayAccessDenied
 from bucketnotify.metrics import DeliveryMetrics
 from bucketnotify.records import DeliveryRecord, Outcome
 from tests.localservices import LocalService
+from tests.s3 import connection
 
 pytestmark = pytest.mark.integration
-
-
-def connection(rgw: LocalService, secret: str | None = None) -> GatewayConnection:
-    return GatewayConnection(
-        endpoint=rgw["RGW_ENDPOINT"],
-        access_key=rgw["RGW_ACCESS_KEY"],
-        secret_key=secret or rgw["RGW_SECRET_KEY"],
-        region=rgw["RGW_REGION"] or "default",
-    )
 
 
 @pytest.fixture()
@@ -99,7 +90,9 @@ async def test_a_refused_write_raises_without_the_secret_and_keeps_the_batch(
 ) -> None:
     metrics = DeliveryMetrics()
     wrong = "wrong-secret-key-0000000000000000000000"
-    writer = RecordWriter(S3Target(connection(rgw, wrong), bucket), replica="r", metrics=metrics)
+    writer = RecordWriter(
+        S3Target(connection(rgw, secret=wrong), bucket), replica="r", metrics=metrics
+    )
     with pytest.raises(GatewayAccessDenied) as raised:
         await writer.target.write("v1/x.jsonl.gz", b"")
     assert wrong not in str(raised.value)

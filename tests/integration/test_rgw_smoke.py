@@ -5,24 +5,13 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
-from typing import Any
 
-import boto3
 import pytest
 
 from tests.localservices import LocalService
 from tests.receivers import HttpReceiver, RecordingHttpServer
+from tests.s3 import s3_client, sns_client
 from tests.waiting import wait_until
-
-
-def gateway_client(rgw: LocalService, service: str) -> Any:
-    return boto3.client(
-        service,  # type: ignore[call-overload]
-        endpoint_url=rgw["RGW_ENDPOINT"],
-        aws_access_key_id=rgw["RGW_ACCESS_KEY"],
-        aws_secret_access_key=rgw["RGW_SECRET_KEY"],
-        region_name=rgw["RGW_REGION"] or "default",
-    )
 
 
 @pytest.fixture()
@@ -33,8 +22,8 @@ def receiver() -> Iterator[HttpReceiver]:
 
 def test_topic_notification_and_pushed_events(rgw: LocalService, receiver: HttpReceiver) -> None:
     """An object PUT and DELETE on a notified bucket reach an HTTP endpoint as event JSON."""
-    s3 = gateway_client(rgw, "s3")
-    sns = gateway_client(rgw, "sns")
+    s3 = s3_client(rgw)
+    sns = sns_client(rgw)
     suffix = uuid.uuid4().hex[:8]
     bucket, topic_name, config_id = f"smoke-{suffix}", f"smoke-{suffix}", f"cfg-{suffix}"
 
@@ -84,8 +73,8 @@ def test_the_gateway_sends_no_cloudevents_headers_itself(rgw: LocalService) -> N
     """Ceph 16.2 takes cloudevents=true on a topic it pushes itself and sends no ce-*
     header: why a Topic with cloudEvents needs persistent: true (docs/operator.md). Should
     a gateway send them, this fails and the rule can be relaxed for it."""
-    s3 = gateway_client(rgw, "s3")
-    sns = gateway_client(rgw, "sns")
+    s3 = s3_client(rgw)
+    sns = sns_client(rgw)
     suffix = uuid.uuid4().hex[:8]
     bucket = f"ce-{suffix}"
     s3.create_bucket(Bucket=bucket)

@@ -17,21 +17,12 @@ import pytest
 from bucketnotify.delivery.queue import QueueFull, QueueLimits, QueueName, Reservation
 from bucketnotify.delivery.stores import s3 as s3_module
 from bucketnotify.delivery.stores.s3 import S3Store
-from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.gateway.errors import GatewayNotFound, GatewayUnreachable
 from tests.localservices import LocalService
 from tests.queue_contract import NOW, QUEUE, QueueStoreContract, Reopen, bodies, put
+from tests.s3 import connection
 
 pytestmark = pytest.mark.integration
-
-
-def connection(rgw: LocalService) -> GatewayConnection:
-    return GatewayConnection(
-        endpoint=rgw["RGW_ENDPOINT"],
-        access_key=rgw["RGW_ACCESS_KEY"],
-        secret_key=rgw["RGW_SECRET_KEY"],
-        region=rgw["RGW_REGION"] or "default",
-    )
 
 
 @pytest.fixture(scope="module")

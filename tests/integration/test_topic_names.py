@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.gateway.topics import GatewayTopic, TopicClient
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.operator import StartOperator
 from tests.resources import apply, condition
+from tests.s3 import connection
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("crds")
@@ -31,9 +31,7 @@ TAKE_OVER_S = 15 + 30
 
 @pytest.fixture()
 def gateway(rgw: LocalService) -> TopicClient:
-    return TopicClient(
-        GatewayConnection(rgw["RGW_ENDPOINT"], rgw["RGW_ACCESS_KEY"], rgw["RGW_SECRET_KEY"])
-    )
+    return TopicClient(connection(rgw))
 
 
 @pytest.fixture()

@@ -13,14 +13,13 @@ from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 
 from bucketnotify import leadership
-from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.gateway.topics import GatewayTopic, TopicClient
 from bucketnotify.settings import OperatorSettings
-from tests.delivery import free_port
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.operator import DRIFT_INTERVAL_S, StartOperator
-from tests.processes import Program
+from tests.processes import Program, free_port
+from tests.s3 import connection
 from tests.tcpproxy import TcpProxy
 from tests.waiting import wait_until
 
@@ -31,9 +30,7 @@ API = "bucketnotify.io/v1alpha1"
 
 @pytest.fixture(scope="module")
 def gateway(rgw: LocalService) -> TopicClient:
-    return TopicClient(
-        GatewayConnection(rgw["RGW_ENDPOINT"], rgw["RGW_ACCESS_KEY"], rgw["RGW_SECRET_KEY"])
-    )
+    return TopicClient(connection(rgw))
 
 
 def topic(name: str, spec: dict[str, Any]) -> dict[str, Any]:

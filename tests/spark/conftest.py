@@ -10,6 +10,9 @@ from pyspark.sql import SparkSession
 from bucketnotify_report.session import session
 from bucketnotify_report.settings import SessionSettings
 
+# Before any test module imports it: its asserts then show their values.
+pytest.register_assert_rewrite("tests.spark.checks")
+
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:

@@ -24,8 +24,8 @@ from bucketnotify_report.storage import write_text
 from tests.localservices import LocalService
 from tests.recordfiles import S3Files
 from tests.s3 import s3_client
+from tests.spark.checks import assert_day
 from tests.spark.dataset import DAY, write_late, write_main
-from tests.spark.test_job import assert_day
 
 # A few Spark runs per test; on a shared two-core machine one run can take minutes.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]

@@ -8,8 +8,9 @@ from collections import Counter
 from typing import Any
 
 import yaml
-from bench.services import Service
 from demo import arrivals, samples, uploads
+
+from devstack.services import Service
 
 Obj = dict[str, Any]
 

@@ -14,9 +14,11 @@ from bucketnotify.delivery.groupcommit import Events, GroupCommit
 from bucketnotify.delivery.ingest import Ingest, IngestTopic, build_app, event_id
 from bucketnotify.delivery.queue import QueueFull, QueueLimits, QueueName
 from bucketnotify.delivery.stores.localdir import LocalDirStore
-from tests.unit.test_ingest import TOKEN, URL, record
+from tests.records import event
 
 QUEUE = QueueName("team-a", "orders")
+TOKEN = "t0ken-0123456789"
+URL = f"/v1/topics/{QUEUE.namespace}/{QUEUE.topic}/{TOKEN}"
 
 
 def ev(name: str) -> tuple[str, bytes]:
@@ -130,12 +132,12 @@ async def test_concurrent_ingest_requests_share_batch_files(tmp_path: Path) -> N
     client: TestClient[Any, Any]
     async with TestClient(TestServer(build_app(ingest))) as client:
         responses = await asyncio.gather(
-            *(client.post(URL, json={"Records": [record(f"key{i}")]}) for i in range(40))
+            *(client.post(URL, json={"Records": [event(f"key{i}")]}) for i in range(40))
         )
     assert [r.status for r in responses] == [200] * 40
     listed = await store.list(QUEUE, 0)
     assert sorted(e.event_id for e in listed) == sorted(
-        event_id(record(f"key{i}")) for i in range(40)
+        event_id(event(f"key{i}")) for i in range(40)
     )
     files = os.listdir(tmp_path / QUEUE.namespace / QUEUE.topic / "shard-0")
     assert len(files) < 40

@@ -19,23 +19,12 @@ from bucketnotify.delivery.queue import QueueLimits, QueueName, shard_of
 from bucketnotify.delivery.service import DeliveryService
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from tests.delivery import OwnsEverything
+from tests.records import event
 
 TopicKeyT = tuple[str, str]
 QUEUE = QueueName("team-a", "orders")
 TOKEN = "t0ken-0123456789"
 URL = f"/v1/topics/team-a/orders/{TOKEN}"
-
-
-def record(key: str, seq: str = "01", bucket: str = "b") -> dict[str, Any]:
-    return {
-        "eventName": "ObjectCreated:Put",
-        "responseElements": {"x-amz-request-id": f"req-{key}-{seq}"},
-        "s3": {
-            "configurationId": "c",
-            "bucket": {"name": bucket},
-            "object": {"key": key, "sequencer": seq},
-        },
-    }
 
 
 @pytest.fixture()
@@ -55,7 +44,7 @@ async def test_records_are_committed_to_their_shard_before_the_answer(
     setup: tuple[TestClient[Any, Any], LocalDirStore],
 ) -> None:
     client, store = setup
-    body = {"Records": [record("a"), record("b"), record("c")]}
+    body = {"Records": [event("a"), event("b"), event("c")]}
     response = await client.post(URL, json=body)
     assert response.status == 200
     for rec in body["Records"]:
@@ -76,10 +65,10 @@ async def test_records_are_committed_to_their_shard_before_the_answer(
         (URL, b"\xff\xfe", 400),
         (
             "/v1/topics/team-a/orders/wrong-token",
-            json.dumps({"Records": [record("a")]}).encode(),
+            json.dumps({"Records": [event("a")]}).encode(),
             403,
         ),
-        (f"/v1/topics/team-b/orders/{TOKEN}", json.dumps({"Records": [record("a")]}).encode(), 404),
+        (f"/v1/topics/team-b/orders/{TOKEN}", json.dumps({"Records": [event("a")]}).encode(), 404),
         (URL, b"x" * (MAX_BODY_BYTES + 1), 413),
     ],
     ids=[
@@ -109,8 +98,8 @@ async def test_a_full_queue_answers_503_and_keeps_what_it_had(
     # One at a time: concurrent commits may count a batch twice for a moment (a committed
     # batch before its reservation is gone), which is conservative but not exact.
     for i in range(8):
-        assert (await client.post(URL, json={"Records": [record(f"k{i}")]})).status == 200
-    overflow = await client.post(URL, json={"Records": [record(f"x{i}") for i in range(5)]})
+        assert (await client.post(URL, json={"Records": [event(f"k{i}")]})).status == 200
+    overflow = await client.post(URL, json={"Records": [event(f"x{i}") for i in range(5)]})
     assert overflow.status == 503
     assert await pending(store) == 8
 
@@ -121,13 +110,13 @@ async def test_concurrent_requests_all_land_exactly_once(
     client, store = setup
     await store.create(QUEUE, 4, QueueLimits(max_entries=1000, max_bytes=10_000_000))
     responses = await asyncio.gather(
-        *(client.post(URL, json={"Records": [record(f"key{i}")]}) for i in range(40))
+        *(client.post(URL, json={"Records": [event(f"key{i}")]}) for i in range(40))
     )
     assert [r.status for r in responses] == [200] * 40
     ids = []
     for shard in range(4):
         ids += [e.event_id for e in await store.list(QUEUE, shard)]
-    assert sorted(ids) == sorted(event_id(record(f"key{i}")) for i in range(40))
+    assert sorted(ids) == sorted(event_id(event(f"key{i}")) for i in range(40))
 
 
 async def test_readyz_answers_503_with_the_reason_until_ready(tmp_path: Path) -> None:
@@ -157,14 +146,14 @@ async def test_a_queue_over_max_bytes_answers_503_and_enqueues_nothing(tmp_path:
     """maxQueueBytes through the ingest: a request that would pass the byte bound is refused
     whole (503, which the gateway retries), and what was queued stays."""
     store = LocalDirStore(tmp_path)
-    size = len(json.dumps(record("k00")).encode())
+    size = len(json.dumps(event("k00")).encode())
     # Room for three records of this size, not four; entries are not the bound here.
     await store.create(QUEUE, 1, QueueLimits(max_entries=1000, max_bytes=size * 3 + size // 2))
     ingest = Ingest(store, {("team-a", "orders"): IngestTopic(QUEUE, TOKEN, 1)})
     async with TestClient(TestServer(build_app(ingest))) as client:
         for i in range(3):
-            assert (await client.post(URL, json={"Records": [record(f"k{i:02d}")]})).status == 200
-        refused = await client.post(URL, json={"Records": [record("k03"), record("k04")]})
+            assert (await client.post(URL, json={"Records": [event(f"k{i:02d}")]})).status == 200
+        refused = await client.post(URL, json={"Records": [event("k03"), event("k04")]})
         assert refused.status == 503
         stats = await store.stats(QUEUE, 0)
         assert stats.entries == 3
@@ -191,7 +180,7 @@ async def test_a_token_the_replica_does_not_hold_is_checked_against_the_secret_o
         return rotated
 
     ingest = Ingest(store, topics, recheck=recheck)
-    body = {"Records": [record("k")]}
+    body = {"Records": [event("k")]}
     async with TestClient(TestServer(build_app(ingest))) as client:
         assert (await client.post(URL, json=body)).status == 200
         assert asked == []  # the token it holds: no question asked

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 from aiohttp.test_utils import TestClient, TestServer
 from kubernetes_asyncio import client
-from prometheus_client.parser import text_string_to_metric_families
 
 from bucketnotify.delivery.endpoints.base import Delivery
 from bucketnotify.delivery.endpoints.errors import RejectedError, UndeliverableError
@@ -20,31 +19,14 @@ from bucketnotify.delivery.service import DeliveryService, TopicRuntime
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from bucketnotify.delivery.worker import DeliveredCache, DeliveryPolicy
 from bucketnotify.metrics import DeliveryMetrics, OperatorMetrics
+from tests.delivery import Samples, samples
+from tests.records import event
 
 TOKEN = "t0ken-0123456789"
 
 
-def samples(exposition: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    """(sample name, labels) → value of every sample in a /metrics answer."""
-    found = {}
-    for family in text_string_to_metric_families(exposition):
-        for sample in family.samples:
-            found[(sample.name, frozenset(sample.labels.items()))] = sample.value
-    return found
-
-
-def value(
-    found: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str
-) -> float:
+def value(found: Samples, name: str, **labels: str) -> float:
     return found[(name, frozenset(labels.items()))]
-
-
-def record(key: str, n: int = 0) -> dict[str, Any]:
-    return {
-        "eventName": "ObjectCreated:Put",
-        "responseElements": {"x-amz-request-id": f"req-{key}-{n}"},
-        "s3": {"bucket": {"name": "b"}, "object": {"key": key, "sequencer": str(n)}},
-    }
 
 
 async def test_the_ingest_counts_committed_events_and_answers(tmp_path: Path) -> None:
@@ -56,12 +38,14 @@ async def test_the_ingest_counts_committed_events_and_answers(tmp_path: Path) ->
     ingest = Ingest(store, {("ns", "t"): IngestTopic(queue, TOKEN, 2)}, metrics=metrics)
     url = f"/v1/topics/ns/t/{TOKEN}"
     async with TestClient(TestServer(build_app(ingest))) as http:
-        ok = await http.post(url, json={"Records": [record("a"), record("b"), record("c")]})
+        ok = await http.post(url, json={"Records": [event("a"), event("b"), event("c")]})
         assert ok.status == 200
-        assert (await http.post(url, json={"Records": [record("d")]})).status == 200
-        wrong = await http.post("/v1/topics/ns/t/wrong", json={"Records": [record("e")]})
+        assert (await http.post(url, json={"Records": [event("d")]})).status == 200
+        wrong = await http.post("/v1/topics/ns/t/wrong", json={"Records": [event("e")]})
         assert wrong.status == 403
-        full = await http.post(url, json={"Records": [record("f", i) for i in range(3)]})
+        full = await http.post(
+            url, json={"Records": [event("f", sequencer=str(i)) for i in range(3)]}
+        )
         assert full.status == 503
         scraped = await http.get("/metrics")
         assert scraped.status == 200
@@ -125,8 +109,8 @@ async def test_rounds_count_pushes_losses_retries_and_duplicates_exactly(tmp_pat
         delivered={0: DeliveredCache()},
     )
     service.topics[("ns", "t")] = runtime
-    events = [record(f"ok{i}") for i in range(5)]
-    events += [record(f"down{i}") for i in range(3)] + [record("huge")]
+    events = [event(f"ok{i}") for i in range(5)]
+    events += [event(f"down{i}") for i in range(3)] + [event("huge")]
     events.append(events[0])  # the gateway sent it twice
     reservation = await store.reserve(queue, 0, len(events), 100_000, 0)
     await store.commit(reservation, [(event_id(r), json.dumps(r).encode()) for r in events], 0)

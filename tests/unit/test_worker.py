@@ -20,18 +20,11 @@ from bucketnotify.delivery.worker import (
     DeliveryPolicy,
     process_shard,
 )
+from tests.records import event
 
 QUEUE = QueueName("ns", "topic")
 T0 = 1_000_000.0
 DEFAULT_POLICY = DeliveryPolicy()
-
-
-def record(key: str, n: int) -> dict[str, Any]:
-    return {
-        "eventName": "ObjectCreated:Put",
-        "n": n,
-        "s3": {"bucket": {"name": "b"}, "object": {"key": key, "sequencer": str(n)}},
-    }
 
 
 @pytest.fixture()
@@ -75,7 +68,7 @@ def numbers(deliveries: list[Delivery]) -> list[int]:
 async def test_everything_delivered_is_removed_and_order_per_object_holds(
     store: LocalDirStore,
 ) -> None:
-    await enqueue(store, [(f"e{i}", record("k1" if i % 2 else "k2", i)) for i in range(6)])
+    await enqueue(store, [(f"e{i}", event("k1" if i % 2 else "k2", n=i)) for i in range(6)])
     endpoint = MockEndpoint()
     result = await round_(store, endpoint, T0)
     assert result.delivered == 6
@@ -91,7 +84,9 @@ async def test_everything_delivered_is_removed_and_order_per_object_holds(
 async def test_a_failed_event_holds_back_later_events_of_its_object_only(
     store: LocalDirStore,
 ) -> None:
-    await enqueue(store, [("a1", record("a", 1)), ("b1", record("b", 1)), ("a2", record("a", 2))])
+    await enqueue(
+        store, [("a1", event("a", n=1)), ("b1", event("b", n=1)), ("a2", event("a", n=2))]
+    )
 
     def handler(delivery: Delivery) -> None:
         if delivery.record["s3"]["object"]["key"] == "a":
@@ -113,7 +108,7 @@ async def test_a_failed_event_holds_back_later_events_of_its_object_only(
 
 
 async def test_max_retries_allows_one_plus_max_retries_attempts(store: LocalDirStore) -> None:
-    await enqueue(store, [("x", record("x", 1))])
+    await enqueue(store, [("x", event("x", n=1))])
     endpoint = MockEndpoint.failing(RejectedError("down"))
     policy = DeliveryPolicy(max_retries=2)
     for i in range(3):
@@ -126,7 +121,7 @@ async def test_max_retries_allows_one_plus_max_retries_attempts(store: LocalDirS
 
 
 async def test_time_to_live_expires_and_zero_means_forever(store: LocalDirStore) -> None:
-    await enqueue(store, [("x", record("x", 1))])
+    await enqueue(store, [("x", event("x", n=1))])
     down = MockEndpoint.failing(RejectedError("down"))
     assert (await round_(store, down, T0 + 10**6, DeliveryPolicy())).failed == 1
     result = await round_(store, down, T0 + 61, DeliveryPolicy(time_to_live_s=60))
@@ -134,7 +129,7 @@ async def test_time_to_live_expires_and_zero_means_forever(store: LocalDirStore)
 
 
 async def test_undeliverable_is_dropped_not_retried(store: LocalDirStore) -> None:
-    await enqueue(store, [("x", record("x", 1)), ("y", record("x", 2))])
+    await enqueue(store, [("x", event("x", n=1)), ("y", event("x", n=2))])
 
     def handler(delivery: Delivery) -> None:
         if delivery.record["n"] == 1:
@@ -149,10 +144,10 @@ async def test_undeliverable_is_dropped_not_retried(store: LocalDirStore) -> Non
 
 async def test_duplicates_from_the_gateway_are_delivered_once(store: LocalDirStore) -> None:
     cache = DeliveredCache()
-    await enqueue(store, [("same", record("k", 1)), ("same", record("k", 1))])
+    await enqueue(store, [("same", event("k", n=1)), ("same", event("k", n=1))])
     endpoint = MockEndpoint()
     result = await round_(store, endpoint, T0, cache=cache)
-    await enqueue(store, [("same", record("k", 1))])
+    await enqueue(store, [("same", event("k", n=1))])
     again = await round_(store, endpoint, T0 + 1, cache=cache)
     assert len(endpoint.delivered) == 1
     assert result.duplicates + again.duplicates == 2
@@ -160,7 +155,7 @@ async def test_duplicates_from_the_gateway_are_delivered_once(store: LocalDirSto
 
 
 async def test_a_fenced_replica_removes_nothing(store: LocalDirStore) -> None:
-    await enqueue(store, [("x", record("x", 1))])
+    await enqueue(store, [("x", event("x", n=1))])
     result = await round_(store, MockEndpoint(), T0, owned=False)
     assert result.fenced
     assert [e.event_id for e in await store.list(QUEUE, 0)] == ["x"]
@@ -169,7 +164,7 @@ async def test_a_fenced_replica_removes_nothing(store: LocalDirStore) -> None:
 async def test_dropped_events_go_to_the_dead_letter_sink_before_removal(
     store: LocalDirStore,
 ) -> None:
-    await enqueue(store, [("x", record("x", 1)), ("y", record("y", 2))])
+    await enqueue(store, [("x", event("x", n=1)), ("y", event("y", n=2))])
 
     def handler(delivery: Delivery) -> None:
         if delivery.record["n"] == 1:
@@ -187,7 +182,7 @@ async def test_dropped_events_go_to_the_dead_letter_sink_before_removal(
 
 
 async def test_a_failing_dead_letter_sink_keeps_the_events(store: LocalDirStore) -> None:
-    await enqueue(store, [("x", record("x", 1))])
+    await enqueue(store, [("x", event("x", n=1))])
 
     async def refuse(entries: Sequence[Entry]) -> None:
         raise LookupError("no such topic")
@@ -218,7 +213,7 @@ async def test_each_push_and_each_drop_is_one_outcome_with_its_attempts(
 ) -> None:
     """Outcomes (the stuff of delivery records) count what the round's counters count:
     delivered and failed per push, attempts including that push; expired with no push."""
-    await enqueue(store, [("ok", record("a", 1)), ("bad", record("b", 2))])
+    await enqueue(store, [("ok", event("a", n=1)), ("bad", event("b", n=2))])
 
     def handler(delivery: Delivery) -> None:
         if delivery.record["n"] == 2:
@@ -236,11 +231,11 @@ async def test_each_push_and_each_drop_is_one_outcome_with_its_attempts(
     assert outcomes(third) == [("expired", "bad", 2, "maxRetries 1 used up after 2 attempts")]
     assert (first.delivered, first.failed + second.failed, third.expired) == (1, 2, 1)
     delivered = first.outcomes[0]
-    assert delivered.record == record("a", 1) and delivered.entry.ingest_time == T0
+    assert delivered.record == event("a", n=1) and delivered.entry.ingest_time == T0
 
 
 async def test_time_to_live_names_its_reason(store: LocalDirStore) -> None:
-    await enqueue(store, [("x", record("x", 1))])
+    await enqueue(store, [("x", event("x", n=1))])
     result = await round_(store, MockEndpoint(), T0 + 61, DeliveryPolicy(time_to_live_s=60))
     assert outcomes(result) == [("expired", "x", 0, "timeToLive of 60 s passed")]
 
@@ -248,7 +243,7 @@ async def test_time_to_live_names_its_reason(store: LocalDirStore) -> None:
 async def test_undeliverable_is_rejected_and_duplicates_are_outcomes(
     store: LocalDirStore,
 ) -> None:
-    await enqueue(store, [("big", record("x", 1)), ("d", record("y", 2)), ("d", record("y", 2))])
+    await enqueue(store, [("big", event("x", n=1)), ("d", event("y", n=2)), ("d", event("y", n=2))])
 
     def handler(delivery: Delivery) -> None:
         if delivery.record["n"] == 1:
@@ -266,7 +261,7 @@ async def test_undeliverable_is_rejected_and_duplicates_are_outcomes(
 async def test_dead_lettered_outcomes_only_when_the_sink_took_them(
     store: LocalDirStore,
 ) -> None:
-    await enqueue(store, [("x", record("x", 1)), ("y", record("y", 2))])
+    await enqueue(store, [("x", event("x", n=1)), ("y", event("y", n=2))])
 
     def handler(delivery: Delivery) -> None:
         raise UndeliverableError("message too large")
@@ -293,7 +288,7 @@ async def test_dead_lettered_outcomes_only_when_the_sink_took_them(
 
 async def test_a_fenced_round_has_push_outcomes_but_no_drops(store: LocalDirStore) -> None:
     """Fenced: the pushes happened (and are counted), the removals did not."""
-    await enqueue(store, [("a", record("a", 1)), ("b", record("b", 2)), ("c", record("c", 3))])
+    await enqueue(store, [("a", event("a", n=1)), ("b", event("b", n=2)), ("c", event("c", n=3))])
 
     def handler(delivery: Delivery) -> None:
         if delivery.record["n"] == 2:

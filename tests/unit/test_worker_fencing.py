@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -19,16 +18,10 @@ from bucketnotify.delivery.worker import (
     DeliveryPolicy,
     process_shard,
 )
+from tests.records import event
 
 QUEUE = QueueName("ns", "topic")
 T0 = 1_000_000.0
-
-
-def record(key: str) -> dict[str, Any]:
-    return {
-        "eventName": "ObjectCreated:Put",
-        "s3": {"bucket": {"name": "b"}, "object": {"key": key}},
-    }
 
 
 @pytest.fixture()
@@ -45,7 +38,7 @@ async def test_ownership_lost_during_the_first_window_stops_the_round_and_remove
     reservation = await store.reserve(QUEUE, 0, events, 10_000_000, T0)
     await store.commit(
         reservation,
-        [(f"e{i}", json.dumps(record(f"k{i}")).encode()) for i in range(events)],
+        [(f"e{i}", json.dumps(event(f"k{i}")).encode()) for i in range(events)],
         T0,
     )
     owner = {"now": True}
@@ -77,7 +70,7 @@ async def test_a_round_that_keeps_its_shard_pushes_everything(store: LocalDirSto
     reservation = await store.reserve(QUEUE, 0, events, 10_000_000, T0)
     await store.commit(
         reservation,
-        [(f"e{i}", json.dumps(record(f"k{i}")).encode()) for i in range(events)],
+        [(f"e{i}", json.dumps(event(f"k{i}")).encode()) for i in range(events)],
         T0,
     )
     endpoint = MockEndpoint()

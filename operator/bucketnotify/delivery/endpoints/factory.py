@@ -26,9 +26,9 @@ def open_endpoint(
     """The endpoint of ``endpoint`` (a Topic's ``spec.endpoint``), not yet connected.
 
     ``endpoint_topic`` is the AMQP routing key or the Kafka topic (the Topic's
-    ``endpointTopic``, else the gateway topic name); ``credentials`` the (username,
-    password) read from the ``credentialsRef`` Secret; ``ca_pem`` the bundle ``caRef``
-    names. Nothing connects here: the first ``send`` does, so a broker that is down fails
+    ``endpointTopic``, else its ``spec.name``, else its ``metadata.name``); ``credentials``
+    the (username, password) read from the ``credentialsRef`` Secret; ``ca_pem`` the bundle
+    ``caRef`` names. Nothing connects here: the first ``send`` does, so a broker that is down fails
     pushes, not this call. Raises ``ConfigurationError`` (with a message for the Topic's
     status) when the endpoint cannot be used as specified, e.g. SASL GSSAPI or a CA bundle
     that is not PEM. ``in_flight`` bounds the pushes of every endpoint opened with it.

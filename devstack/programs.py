@@ -1,4 +1,4 @@
-"""Our own commands as real subprocesses, with their logs kept beside the results."""
+"""Our own ``bucketnotify`` commands as real subprocesses, each with a log file of its own."""
 
 from __future__ import annotations
 
@@ -6,52 +6,71 @@ import os
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
-from bench.services import REPO
+from devstack.services import REPO
 
-__all__ = ["Program", "ProgramDied", "cpu_seconds", "free_port", "wait_for_port"]
+__all__ = ["BIN", "Program", "ProgramDied", "cpu_seconds", "free_port", "wait_for_port"]
 
 BIN = REPO / ".venv" / "bin"
+# What getpass.getuser() reads before it asks the user database.
+USER_NAME_VARIABLES = ("LOGNAME", "USER", "LNAME", "USERNAME")
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
 class ProgramDied(RuntimeError):
-    """One of our subprocesses exited while the benchmark needed it."""
+    """One of our subprocesses is missing or exited while it was needed."""
 
 
 class Program:
-    """A running ``bucketnotify`` command; its combined output goes to ``log_path``."""
+    """A running ``bucketnotify <args>``; its combined output goes to ``log_path``."""
 
     def __init__(
         self,
-        name: str,
         args: list[str],
         env: dict[str, str],
-        log_dir: Path,
         *,
+        name: str = "bucketnotify",
+        log_dir: Path | None = None,
         profile: bool = False,
+        user: int | None = None,
     ) -> None:
+        """``env`` is added to ours. ``log_dir``: the log is ``<log_dir>/<name>.log`` (a
+        file of its own in the temporary directory without one). ``profile``: run under
+        cProfile, which writes ``<name>.prof`` beside the log when the command returns (as
+        SIGTERM makes it do). ``user``: seen by the process as its numeric uid and gid,
+        with no passwd entry and none of the variables that name a user, as in our image;
+        a user namespace maps it onto ours, so it still reads what we can."""
         self.name = name
-        self.log_path = log_dir / f"{name}.log"
-        self.profile_path = log_dir / f"{name}.prof" if profile else None
+        if log_dir is None:
+            fd, path = tempfile.mkstemp(prefix=f"{name}-", suffix=".log")
+            os.close(fd)
+            self.log_path = Path(path)
+        else:
+            self.log_path = log_dir / f"{name}.log"
+        self.profile_path = self.log_path.with_suffix(".prof") if profile else None
         executable = BIN / "bucketnotify"
         if not executable.exists():
             raise ProgramDied(f"{executable} does not exist: run `make install` first")
         command = [str(executable), *args]
         if self.profile_path is not None:
-            # cProfile writes its file when the command returns, which SIGTERM makes it do.
             command = [str(BIN / "python"), "-m", "cProfile", "-o", str(self.profile_path)]
             command += [str(executable), *args]
+        environ = {**os.environ, **env}
+        if user is not None:
+            for variable in USER_NAME_VARIABLES:
+                environ.pop(variable, None)
+            command = ["unshare", "--user", f"--map-user={user}", f"--map-group={user}", *command]
         self._log = self.log_path.open("w")
         self.process = subprocess.Popen(
             command,
-            env={**os.environ, **env},
+            env=environ,
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            # Its own session: a Ctrl-C in the terminal reaches only the benchmark, which then
-            # stops its programs in order instead of having them die halfway through a round.
+            # Its own session: a Ctrl-C in the terminal reaches only the caller, which then
+            # stops its programs in order instead of having them die halfway through.
             start_new_session=True,
         )
 
@@ -59,9 +78,11 @@ class Program:
     def pid(self) -> int:
         return self.process.pid
 
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
     def tail(self, lines: int = 40) -> str:
-        text = self.log_path.read_text(errors="replace")
-        return "\n".join(text.splitlines()[-lines:])
+        return "\n".join(self.log().splitlines()[-lines:])
 
     def check_alive(self) -> None:
         code = self.process.poll()
@@ -95,6 +116,7 @@ def cpu_seconds(pid: int | None) -> float | None:
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on (as of now)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
@@ -102,6 +124,8 @@ def free_port() -> int:
 
 
 def wait_for_port(port: int, timeout: float, program: Program | None = None) -> None:
+    """Until something accepts connections on 127.0.0.1:``port``; ``ProgramDied`` when
+    ``program`` exits first or nothing does within ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
         try:

@@ -1,6 +1,7 @@
-"""The real local services of ``deploy/local/``, started the way the tests start them.
+"""The real local services of ``deploy/local/``: started, reused and stopped by their scripts.
 
-Like ``tests/localservices.py`` but without pytest: a service that cannot start raises
+Each service has a script ``deploy/local/<name>.sh start|stop|status`` that writes its
+connection details to ``$BN_RUN/<name>/env``. A service that cannot start raises
 ``ServiceError`` with the script's own output, which ends with the service's log tail.
 """
 
@@ -11,7 +12,17 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["REPO", "RUN_DIR", "Service", "ServiceError", "pid_of", "start", "stop"]
+__all__ = [
+    "LOCAL",
+    "REPO",
+    "RUN_DIR",
+    "Service",
+    "ServiceError",
+    "pid_of",
+    "read_env",
+    "start",
+    "stop",
+]
 
 REPO = Path(__file__).resolve().parent.parent
 LOCAL = REPO / "deploy" / "local"
@@ -27,6 +38,8 @@ class ServiceError(RuntimeError):
 
 @dataclass
 class Service:
+    """One running service, its connection details and whether this run started it."""
+
     name: str
     env: dict[str, str] = field(default_factory=dict)
     started_here: bool = False
@@ -41,7 +54,8 @@ class Service:
             ) from None
 
 
-def _read_env(path: Path) -> dict[str, str]:
+def read_env(path: Path) -> dict[str, str]:
+    """The ``KEY=value`` lines of a service's env file."""
     env: dict[str, str] = {}
     for line in path.read_text().splitlines():
         if line and not line.startswith("#"):
@@ -78,7 +92,7 @@ def start(name: str) -> Service:
     env_file = RUN_DIR / name / "env"
     if not env_file.exists():
         raise ServiceError(f"local service {name!r} is up but wrote no {env_file}")
-    return Service(name=name, env=_read_env(env_file), started_here=not running)
+    return Service(name=name, env=read_env(env_file), started_here=not running)
 
 
 def stop(service: Service) -> None:
