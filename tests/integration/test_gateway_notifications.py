@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import queue
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.gateway.errors import (
     GatewayAccessDenied,
     GatewayInvalidArgument,
@@ -24,19 +26,10 @@ from bucketnotify.gateway.notifications import (
 from bucketnotify.gateway.topics import TopicClient
 from tests.localservices import LocalService
 from tests.receivers import HttpReceiver
+from tests.s3 import connection
 
 # Nothing listens on port 9 (discard): pushes fail at once, which no test here looks at.
 DEAD_ENDPOINT = "http://127.0.0.1:9/x"
-
-
-def connection(rgw: LocalService, *, other: bool = False) -> GatewayConnection:
-    prefix = "RGW_OTHER_" if other else "RGW_"
-    return GatewayConnection(
-        endpoint=rgw["RGW_ENDPOINT"],
-        access_key=rgw[f"{prefix}ACCESS_KEY"],
-        secret_key=rgw[f"{prefix}SECRET_KEY"],
-        region=rgw["RGW_REGION"] or "default",
-    )
 
 
 def unique(kind: str) -> str:
@@ -323,9 +316,7 @@ def test_another_user_is_denied(
 
 def test_a_wrong_secret_is_denied_without_showing_it(rgw: LocalService, bucket: str) -> None:
     secret = "wrong" + uuid.uuid4().hex
-    wrong = NotificationClient(
-        GatewayConnection(rgw["RGW_ENDPOINT"], rgw["RGW_ACCESS_KEY"], secret, "default")
-    )
+    wrong = NotificationClient(connection(rgw, secret=secret))
     with pytest.raises(GatewayAccessDenied) as caught:
         wrong.list(bucket)
     wrong.close()
@@ -335,7 +326,7 @@ def test_a_wrong_secret_is_denied_without_showing_it(rgw: LocalService, bucket: 
 
 def test_an_unreachable_gateway(rgw: LocalService, topic_arn: str) -> None:
     nowhere = NotificationClient(
-        GatewayConnection("http://127.0.0.1:1", rgw["RGW_ACCESS_KEY"], rgw["RGW_SECRET_KEY"])
+        dataclasses.replace(connection(rgw), endpoint="http://127.0.0.1:1")
     )
     with pytest.raises(GatewayUnreachable):
         nowhere.list("any-bucket")
@@ -404,3 +395,41 @@ def test_delete_removes_the_topic_copy_a_failed_delete_left(
     client.delete(bucket, "copied", [topic_arn])
     assert topics.client.get(copy) is None
     assert client.list(bucket) == []
+
+
+def test_the_gateways_own_answers_to_plain_s3_configurations(
+    s3: Any, bucket: str, topics: Topics, receiver: HttpReceiver
+) -> None:
+    """The gateway facts our client is built on, shown with a plain S3 client (no
+    NotificationClient): a PUT keeps the Ids it does not name (AWS would replace the whole
+    configuration) and an empty configuration is refused with MalformedXML, changing
+    nothing."""
+    arn = topics.make(receiver.url)
+
+    def ids() -> list[str]:
+        got = s3.get_bucket_notification_configuration(Bucket=bucket)
+        return sorted(c["Id"] for c in got.get("TopicConfigurations", []))
+
+    for config_id in ("first", "second"):
+        s3.put_bucket_notification_configuration(
+            Bucket=bucket,
+            NotificationConfiguration={
+                "TopicConfigurations": [
+                    {"Id": config_id, "TopicArn": arn, "Events": ["s3:ObjectCreated:*"]}
+                ]
+            },
+        )
+    assert ids() == ["first", "second"]
+
+    with pytest.raises(s3.exceptions.ClientError) as refused:
+        s3.put_bucket_notification_configuration(Bucket=bucket, NotificationConfiguration={})
+    assert refused.value.response["Error"]["Code"] == "MalformedXML"
+    assert ids() == ["first", "second"]
+
+    # Both Ids still notify: the gateway pushed for each before it answered the PUT.
+    s3.put_object(Bucket=bucket, Key="any-key", Body=b"x")
+    records = receiver.next_records()
+    with contextlib.suppress(queue.Empty):
+        while True:
+            records += receiver.next_records(timeout=2)
+    assert sorted(r["s3"]["configurationId"] for r in records) == ["first", "second"]

@@ -1,42 +1,21 @@
 """What to put on a bucket for a BucketNotification: pure functions of the spec.
 
-The gateway (C++ std::regex, ECMAScript grammar, whole-key match) accepts an invalid regex and
-then never matches, so the operator checks regexes itself before they reach the gateway.
+The gateway accepts any key regex in the configuration and compiles it only at the next
+upload, where an invalid one aborts radosgw (Ceph 16.2): the operator checks regexes with
+``gateway.key_regex`` before they reach the gateway.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import re
 import uuid
 from typing import Any
 
 from bucketnotify.api.notification import BucketNotificationSpec
+from bucketnotify.gateway.key_regex import regex_problem
 from bucketnotify.gateway.notifications import FilterRule, NotificationConfig
 
 __all__ = ["desired_configuration", "regex_problem", "same_configuration", "test_event"]
-
-# Python's re accepts these, ECMAScript (the gateway's grammar) does not: refuse them rather
-# than install a filter that silently never matches.
-NOT_ECMASCRIPT = [
-    (re.compile(r"\(\?<[=!]"), "lookbehind (?<= / (?<!"),
-    (re.compile(r"\(\?P"), "Python named groups (?P...)"),
-    (re.compile(r"\(\?[aiLmsux-]+[):]"), "inline flags such as (?i)"),
-    (re.compile(r"\\[AZz]"), r"\A, \Z and \z anchors"),
-    (re.compile(r"\(\?#"), "comments (?#...)"),
-]
-
-
-def regex_problem(regex: str) -> str | None:
-    """Why ``regex`` would not work as a gateway key filter, or None when it would."""
-    for pattern, what in NOT_ECMASCRIPT:
-        if pattern.search(regex):
-            return f"filter.key.regex uses {what}, which the gateway's ECMAScript regex lacks"
-    try:
-        re.compile(regex)
-    except re.error as exc:
-        return f"filter.key.regex is not a valid regular expression: {exc}"
-    return None
 
 
 def desired_configuration(
