@@ -355,6 +355,29 @@ class QueueStoreContract:
         await store.create(QUEUE, 4, LIMITS)
         assert (await store.stats(QUEUE, NOW)).entries == 0
 
+    async def test_delivered_identities_are_kept_per_shard_for_the_next_owner(
+        self, store: QueueStore, reopen: Reopen
+    ) -> None:
+        """What one owner saves, the next (another instance) loads; a save replaces the
+        last; the identities are not entries; a deleted queue keeps none and gets none."""
+        assert await store.load_delivered(QUEUE, 0) == []
+        await store.save_delivered(QUEUE, 0, ["ev-1", "ev-2"])
+        await store.save_delivered(QUEUE, 1, ["ev-3"])
+        assert await reopen().load_delivered(QUEUE, 0) == ["ev-1", "ev-2"]
+        await store.save_delivered(QUEUE, 0, ["ev-2", "ev-4"])
+        assert await reopen().load_delivered(QUEUE, 0) == ["ev-2", "ev-4"]
+        assert await reopen().load_delivered(QUEUE, 1) == ["ev-3"]
+        assert (await store.stats(QUEUE, NOW)).entries == 0
+        assert await store.list(QUEUE, 0) == []
+        assert await store.queues() == [QUEUE]
+
+        await store.delete(QUEUE)
+        await store.save_delivered(QUEUE, 0, ["ev-5"])
+        assert await store.queues() == []
+        await store.create(QUEUE, 4, LIMITS)
+        assert await store.load_delivered(QUEUE, 0) == []
+        assert await store.load_delivered(QUEUE, 1) == []
+
     async def test_a_missing_queue_reads_as_empty(self, store: QueueStore) -> None:
         missing = QueueName("nobody", "nothing")
         assert await store.list(missing, 0) == []

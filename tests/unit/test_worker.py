@@ -303,3 +303,14 @@ async def test_a_fenced_round_has_push_outcomes_but_no_drops(store: LocalDirStor
         ("failed", "b", 1, "message too large"),
         ("failed", "c", 1, "503"),
     ]
+
+
+def test_the_delivered_cache_keeps_the_newest_and_gives_the_last_added_in_order() -> None:
+    cache = DeliveredCache(size=5)
+    for n in range(8):
+        cache.add(f"ev-{n}")
+    cache.add("ev-4")  # seen again: it becomes the newest
+    assert "ev-2" not in cache and "ev-3" in cache
+    assert cache.recent(3) == ["ev-6", "ev-7", "ev-4"]
+    assert cache.recent(100) == ["ev-3", "ev-5", "ev-6", "ev-7", "ev-4"]
+    assert cache.added == 9

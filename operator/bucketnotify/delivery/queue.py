@@ -18,6 +18,7 @@ from typing import Protocol
 
 __all__ = [
     "Entry",
+    "EventIds",
     "QueueFull",
     "QueueLimits",
     "QueueName",
@@ -127,6 +128,7 @@ class QueueNotFound(LookupError):
 
 
 Queues = list[QueueName]  # `list` is also a method name of QueueStore
+EventIds = list[str]
 
 
 class QueueStore(Protocol):
@@ -179,3 +181,11 @@ class QueueStore(Protocol):
 
     async def queues(self) -> Queues:
         """Every queue in the store."""
+
+    async def save_delivered(self, queue: QueueName, shard: int, event_ids: Sequence[str]) -> None:
+        """Keep the identities of events recently delivered from the shard (replacing what
+        was kept), for its next owner; nothing when the queue is gone. A hint only: what is
+        lost or stale costs a duplicate, never a loss."""
+
+    async def load_delivered(self, queue: QueueName, shard: int) -> EventIds:
+        """What ``save_delivered`` kept last; empty when nothing was."""

@@ -94,6 +94,14 @@ TopicKey = tuple[str, str]
 TOKEN_RECHECK_S = 1.0
 TOKEN_READ_TIMEOUT_S = 5.0
 
+DELIVERED_KEPT = 2048
+"""Identities of the events a shard delivered last, kept in the store for its next owner:
+what the gateway sends again after a shard moved is then recognised (a duplicate removed,
+not pushed)."""
+DELIVERED_SAVE_S = 2.0
+"""How often a busy shard saves them (and when its loop ends): a replica that dies loses
+at most this long of them."""
+
 
 @dataclass(frozen=True)
 class ServiceTimings:
@@ -140,6 +148,8 @@ class TopicRuntime:
     dead_letter: str | None = None
     """Topic (same namespace) whose queue takes this one's dropped events."""
     delivered: dict[int, DeliveredCache] = field(default_factory=dict)
+    delivered_saved: dict[int, tuple[int, float]] = field(default_factory=dict)
+    """Per shard: ``DeliveredCache.added`` at the last save to the store, and when."""
     endpoint_kind: str | None = None
     """http, amqp or kafka (for delivery records)."""
 
@@ -617,11 +627,14 @@ class DeliveryService:
         queue = runtime.queue
         wake = self._wakes.setdefault((queue, shard), asyncio.Event())
         delay = self.timings.round_interval_s
+        delivered = runtime.delivered.setdefault(shard, DeliveredCache())
+        await self._load_delivered(runtime, shard, delivered)
         while not self._stopping:
             if self.topics.get(key) is not runtime or not self._ownership.owns_shard(queue, shard):
-                return
+                break
             wake.clear()
             result = await self._process(runtime, endpoint, shard)
+            await self._save_delivered(runtime, shard, delivered)
             if result is not None and result.listed >= LIST_BATCH and not result.failed:
                 continue  # a backlog: go on at once
             progress = result is not None and (
@@ -636,6 +649,37 @@ class DeliveryService:
                 await asyncio.wait_for(wake.wait(), delay)
             if wake.is_set():
                 delay = self.timings.round_interval_s
+        await self._save_delivered(runtime, shard, delivered, final=True)
+
+    async def _load_delivered(
+        self, runtime: TopicRuntime, shard: int, delivered: DeliveredCache
+    ) -> None:
+        """What the shard's previous owner (or this replica, before) delivered last."""
+        try:
+            found = await self._store.load_delivered(runtime.queue, shard)
+        except Exception as exc:  # a hint: without it, duplicates are possible, not losses
+            log.warning("%s shard %d: delivered identities not read: %s", runtime.queue, shard, exc)
+            return
+        for event_id in found:
+            if event_id not in delivered:
+                delivered.add(event_id)
+        runtime.delivered_saved[shard] = (delivered.added, time.monotonic())
+
+    async def _save_delivered(
+        self, runtime: TopicRuntime, shard: int, delivered: DeliveredCache, final: bool = False
+    ) -> None:
+        saved, at = runtime.delivered_saved.get(shard, (0, 0.0))
+        if delivered.added == saved:
+            return
+        if not final and time.monotonic() - at < DELIVERED_SAVE_S:
+            return
+        runtime.delivered_saved[shard] = (delivered.added, time.monotonic())
+        try:
+            await self._store.save_delivered(runtime.queue, shard, delivered.recent(DELIVERED_KEPT))
+        except Exception as exc:
+            log.warning(
+                "%s shard %d: delivered identities not saved: %s", runtime.queue, shard, exc
+            )
 
     async def _process(
         self, runtime: TopicRuntime, endpoint: Endpoint, shard: int

@@ -32,6 +32,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import islice
 from typing import Any
 
 from bucketnotify.delivery.endpoints.base import Delivery, Endpoint, PushOutcome, object_of
@@ -109,6 +110,8 @@ class DeliveredCache:
     def __init__(self, size: int = 100_000) -> None:
         self._ids: OrderedDict[str, None] = OrderedDict()
         self._size = size
+        self.added = 0
+        """Identities added so far: a saver compares it with what it saved."""
 
     def __contains__(self, event_id: object) -> bool:
         return event_id in self._ids
@@ -116,8 +119,13 @@ class DeliveredCache:
     def add(self, event_id: str) -> None:
         self._ids[event_id] = None
         self._ids.move_to_end(event_id)
+        self.added += 1
         while len(self._ids) > self._size:
             self._ids.popitem(last=False)
+
+    def recent(self, count: int) -> list[str]:
+        """The ``count`` identities added last, oldest first."""
+        return list(islice(reversed(self._ids), count))[::-1]
 
 
 def _expiry(entry: Entry, policy: DeliveryPolicy, now: float) -> str | None:

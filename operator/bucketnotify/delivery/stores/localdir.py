@@ -6,6 +6,8 @@ Layout under ``root`` (names as in ``_format``: a listing is all ``stats`` needs
     <namespace>/<topic>/incarnation                random id of this queue's life
     <namespace>/<topic>/shard-<n>/<batch name>     one file per committed batch, JSON lines
     <namespace>/<topic>/reservations/<name>        one empty file per open reservation
+    <namespace>/<topic>/delivered-<n>              identities recently delivered from
+                                                   shard n, one per line
     <namespace>/<topic>/.tmp/                      files being written
     .locks/<namespace>/<topic>/queue.lock          flock: reserve, create, delete
     .locks/<namespace>/<topic>/shard-<n>.lock      flock: commit, list, remove, update;
@@ -140,6 +142,12 @@ class LocalDirStore:
     async def queues(self) -> Queues:
         return await self._threads.run(self._queues)
 
+    async def save_delivered(self, queue: QueueName, shard: int, event_ids: Sequence[str]) -> None:
+        await self._threads.run(self._save_delivered, queue, shard, list(event_ids))
+
+    async def load_delivered(self, queue: QueueName, shard: int) -> list[str]:
+        return await self._threads.run(self._load_delivered, queue, shard)
+
     # Paths
 
     def _dir(self, queue: QueueName) -> Path:
@@ -166,6 +174,26 @@ class LocalDirStore:
             # The new directories' own entries must survive a crash too.
             for path in (directory.parent, self.root):
                 _fsync_dir(path)
+
+    def _save_delivered(self, queue: QueueName, shard: int, event_ids: list[str]) -> None:
+        directory = self._dir(queue)
+        try:
+            written = _write_tmp(directory / ".tmp", "\n".join(event_ids).encode())
+        except FileNotFoundError:
+            return  # the queue is gone
+        # The rename under the queue's lock: a delete cannot take the directory between the
+        # check and the rename, so a deleted queue gets nothing back.
+        with _flock(self._lock(queue, "queue")):
+            if (directory / "meta.json").exists():
+                written.rename(directory / f"delivered-{shard}")
+                return
+        written.unlink(missing_ok=True)
+
+    def _load_delivered(self, queue: QueueName, shard: int) -> list[str]:
+        try:
+            return (self._dir(queue) / f"delivered-{shard}").read_text().split()
+        except FileNotFoundError:
+            return []
 
     def _delete(self, queue: QueueName) -> None:
         directory = self._dir(queue)

@@ -7,6 +7,8 @@ a bucket. Layout (names as in ``_format``: a LIST answers ``stats`` and ``reserv
     <prefix>data/<namespace>/<topic>/reservations/<name>      one marker per reservation
     <prefix>data/<namespace>/<topic>/shard-<n>/<batch name>   one object per commit,
                                                               JSON lines
+    <prefix>data/<namespace>/<topic>/delivered/shard-<n>      identities recently
+                                                              delivered, one per line
 
 Meta objects have a prefix of their own so that ``queues`` is one LIST, whatever the queues
 hold, and no namespace name can collide with it.
@@ -205,6 +207,9 @@ class S3Store:
     def _shard(self, queue: QueueName, shard: int) -> str:
         return f"{self._data(queue)}shard-{shard}/"
 
+    def _delivered(self, queue: QueueName, shard: int) -> str:
+        return f"{self._data(queue)}delivered/shard-{shard}"
+
     # Queues
 
     async def create(self, queue: QueueName, shards: int, limits: QueueLimits) -> None:
@@ -225,6 +230,24 @@ class S3Store:
                 del self._cache[key]
         while keys := await self._list_keys(self._data(queue)):
             await _all(*(self._delete_key(k) for k in keys))
+
+    async def save_delivered(self, queue: QueueName, shard: int, event_ids: Sequence[str]) -> None:
+        # A queue deleted meanwhile must not get an object that outlives it. The meta is
+        # cached: a save racing a delete by another replica can still leave the object,
+        # until the queue's next delete (a stale hint, harmless).
+        if await self._get_meta_or_none(queue) is None:
+            return
+        await self._put(self._delivered(queue, shard), "\n".join(event_ids).encode(), "text/plain")
+
+    async def load_delivered(self, queue: QueueName, shard: int) -> list[str]:
+        found = await self._get(self._delivered(queue, shard))
+        return found.decode().split() if found else []
+
+    async def _get_meta_or_none(self, queue: QueueName) -> tuple[int, QueueLimits] | None:
+        try:
+            return await self._get_meta(queue)
+        except QueueNotFound:
+            return None
 
     async def queues(self) -> Queues:
         start = f"{self.prefix}meta/"
