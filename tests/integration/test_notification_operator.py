@@ -345,6 +345,61 @@ def test_credentials_that_do_not_own_the_bucket_say_so(
     assert rgw["RGW_OTHER_SECRET_KEY"] not in json.dumps(status)
 
 
+def test_a_notification_without_gateway_ref_uses_its_topics(
+    kubectl: Kubectl,
+    namespace: str,
+    operator: Program,
+    receiver: HttpReceiver,
+    rgw: LocalService,
+) -> None:
+    """A Topic on another user's gateway account (``gatewayRef``); a BucketNotification
+    naming no gateway goes to its Topic's: it is written with that user's credentials on
+    that user's bucket (the operator's own user may not touch it) and its events arrive."""
+    other = connection(rgw, other=True).s3()
+    bucket = f"bn-other-{uuid.uuid4().hex[:10]}"
+    other.create_bucket(Bucket=bucket)
+    kubectl.run(
+        "create", "secret", "generic", "other-user", "-n", namespace,
+        f"--from-literal=endpoint={rgw['RGW_ENDPOINT']}",
+        f"--from-literal=accessKey={rgw['RGW_OTHER_ACCESS_KEY']}",
+        f"--from-literal=secretKey={rgw['RGW_OTHER_SECRET_KEY']}",
+    )  # fmt: skip
+    try:
+        apply(
+            kubectl,
+            namespace,
+            "Topic",
+            "theirs",
+            {
+                "endpoint": {"http": {"url": receiver.url}},
+                "gatewayRef": {"secretName": "other-user"},
+            },
+        )
+        condition(kubectl, namespace, "topic", "theirs")
+        apply(
+            kubectl,
+            namespace,
+            "BucketNotification",
+            "follows",
+            {"bucket": bucket, "topicRef": {"name": "theirs"}, "testEvent": False},
+        )
+        condition(kubectl, namespace, "bucketnotification", "follows")
+        configured = other.get_bucket_notification_configuration(Bucket=bucket)
+        assert [c["Id"] for c in configured["TopicConfigurations"]] == ["follows"]
+
+        other.put_object(Bucket=bucket, Key="theirs.txt", Body=b"x")
+        (record,) = receiver.next_records()
+        assert (record["s3"]["configurationId"], record["s3"]["object"]["key"]) == (
+            "follows",
+            "theirs.txt",
+        )
+    finally:
+        kubectl.run("delete", "bucketnotification", "follows", "-n", namespace, "--wait=true")
+        for item in other.list_objects_v2(Bucket=bucket).get("Contents", []):
+            other.delete_object(Bucket=bucket, Key=item["Key"])
+        other.delete_bucket(Bucket=bucket)
+
+
 def test_topic_change_is_carried_to_its_notifications(
     kubectl: Kubectl,
     namespace: str,
