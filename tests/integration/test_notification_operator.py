@@ -8,17 +8,19 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
 from bucketnotify.gateway.notifications import FilterRule, NotificationClient, NotificationConfig
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
-from tests.operator import DRIFT_INTERVAL_S
+from tests.operator import DRIFT_INTERVAL_S, StartOperator
 from tests.processes import Program
 from tests.receivers import HttpReceiver
 from tests.resources import apply, condition
 from tests.s3 import connection, s3_client, sns_client
+from tests.tcpproxy import TcpProxy
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("crds")
@@ -398,6 +400,62 @@ def test_a_notification_without_gateway_ref_uses_its_topics(
         for item in other.list_objects_v2(Bucket=bucket).get("Contents", []):
             other.delete_object(Bucket=bucket, Key=item["Key"])
         other.delete_bucket(Bucket=bucket)
+
+
+def test_a_deletion_gives_up_with_a_warning_when_its_gateway_is_gone(
+    kubectl: Kubectl,
+    namespace: str,
+    start_operator: StartOperator,
+    receiver: HttpReceiver,
+    rgw: LocalService,
+    bucket: str,
+    notifications: NotificationClient,
+) -> None:
+    """Deleting a BucketNotification whose gateway went away retries, then releases the
+    object with an ``OrphanedOnGateway`` Warning naming the Id left on the gateway."""
+    start_operator(delete_give_up_after_seconds="4")
+    target = urlsplit(rgw["RGW_ENDPOINT"])
+    assert target.hostname is not None and target.port is not None
+    proxy = TcpProxy(target.hostname, target.port)
+    kubectl.run(
+        "create", "secret", "generic", "gw-gone", "-n", namespace,
+        f"--from-literal=endpoint={proxy.url}",
+        f"--from-literal=accessKey={rgw['RGW_ACCESS_KEY']}",
+        f"--from-literal=secretKey={rgw['RGW_SECRET_KEY']}",
+    )  # fmt: skip
+    proxy.start()
+    http_topic(kubectl, namespace, "hook", receiver.url)
+    apply(
+        kubectl,
+        namespace,
+        "BucketNotification",
+        "orphan",
+        {
+            "bucket": bucket,
+            "topicRef": {"name": "hook"},
+            "gatewayRef": {"secretName": "gw-gone"},
+            "testEvent": False,
+        },
+    )
+    condition(kubectl, namespace, "bucketnotification", "orphan")
+    proxy.stop()
+
+    kubectl.run("delete", "bucketnotification", "orphan", "-n", namespace, "--timeout=60s")
+    warnings = [
+        event
+        for event in json.loads(kubectl.run("get", "events", "-n", namespace, "-o", "json").stdout)[
+            "items"
+        ]
+        if event["reason"] == "OrphanedOnGateway"
+    ]
+    assert len(warnings) == 1, warnings
+    assert warnings[0]["type"] == "Warning"
+    assert warnings[0]["involvedObject"]["name"] == "orphan"
+    assert "notification Id orphan" in warnings[0]["message"]
+    assert "DELETE /<bucket>?notification=<id>" in warnings[0]["message"]
+    # The gateway was unreachable: the Id is left there, as the Warning says.
+    assert notifications.get(bucket, "orphan") is not None
+    notifications.delete(bucket, "orphan")
 
 
 def test_topic_change_is_carried_to_its_notifications(
