@@ -36,6 +36,12 @@ REFRESH_S = 2
 """The replica's SECRET_REFRESH_SECONDS here (30 by default)."""
 
 
+def broker_password() -> str:
+    # Never with a leading '-', which rabbitmqctl would read as an option (a CI run failed
+    # on `change_password <user> -xww3...`, exit 64).
+    return f"pw{secrets.token_urlsafe(12)}"
+
+
 def ctl(rabbitmq: LocalService, *args: str) -> str:
     return subprocess.run(
         [rabbitmq["RABBITMQCTL"], *args], capture_output=True, text=True, check=True, timeout=60
@@ -46,7 +52,7 @@ def ctl(rabbitmq: LocalService, *args: str) -> str:
 def broker_user(rabbitmq: LocalService) -> Iterator[str]:
     """A RabbitMQ user of this test's own, so rotating its password touches nobody else."""
     user = f"rot-{uuid.uuid4().hex[:8]}"
-    ctl(rabbitmq, "add_user", user, secrets.token_urlsafe(12))
+    ctl(rabbitmq, "add_user", user, broker_password())
     ctl(rabbitmq, "set_permissions", "-p", "/", user, ".*", ".*", ".*")
     yield user
     ctl(rabbitmq, "delete_user", user)
@@ -134,7 +140,7 @@ async def test_a_rotated_broker_password_is_used_without_a_restart_and_nothing_i
     wait in the queue) until the Secret holds the new password, which the replica reads
     within SECRET_REFRESH_SECONDS and uses on a new connection; every event arrives once."""
     exchange, keys = consumed
-    old_password = secrets.token_urlsafe(12)
+    old_password = broker_password()
     ctl(rabbitmq, "change_password", broker_user, old_password)
     kubectl.apply(
         {
@@ -168,7 +174,7 @@ async def test_a_rotated_broker_password_is_used_without_a_restart_and_nothing_i
         assert push_records(port, namespace, "mq", token, before) == 200
         await async_wait(lambda: sorted(keys) == before, 30, "the events before the rotation")
 
-        new_password = secrets.token_urlsafe(12)
+        new_password = broker_password()
         ctl(rabbitmq, "change_password", broker_user, new_password)
         assert close_connections_of(rabbitmq, broker_user) >= 1
         during = [f"during-{i}" for i in range(5)]

@@ -20,18 +20,28 @@ SPARK = REPO / "deploy" / "spark"
 def spark_crds(kubectl: Kubectl) -> None:
     kubectl.apply_path(SPARK / "crds")
     for name in ("sparkapplications", "scheduledsparkapplications"):
-        # `kubectl wait` fails outright while a new CRD has no conditions yet: poll instead.
+        # `kubectl wait` fails outright while a new CRD has no conditions yet: poll instead,
+        # through answers the apiserver gives while it installs the new API (a CI run once
+        # failed here on one such answer, whose text it did not keep).
         established = "{.status.conditions[?(@.type=='Established')].status}"
         deadline = time.monotonic() + 60
+        last = ""
         while time.monotonic() < deadline:
             got = kubectl.run(
-                "get", f"crd/{name}.sparkoperator.k8s.io", "-o", f"jsonpath={established}"
+                "get",
+                f"crd/{name}.sparkoperator.k8s.io",
+                "-o",
+                f"jsonpath={established}",
+                check=False,
             )
-            if got.stdout == "True":
+            if got.returncode == 0 and got.stdout == "True":
                 break
+            last = got.stderr.strip() or f"Established={got.stdout!r}"
             time.sleep(0.5)
         else:
-            raise AssertionError(f"the CRD {name}.sparkoperator.k8s.io never became Established")
+            raise AssertionError(
+                f"the CRD {name}.sparkoperator.k8s.io never became Established: {last}"
+            )
 
 
 def dry_run(kubectl: Kubectl, namespace: str, *args: str, stdin: str | None = None) -> str:
