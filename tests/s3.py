@@ -35,3 +35,17 @@ def connection(
         secret_key=secret or rgw[f"{prefix}SECRET_KEY"],
         region=rgw.env.get("RGW_REGION") or "default",
     )
+
+
+def multipart_upload(s3: Any, bucket: str, key: str, body: bytes) -> None:
+    """``key`` written as a one-part multipart upload (what emits CompleteMultipartUpload)."""
+    upload = s3.create_multipart_upload(Bucket=bucket, Key=key)
+    part = s3.upload_part(
+        Bucket=bucket, Key=key, PartNumber=1, UploadId=upload["UploadId"], Body=body
+    )
+    s3.complete_multipart_upload(
+        Bucket=bucket,
+        Key=key,
+        UploadId=upload["UploadId"],
+        MultipartUpload={"Parts": [{"ETag": part["ETag"], "PartNumber": 1}]},
+    )

@@ -21,7 +21,7 @@ from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.processes import Program
 from tests.resources import apply, condition
-from tests.s3 import s3_client
+from tests.s3 import multipart_upload, s3_client
 from tests.sinks import AmqpSink, HttpSink, Sink
 
 pytestmark = pytest.mark.usefixtures("crds")
@@ -135,22 +135,7 @@ async def test_every_event_type_arrives_with_the_reference_fields(
     # Multipart upload: completing emits ObjectCreated:CompleteMultipartUpload. Initiating
     # emits nothing on Ceph 16.2 (the reference says ObjectCreated:Post): the next record
     # after it is the completion.
-    upload = await s3_call("create_multipart_upload", Bucket=bucket, Key="big.bin")
-    part = await s3_call(
-        "upload_part",
-        Bucket=bucket,
-        Key="big.bin",
-        PartNumber=1,
-        UploadId=upload["UploadId"],
-        Body=b"x" * 1024,
-    )
-    await s3_call(
-        "complete_multipart_upload",
-        Bucket=bucket,
-        Key="big.bin",
-        UploadId=upload["UploadId"],
-        MultipartUpload={"Parts": [{"ETag": part["ETag"], "PartNumber": 1}]},
-    )
+    await asyncio.to_thread(multipart_upload, s3, bucket, "big.bin", b"x" * 1024)
     record = await next_record(endpoint)
     assert record["eventName"] == "ObjectCreated:CompleteMultipartUpload"
     assert record["s3"]["object"]["key"] == "big.bin"

@@ -22,7 +22,7 @@ from tests.operator import StartOperator
 from tests.processes import Program
 from tests.receivers import HttpReceiver
 from tests.resources import apply, condition
-from tests.s3 import s3_client
+from tests.s3 import multipart_upload, s3_client
 
 pytestmark = pytest.mark.usefixtures("crds")
 
@@ -171,23 +171,7 @@ async def test_every_event_type_is_delivered_once_with_the_gateways_fields(
         assert posted.is_success, posted.text
         copy_source = {"Bucket": bucket, "Key": "docs/a.txt"}
         await s3_call("copy_object", Bucket=bucket, Key="docs/copy.txt", CopySource=copy_source)
-        upload = await s3_call("create_multipart_upload", Bucket=bucket, Key="big.bin")
-        part = await s3_call(
-            "upload_part",
-            Bucket=bucket,
-            Key="big.bin",
-            PartNumber=1,
-            UploadId=upload["UploadId"],
-            Body=b"x" * 1024,
-        )
-        parts = {"Parts": [{"ETag": part["ETag"], "PartNumber": 1}]}
-        await s3_call(
-            "complete_multipart_upload",
-            Bucket=bucket,
-            Key="big.bin",
-            UploadId=upload["UploadId"],
-            MultipartUpload=parts,
-        )
+        await asyncio.to_thread(multipart_upload, s3, bucket, "big.bin", b"x" * 1024)
         aborted = await s3_call("create_multipart_upload", Bucket=bucket, Key="aborted.bin")
         await s3_call(
             "abort_multipart_upload", Bucket=bucket, Key="aborted.bin", UploadId=aborted["UploadId"]

@@ -18,7 +18,7 @@ from tests.localservices import LocalService
 from tests.operator import DRIFT_INTERVAL_S, StartOperator
 from tests.processes import Program
 from tests.receivers import HttpReceiver
-from tests.resources import apply, condition
+from tests.resources import apply, condition, gateway_secret
 from tests.s3 import connection, s3_client, sns_client
 from tests.tcpproxy import TcpProxy
 from tests.waiting import wait_until
@@ -317,16 +317,13 @@ def test_credentials_that_do_not_own_the_bucket_say_so(
     rgw: LocalService,
 ) -> None:
     http_topic(kubectl, namespace, "hook", receiver.url)
-    kubectl.run(
-        "create",
-        "secret",
-        "generic",
-        "other-user",
-        "-n",
+    gateway_secret(
+        kubectl,
         namespace,
-        f"--from-literal=endpoint={rgw['RGW_ENDPOINT']}",
-        f"--from-literal=accessKey={rgw['RGW_OTHER_ACCESS_KEY']}",
-        f"--from-literal=secretKey={rgw['RGW_OTHER_SECRET_KEY']}",
+        "other-user",
+        rgw["RGW_ENDPOINT"],
+        rgw["RGW_OTHER_ACCESS_KEY"],
+        rgw["RGW_OTHER_SECRET_KEY"],
     )
     apply(
         kubectl,
@@ -360,12 +357,14 @@ def test_a_notification_without_gateway_ref_uses_its_topics(
     other = connection(rgw, other=True).s3()
     bucket = f"bn-other-{uuid.uuid4().hex[:10]}"
     other.create_bucket(Bucket=bucket)
-    kubectl.run(
-        "create", "secret", "generic", "other-user", "-n", namespace,
-        f"--from-literal=endpoint={rgw['RGW_ENDPOINT']}",
-        f"--from-literal=accessKey={rgw['RGW_OTHER_ACCESS_KEY']}",
-        f"--from-literal=secretKey={rgw['RGW_OTHER_SECRET_KEY']}",
-    )  # fmt: skip
+    gateway_secret(
+        kubectl,
+        namespace,
+        "other-user",
+        rgw["RGW_ENDPOINT"],
+        rgw["RGW_OTHER_ACCESS_KEY"],
+        rgw["RGW_OTHER_SECRET_KEY"],
+    )
     try:
         apply(
             kubectl,
@@ -417,12 +416,9 @@ def test_a_deletion_gives_up_with_a_warning_when_its_gateway_is_gone(
     target = urlsplit(rgw["RGW_ENDPOINT"])
     assert target.hostname is not None and target.port is not None
     proxy = TcpProxy(target.hostname, target.port)
-    kubectl.run(
-        "create", "secret", "generic", "gw-gone", "-n", namespace,
-        f"--from-literal=endpoint={proxy.url}",
-        f"--from-literal=accessKey={rgw['RGW_ACCESS_KEY']}",
-        f"--from-literal=secretKey={rgw['RGW_SECRET_KEY']}",
-    )  # fmt: skip
+    gateway_secret(
+        kubectl, namespace, "gw-gone", proxy.url, rgw["RGW_ACCESS_KEY"], rgw["RGW_SECRET_KEY"]
+    )
     proxy.start()
     http_topic(kubectl, namespace, "hook", receiver.url)
     apply(

@@ -19,6 +19,7 @@ from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.operator import DRIFT_INTERVAL_S, StartOperator
 from tests.processes import Program, free_port
+from tests.resources import gateway_secret
 from tests.s3 import connection
 from tests.tcpproxy import TcpProxy
 from tests.waiting import wait_until
@@ -55,16 +56,8 @@ def proxied_gateway(kubectl: Kubectl, namespace: str, secret: str, rgw: LocalSer
     target = urlsplit(rgw["RGW_ENDPOINT"])
     assert target.hostname is not None and target.port is not None
     proxy = TcpProxy(target.hostname, target.port)
-    kubectl.run(
-        "create",
-        "secret",
-        "generic",
-        secret,
-        "-n",
-        namespace,
-        f"--from-literal=endpoint={proxy.url}",
-        f"--from-literal=accessKey={rgw['RGW_ACCESS_KEY']}",
-        f"--from-literal=secretKey={rgw['RGW_SECRET_KEY']}",
+    gateway_secret(
+        kubectl, namespace, secret, proxy.url, rgw["RGW_ACCESS_KEY"], rgw["RGW_SECRET_KEY"]
     )
     return proxy
 
