@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
+
+from devstack.programs import free_port
 
 
 class AsyncTcpProxy:
     def __init__(self, target_host: str, target_port: int) -> None:
         self._target = (target_host, target_port)
-        probe = socket.socket()
-        probe.bind(("127.0.0.1", 0))
-        self.port: int = probe.getsockname()[1]
-        probe.close()
+        self.port = free_port()
         self._server: asyncio.Server | None = None
         self._transports: set[asyncio.WriteTransport] = set()
         self.accepted = 0

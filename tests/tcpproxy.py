@@ -12,6 +12,8 @@ import itertools
 import socket
 import threading
 
+from devstack.programs import free_port
+
 
 def _pipe(src: socket.socket, dst: socket.socket) -> None:
     """Copy ``src`` to ``dst`` until either side ends, then shut both down."""
@@ -37,10 +39,7 @@ class TcpProxy:
         clients in pods, which cannot reach the host's loopback."""
         self._target = (target_host, target_port)
         self.host = listen_host
-        probe = socket.socket()
-        probe.bind((listen_host, 0))
-        self.port: int = probe.getsockname()[1]
-        probe.close()
+        self.port = free_port(listen_host)
         self._server: socket.socket | None = None
         self._conns: list[socket.socket] = []
 

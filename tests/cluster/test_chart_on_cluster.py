@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import Release, describe, pods, ready
+from tests.cluster.pods import Release, describe, pods, ready
 from tests.install.manifests import helm
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import socket
 import subprocess
 import uuid
 from collections.abc import AsyncIterator
@@ -31,6 +30,7 @@ from bucketnotify.delivery.endpoints import (
     open_endpoint,
 )
 from bucketnotify.delivery.endpoints.base import event_body
+from devstack.programs import free_port
 from tests.aioproxy import AsyncTcpProxy
 from tests.localservices import LocalService
 from tests.records import s3_record
@@ -229,9 +229,7 @@ async def test_wrong_credentials_are_reported_without_printing_them(
 
 async def test_an_unreachable_broker_fails_pushes_retryably() -> None:
     """Nothing listens: the whole batch fails at once with a retryable connect error."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     async with amqp_endpoint(f"amqp://127.0.0.1:{port}", "x") as endpoint:
         outcomes = await endpoint.send(deliveries(3))
     assert [(o.ok, o.retryable) for o in outcomes] == [(False, True)] * 3

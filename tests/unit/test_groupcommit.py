@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from bucketnotify.delivery.groupcommit import Events, GroupCommit
+from bucketnotify.delivery.groupcommit import MAX_WRITES, Events, GroupCommit
 from bucketnotify.delivery.ingest import Ingest, IngestTopic, build_app, event_id
-from bucketnotify.delivery.queue import QueueFull, QueueLimits, QueueName
+from bucketnotify.delivery.queue import Entry, QueueFull, QueueLimits, QueueName, Reservation
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from tests.records import event
 
@@ -124,20 +125,63 @@ async def test_a_group_stops_at_its_bounds() -> None:
     assert [sum(len(e) for e in c.values()) for c in writes.calls] == [1, 2, 2, 2]
 
 
+class HeldStore(LocalDirStore):
+    """A directory store whose writes wait until ``arrived`` is set, recording the events of
+    each commit: the ingest requests pile up behind the first writes, as under load."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.arrived = asyncio.Event()
+        self.commits: list[int] = []
+
+    async def reserve(
+        self, queue: QueueName, shard: int, entries: int, size: int, now: float
+    ) -> Reservation:
+        await self.arrived.wait()
+        return await super().reserve(queue, shard, entries, size, now)
+
+    async def commit(
+        self, reservation: Reservation, events: Sequence[tuple[str, bytes]], now: float
+    ) -> list[Entry]:
+        self.commits.append(len(events))
+        return await super().commit(reservation, events, now)
+
+
+class CountingIngest(Ingest):
+    def __init__(self, store: HeldStore, topics: dict[tuple[str, str], IngestTopic]) -> None:
+        super().__init__(store, topics)
+        self.requests = 0
+        self._all_in = store.arrived
+
+    async def commit(self, queue: QueueName, by_shard: dict[int, list[tuple[str, bytes]]]) -> float:
+        self.requests += 1
+        if self.requests == REQUESTS:
+            self._all_in.set()
+        return await super().commit(queue, by_shard)
+
+
+REQUESTS = 40
+
+
 async def test_concurrent_ingest_requests_share_batch_files(tmp_path: Path) -> None:
-    """The point of it all: fewer batch files (fsyncs) than requests, every event once."""
-    store = LocalDirStore(tmp_path)
+    """The point of it all: fewer batch files (fsyncs) than requests, every event once.
+
+    All 40 requests arrive while the first writes are held: at most MAX_WRITES writes start
+    with what had arrived, and everything else goes together in the next one."""
+    store = HeldStore(tmp_path)
     await store.create(QUEUE, 1, QueueLimits())
-    ingest = Ingest(store, {("team-a", "orders"): IngestTopic(QUEUE, TOKEN, 1)})
+    ingest = CountingIngest(store, {("team-a", "orders"): IngestTopic(QUEUE, TOKEN, 1)})
     client: TestClient[Any, Any]
     async with TestClient(TestServer(build_app(ingest))) as client:
         responses = await asyncio.gather(
-            *(client.post(URL, json={"Records": [event(f"key{i}")]}) for i in range(40))
+            *(client.post(URL, json={"Records": [event(f"key{i}")]}) for i in range(REQUESTS))
         )
-    assert [r.status for r in responses] == [200] * 40
+    assert [r.status for r in responses] == [200] * REQUESTS
     listed = await store.list(QUEUE, 0)
     assert sorted(e.event_id for e in listed) == sorted(
-        event_id(event(f"key{i}")) for i in range(40)
+        event_id(event(f"key{i}")) for i in range(REQUESTS)
     )
+    assert sum(store.commits) == REQUESTS
+    assert len(store.commits) <= MAX_WRITES + 1, store.commits
     files = os.listdir(tmp_path / QUEUE.namespace / QUEUE.topic / "shard-0")
-    assert len(files) < 40
+    assert len(files) == len(store.commits)

@@ -1,0 +1,48 @@
+"""Looking at the pods of a release on the test cluster: which are up, and what a user would
+read when an install does not come up."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from tests.kubectl import Kubectl
+
+
+@dataclass(frozen=True)
+class Release:
+    name: str
+    namespace: str
+    ingest_url: str
+    values: list[str]
+
+
+def pods(kubectl: Kubectl, namespace: str, component: str) -> list[dict[str, Any]]:
+    listed = kubectl.run(
+        "get",
+        "pods",
+        "-n",
+        namespace,
+        "-l",
+        f"app.kubernetes.io/component={component}",
+        "-o",
+        "json",
+    ).stdout
+    return [p for p in json.loads(listed)["items"] if not p["metadata"].get("deletionTimestamp")]
+
+
+def ready(pod: dict[str, Any]) -> bool:
+    conditions = pod.get("status", {}).get("conditions", [])
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def describe(kubectl: Kubectl, namespace: str) -> str:
+    """What a user would look at when an install does not come up."""
+    out = [kubectl.run("get", "pods,events", "-n", namespace, "-o", "wide", check=False).stdout]
+    for component in ("operator", "delivery"):
+        for pod in pods(kubectl, namespace, component):
+            name = pod["metadata"]["name"]
+            logs = kubectl.run("logs", "-n", namespace, name, "--tail=40", check=False)
+            out.append(f"--- {name} ---\n{logs.stdout}{logs.stderr}")
+    return "\n".join(out)
