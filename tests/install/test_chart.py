@@ -167,3 +167,143 @@ def test_probes_ask_the_event_loop_and_readiness(helm_bin: str) -> None:
         ("delivery", "livenessProbe"): "/healthz",
         ("delivery", "readinessProbe"): "/readyz",
     }
+
+
+# Every value here differs from its default, so a template that ignores a value, or renders
+# the default whatever it is given, fails below.
+CHANGED: dict[str, Any] = {
+    "logging": {"format": "plain", "level": "DEBUG"},
+    "podSecurityContext": {"runAsNonRoot": True, "runAsUser": 1001, "fsGroup": 2002},
+    "securityContext": {"readOnlyRootFilesystem": True, "runAsGroup": 3003},
+    "operator": {
+        "driftIntervalSeconds": 45,
+        "ownerId": "estate-7",
+        "allowCleartextSecrets": True,
+        "deleteGiveUpAfterSeconds": 900,
+        "leaderElection": {
+            "leaseName": "bn-leader",
+            "leaseDurationSeconds": 21,
+            "renewDeadlineSeconds": 14,
+            "retryPeriodSeconds": 3,
+        },
+        "metricsPort": 9191,
+        "livenessProbe": {"periodSeconds": 31, "failureThreshold": 4},
+        "readinessProbe": {"periodSeconds": 11},
+        "resources": {"requests": {"cpu": "70m", "memory": "100Mi"}},
+    },
+    "delivery": {
+        "port": 9095,
+        "partitions": 17,
+        "leases": {"durationSeconds": 20, "renewIntervalSeconds": 4, "renewDeadlineSeconds": 9},
+        "refreshIntervalSeconds": 5,
+        "secretRefreshSeconds": 40,
+        "tokenOverlapSeconds": 120,
+        "idlePollMaxSeconds": 2,
+        "sweepIntervalSeconds": 50,
+        "reservationTimeoutSeconds": 25,
+        "statsIntervalSeconds": 15,
+        "records": {"target": "off", "flushSeconds": 7, "batchSize": 900, "bufferMax": 9000},
+        "store": {"bucket": "estate-queues"},
+        "livenessProbe": {"periodSeconds": 29},
+        "readinessProbe": {"periodSeconds": 6, "timeoutSeconds": 2},
+    },
+}
+
+
+def _container(objs: list[dict[str, Any]], component: str) -> dict[str, Any]:
+    (deployment,) = [
+        o
+        for o in objs
+        if o["kind"] == "Deployment" and o["metadata"]["name"].endswith(f"-{component}")
+    ]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return {"pod": deployment["spec"]["template"]["spec"], **container}
+
+
+def _read_by_program(monkeypatch: pytest.MonkeyPatch, env: dict[str, Any], model: type[Any]) -> Any:
+    """The settings the program itself would read from this environment (pydantic-settings,
+    as at start); env entries filled from the pod (valueFrom) are left out."""
+    import os
+
+    for name in [n for n in os.environ if n.startswith("BUCKETNOTIFY_")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        if isinstance(value, str) and name.startswith("BUCKETNOTIFY_"):
+            monkeypatch.setenv(name, value.replace("$(POD_NAMESPACE)", "ns"))
+    return model()
+
+
+def test_changed_values_reach_the_programs_and_the_pods(
+    helm_bin: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each value, set to something other than its default, is what the program reads at
+    start (through its own settings classes) or what the pod spec carries."""
+    from bucketnotify.settings import DeliveryServiceSettings, LogSettings, OperatorSettings
+
+    path = tmp_path / "changed.yaml"
+    path.write_text(yaml.safe_dump(CHANGED))
+    objs = template(helm_bin, values=[str(path)])
+
+    operator = _read_by_program(monkeypatch, _env(objs, "operator"), OperatorSettings)
+    assert operator.drift_interval_seconds == 45
+    assert operator.owner_id == "estate-7"
+    assert operator.allow_cleartext_secrets is True
+    assert operator.delete_give_up_after_seconds == 900
+    assert operator.leader_election_lease == "bn-leader"
+    assert (
+        operator.lease_duration_seconds,
+        operator.renew_deadline_seconds,
+        operator.retry_period_seconds,
+    ) == (21, 14, 3)
+    assert operator.metrics_port == 9191
+
+    delivery = _read_by_program(monkeypatch, _env(objs, "delivery"), DeliveryServiceSettings)
+    assert delivery.listen_port == 9095
+    assert delivery.partitions == 17
+    assert delivery.store == "s3://estate-queues"
+    assert (
+        delivery.lease_duration_seconds,
+        delivery.renew_interval_seconds,
+        delivery.renew_deadline_seconds,
+    ) == (20, 4, 9)
+    assert (
+        delivery.refresh_interval_seconds,
+        delivery.secret_refresh_seconds,
+        delivery.token_overlap_seconds,
+        delivery.idle_poll_max_seconds,
+        delivery.sweep_interval_seconds,
+        delivery.reservation_timeout_seconds,
+        delivery.stats_interval_seconds,
+    ) == (5, 40, 120, 2, 50, 25, 15)
+    assert (
+        delivery.records,
+        delivery.records_flush_seconds,
+        delivery.records_batch_size,
+        delivery.records_buffer_max,
+    ) == ("off", 7, 900, 9000)
+    # operator.allowCleartextSecrets is one policy for both programs.
+    assert delivery.allow_cleartext_secrets is True
+
+    for component in ("operator", "delivery"):
+        logs = _read_by_program(monkeypatch, _env(objs, component), LogSettings)
+        assert (logs.format, logs.level) == ("plain", "DEBUG")
+        container = _container(objs, component)
+        # Helm merges a values map into the default one: the keys set win, the rest stay.
+        for rendered, given in (
+            (container["pod"]["securityContext"], CHANGED["podSecurityContext"]),
+            (container["securityContext"], CHANGED["securityContext"]),
+        ):
+            assert {k: rendered.get(k) for k in given} == given
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        served = operator.metrics_port if component == "operator" else delivery.listen_port
+        for kind in ("livenessProbe", "readinessProbe"):
+            assert ports[container[kind]["httpGet"]["port"]] == served
+    operator_container = _container(objs, "operator")
+    assert operator_container["livenessProbe"]["periodSeconds"] == 31
+    assert operator_container["livenessProbe"]["failureThreshold"] == 4
+    assert operator_container["readinessProbe"]["periodSeconds"] == 11
+    assert operator_container["resources"]["requests"] == {"cpu": "70m", "memory": "100Mi"}
+    delivery_container = _container(objs, "delivery")
+    assert delivery_container["livenessProbe"]["periodSeconds"] == 29
+    assert delivery_container["readinessProbe"]["periodSeconds"] == 6
+    assert delivery_container["readinessProbe"]["timeoutSeconds"] == 2
