@@ -176,6 +176,7 @@ def test_failure_recovery_loss_full_queue_and_missing_secret_are_topic_events_wi
     rabbitmq: LocalService,
     replica: Program,
     port: int,
+    tmp_path: Path,
 ) -> None:
     """Each transition is one Event on its Topic (a failing endpoint is one aggregated
     Event, not one per round); neither Events nor the JSON log show a token or password."""
@@ -209,6 +210,19 @@ def test_failure_recovery_loss_full_queue_and_missing_secret_are_topic_events_wi
             },
         )
         tokens.append(token_secret(kubectl, namespace, "tiny"))
+        # maxQueueBytes from the spec (its minimum, 1 KiB).
+        apply(
+            kubectl,
+            namespace,
+            "Topic",
+            "narrow",
+            {
+                "endpoint": {"http": {"url": f"{receiver.url}/narrow"}},
+                "persistent": True,
+                "delivery": {"shards": 1, "maxQueueBytes": 1024},
+            },
+        )
+        tokens.append(token_secret(kubectl, namespace, "narrow"))
         # A broker whose credentials Secret does not exist yet.
         apply(
             kubectl,
@@ -243,6 +257,14 @@ def test_failure_recovery_loss_full_queue_and_missing_secret_are_topic_events_wi
         )
         assert push_records(port, namespace, "tiny", tokens[1], ["x"]) == 200
         assert push_records(port, namespace, "tiny", tokens[1], ["y"]) == 503
+        # Records of ~400 bytes (key and sequencer are the key): two fit in 1 KiB, three not.
+        kept = [f"n{i}" + "x" * 148 for i in range(2)]
+        assert push_records(port, namespace, "narrow", tokens[2], kept) == 200
+        assert push_records(port, namespace, "narrow", tokens[2], ["m0" + "x" * 148]) == 503
+        # Refused whole: what was queued stays, nothing of the refused request is queued.
+        store = LocalDirStore(tmp_path / "queues")
+        narrow = asyncio.run(store.list(QueueName(namespace, "narrow"), 0))
+        assert sorted(json.loads(e.body)["s3"]["object"]["key"] for e in narrow) == kept
         missing = wait_until(
             lambda: topic_events(kubectl, namespace, "mq"),
             lambda ev: "SecretNotFound" in reasons(ev),
@@ -260,7 +282,7 @@ def test_failure_recovery_loss_full_queue_and_missing_secret_are_topic_events_wi
             "EndpointRecovered on Topic hook",
         )
     broker_secret(kubectl, namespace, rabbitmq)
-    assert push_records(port, namespace, "mq", tokens[2], ["m"]) == 200
+    assert push_records(port, namespace, "mq", tokens[3], ["m"]) == 200
     configured = wait_until(
         lambda: topic_events(kubectl, namespace, "mq"),
         lambda ev: "EndpointReady" in reasons(ev),
@@ -292,7 +314,9 @@ def test_failure_recovery_loss_full_queue_and_missing_secret_are_topic_events_wi
     assert {e["reason"]: e for e in configured}["EndpointReady"]["type"] == "Normal"
     assert failing, "seen before recovery too"
 
-    every_event = json.dumps([topic_events(kubectl, namespace, t) for t in ("hook", "tiny", "mq")])
+    every_event = json.dumps(
+        [topic_events(kubectl, namespace, t) for t in ("hook", "tiny", "narrow", "mq")]
+    )
     for secret in (password, *tokens):
         assert secret not in every_event
 
