@@ -17,6 +17,8 @@ from aiohttp import web
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from bucketnotify import admin, logs
+from bucketnotify.admission import PATH as ADMISSION_PATH
+from bucketnotify.admission import serve_admission
 from bucketnotify.controller import handlers
 from bucketnotify.controller.notifications import BucketLocks
 from bucketnotify.delivery.ownership import LeaseSettings, Ownership
@@ -74,6 +76,12 @@ async def run_operator(settings: OperatorSettings) -> None:
             lambda: "stopping" if stop.is_set() else None,
         )
         log.info("operator /metrics, /healthz and /readyz on :%d", settings.metrics_port)
+    webhook = None
+    if settings.webhook_port:
+        webhook = await serve_admission(
+            settings.webhook_port, settings.webhook_cert_dir, Kube(api).exists
+        )
+        log.info("admission webhook on :%d%s (HTTPS)", settings.webhook_port, ADMISSION_PATH)
     operator = kopf.operator(
         registry=registry,
         memo=kopf.Memo(
@@ -97,6 +105,8 @@ async def run_operator(settings: OperatorSettings) -> None:
         else:
             await operator
     finally:
+        if webhook is not None:
+            await webhook.stop()
         if probes is not None:
             await probes.cleanup()
         await api.close()

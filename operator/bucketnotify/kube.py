@@ -10,6 +10,7 @@ import base64
 import contextlib
 import os
 import secrets
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +179,30 @@ class Kube:
                 return None
             raise
         return obj
+
+    async def exists(self, kind: str, namespace: str, name: str) -> bool:
+        """Whether a Topic, Secret or ConfigMap of this name exists (its content unread)."""
+        reads: dict[str, Callable[[], Awaitable[Any]]] = {
+            "Topic": lambda: self._custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, "topics", name
+            ),
+            # Only the metadata: the webhook has no business with a Secret's data.
+            "Secret": lambda: self._core.read_namespaced_secret(
+                name, namespace, _preload_content=False
+            ),
+            "ConfigMap": lambda: self._core.read_namespaced_config_map(
+                name, namespace, _preload_content=False
+            ),
+        }
+        try:
+            response = await reads[kind]()
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        if hasattr(response, "release"):
+            response.release()
+        return True
 
     async def annotate(
         self, plural: str, namespace: str, name: str, annotations: dict[str, Any]

@@ -64,6 +64,11 @@ class OperatorSettings(BaseSettings):
     """Port of the operator's HTTP server (all addresses): ``GET /metrics`` (Prometheus),
     ``GET /healthz`` and ``GET /readyz``; 0 turns it off. Followers serve it too (their
     counters stay at 0)."""
+    webhook_port: int = Field(default=0, ge=0, le=65535)
+    """Port of the validating admission webhook (HTTPS, all addresses, ``POST /validate``);
+    0 turns it off. Every replica serves it, leader or not."""
+    webhook_cert_dir: str = "/var/run/bucketnotify/webhook"
+    """Directory with the webhook's ``tls.crt`` and ``tls.key``; re-read when they change."""
     identity: str | None = None
     """This replica's name in the leader Lease and in kopf; defaults to host name and
     process id (the chart sets the pod name). Set, nothing asks the user database, which a
