@@ -87,6 +87,36 @@ def test_every_pod_is_ready_and_the_operator_leads_under_its_pod_name(
     )
 
 
+def test_kubectl_apply_is_checked_by_the_operator_pods_webhook(
+    release: Release, ckubectl: Kubectl
+) -> None:
+    """The chart's webhook configuration, Service and generated certificate work together:
+    the API server calls the operator pods, which refuse a key regex the gateway cannot
+    compile and warn about a Topic that does not exist."""
+    ns = release.namespace
+
+    def notification(name: str, regex: str) -> dict[str, Any]:
+        return {
+            "apiVersion": API,
+            "kind": "BucketNotification",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {
+                "bucket": "never-written",
+                "topicRef": {"name": "not-yet"},
+                "filter": {"key": {"regex": regex}},
+            },
+        }
+
+    refused = ckubectl.apply(notification("bad-regex", "(?>a)"), check=False)
+    assert refused.returncode != 0
+    assert 'admission webhook "validate.bucketnotify.io" denied the request' in refused.stderr
+    assert "outside the gateway's regex dialect" in refused.stderr
+    warned = ckubectl.apply(notification("early", "^a"), check=False)
+    assert warned.returncode == 0, warned.stderr
+    assert f"Warning: spec.topicRef: Topic {ns}/not-yet does not exist (yet)" in warned.stderr
+    ckubectl.run("delete", "bucketnotification", "early", "-n", ns, "--wait=false")
+
+
 @pytest.fixture(scope="module")
 def receiver(node: LocalService) -> Any:
     """The HTTP endpoint, on the bridge where the delivery pods reach it."""

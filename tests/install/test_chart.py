@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,8 @@ def test_defaults_render_the_whole_system(helm_bin: str) -> None:
         "Deployment",
         "Service",
         "PodDisruptionBudget",
+        "Secret",
+        "ValidatingWebhookConfiguration",
     }
     crds = {o["metadata"]["name"] for o in objs if o["kind"] == "CustomResourceDefinition"}
     assert crds == {"topics.bucketnotify.io", "bucketnotifications.bucketnotify.io"}
@@ -73,6 +77,7 @@ def test_every_option_renders(helm_bin: str, all_options: str) -> None:
         (['watchNamespaces=["Team_A"]'], "'/watchNamespaces/0'"),
         (['image.digest="latest"'], "'/image/digest'"),
         (['report.schedule="daily"'], "'/report/schedule'"),
+        (['webhook.failurePolicy="Sometimes"'], "'/webhook/failurePolicy'"),
     ],
 )
 def test_schema_refuses_bad_values(helm_bin: str, sets: list[str], complaint: str) -> None:
@@ -307,3 +312,104 @@ def test_changed_values_reach_the_programs_and_the_pods(
     assert delivery_container["livenessProbe"]["periodSeconds"] == 29
     assert delivery_container["readinessProbe"]["periodSeconds"] == 6
     assert delivery_container["readinessProbe"]["timeoutSeconds"] == 2
+
+
+def _one(objs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    (obj,) = [o for o in objs if o["kind"] == kind]
+    return obj
+
+
+def test_the_webhook_is_served_by_the_operator_with_a_certificate_its_configuration_trusts(
+    helm_bin: str, tmp_path: Path
+) -> None:
+    """The generated CA in the Secret is the configuration's caBundle, it signed the serving
+    certificate, and that certificate names the webhook Service as the API server calls it;
+    the operator serves on the port the Service targets, from the Secret's files."""
+    objs = template(helm_bin, release="r", namespace="storage")
+    config = _one(objs, "ValidatingWebhookConfiguration")
+    (hook,) = config["webhooks"]
+    assert hook["failurePolicy"] == "Ignore"
+    assert hook["sideEffects"] == "None"
+    assert hook["rules"] == [
+        {
+            "apiGroups": ["bucketnotify.io"],
+            "apiVersions": ["*"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["topics", "bucketnotifications"],
+            "scope": "Namespaced",
+        }
+    ]
+    assert "namespaceSelector" not in hook, "watchNamespaces empty: every namespace"
+    service_ref = hook["clientConfig"]["service"]
+    assert (service_ref["namespace"], service_ref["path"]) == ("storage", "/validate")
+    secret = _one(objs, "Secret")
+    assert secret["type"] == "kubernetes.io/tls"
+    assert hook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+    for key in ("ca.crt", "tls.crt", "tls.key"):
+        (tmp_path / key).write_bytes(base64.b64decode(secret["data"][key]))
+    host = f"{service_ref['name']}.storage.svc"
+    verified = subprocess.run(
+        ["openssl", "verify", "-CAfile", "ca.crt", "-verify_hostname", host, "tls.crt"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+    (service,) = [
+        o for o in objs if o["kind"] == "Service" and o["metadata"]["name"] == service_ref["name"]
+    ]
+    assert service["spec"]["ports"] == [
+        {"name": "webhook", "port": service_ref["port"], "targetPort": "webhook"}
+    ]
+    container = _container(objs, "operator")
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    env = _env(objs, "operator")
+    assert int(env["BUCKETNOTIFY_WEBHOOK_PORT"]) == ports["webhook"] == 9443
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "webhook-tls"]
+    assert mount["mountPath"] == env["BUCKETNOTIFY_WEBHOOK_CERT_DIR"]
+    volumes = {v["name"]: v for v in container["pod"]["volumes"]}
+    assert volumes["webhook-tls"]["secret"]["secretName"] == secret["metadata"]["name"]
+
+
+def test_webhook_values(helm_bin: str) -> None:
+    """Off: nothing of it is rendered and the operator serves none. A Secret of one's own
+    needs its CA. watchNamespaces limit it to those namespaces; failurePolicy is passed on."""
+    off = template(helm_bin, sets=["webhook.enabled=false"])
+    assert not {"ValidatingWebhookConfiguration", "Secret"} & kinds(off)
+    assert _env(off, "operator")["BUCKETNOTIFY_WEBHOOK_PORT"] == "0"
+    assert "webhook" not in {p["name"] for p in _container(off, "operator")["ports"]}
+
+    no_ca = helm(
+        helm_bin, "template", "x", str(CHART), "--set", "webhook.certificate.generate=false",
+        check=False,
+    )  # fmt: skip
+    assert no_ca.returncode != 0
+    assert "webhook.certificate.caBundle" in no_ca.stderr
+
+    own = template(
+        helm_bin,
+        sets=[
+            "webhook.certificate.generate=false",
+            'webhook.certificate.secretName="made-by-cert-manager"',
+            'webhook.certificate.caBundle="Q0E="',
+            'webhook.failurePolicy="Fail"',
+            'watchNamespaces=["team-a","team-b"]',
+        ],
+    )
+    assert "Secret" not in kinds(own)
+    (hook,) = _one(own, "ValidatingWebhookConfiguration")["webhooks"]
+    assert hook["clientConfig"]["caBundle"] == "Q0E="
+    assert hook["failurePolicy"] == "Fail"
+    assert hook["namespaceSelector"] == {
+        "matchExpressions": [
+            {
+                "key": "kubernetes.io/metadata.name",
+                "operator": "In",
+                "values": ["team-a", "team-b"],
+            }
+        ]
+    }
+    volumes = {v["name"]: v for v in _container(own, "operator")["pod"]["volumes"]}
+    assert volumes["webhook-tls"]["secret"]["secretName"] == "made-by-cert-manager"

@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.install.manifests import (
@@ -17,6 +18,7 @@ from tests.install.manifests import (
     BASE_MANIFEST,
     BASE_NAMESPACE,
     BASE_RELEASE,
+    BASE_SETS,
     CHART,
     Obj,
     apply,
@@ -33,7 +35,7 @@ from tests.localservices import REPO
 
 def test_base_is_the_rendered_chart(helm_bin: str) -> None:
     """deploy/base/bucketnotify.yaml is what `make manifests` writes from the chart today."""
-    rendered = without_helm(template(helm_bin))
+    rendered = without_helm(template(helm_bin, sets=BASE_SETS))
     committed = load_all(BASE_MANIFEST.read_text())
     assert [key_of(o) for o in committed] == [key_of(o) for o in rendered], (
         "deploy/base is out of date: run `make manifests`"
@@ -47,7 +49,7 @@ def test_kustomize_build_equals_the_chart_defaults(helm_bin: str, kubectl: Kubec
     namespaces = [o for o in built if o["kind"] == "Namespace"]
     assert [n["metadata"]["name"] for n in namespaces] == [BASE_NAMESPACE]
     rest = [o for o in built if o["kind"] != "Namespace"]
-    chart = template(helm_bin, release=BASE_RELEASE, namespace=BASE_NAMESPACE)
+    chart = template(helm_bin, release=BASE_RELEASE, namespace=BASE_NAMESPACE, sets=BASE_SETS)
     cluster_scoped = {"CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"}
     for obj in rest:
         if obj["kind"] not in cluster_scoped:
@@ -98,6 +100,19 @@ def assert_apply_twice_changes_nothing(kubectl: Kubectl, objs: list[Obj], namesp
     assert not changed, f"the second apply changed {changed}:\n{second_out}"
 
 
+def forget_webhook(kubectl: Kubectl, release: str) -> None:
+    """Delete the release's webhook configuration: cluster-wide, it outlives the test's
+    namespace, and with no operator pod behind it every later write of a Topic in the shared
+    API server would call it in vain."""
+    kubectl.run(
+        "delete",
+        "validatingwebhookconfiguration",
+        "-l",
+        f"app.kubernetes.io/instance={release}",
+        "--ignore-not-found",
+    )
+
+
 def test_helm_template_applies_and_reapplies_unchanged(
     helm_bin: str, kubectl: Kubectl, namespace: str
 ) -> None:
@@ -105,7 +120,10 @@ def test_helm_template_applies_and_reapplies_unchanged(
     with the chart's name in it is the objects' name prefix)."""
     release = f"bucketnotify-{uuid.uuid4().hex[:8]}"
     objs = template(helm_bin, release=release, namespace=namespace)
-    assert_apply_twice_changes_nothing(kubectl, objs, namespace)
+    try:
+        assert_apply_twice_changes_nothing(kubectl, objs, namespace)
+    finally:
+        forget_webhook(kubectl, release)
     deployments = kubectl.run("get", "deployments", "-n", namespace, "-o", "name").stdout.split()
     assert sorted(deployments) == [
         f"deployment.apps/{release}-delivery",
@@ -154,7 +172,7 @@ def test_every_option_passes_a_server_dry_run(
 
 
 def test_helm_install_then_upgrade_changes_nothing(
-    helm_bin: str, kubectl: Kubectl, namespace: str
+    helm_bin: str, kubectl: Kubectl, namespace: str, request: pytest.FixtureRequest
 ) -> None:
     """The README's `helm install`, then a `helm upgrade` with the same values: every object
     of the release keeps its resourceVersion. (The CRDs are already installed by kubectl
@@ -173,6 +191,7 @@ def test_helm_install_then_upgrade_changes_nothing(
         "image.repository=registry.example.com/storage/bucketnotify",
     ]
     helm(helm_bin, "install", *common)
+    request.addfinalizer(lambda: forget_webhook(kubectl, release))
     manifest = load_all(
         helm(
             helm_bin,

@@ -175,6 +175,10 @@ def make_release(
                 f'delivery.ingestURL="http://127.0.0.1:{ingest_port}"',
                 f'delivery.store.bucket="bnq-{uuid.uuid4().hex[:12]}"',
                 f"operator.metricsPort={free_port()}",
+                # The programs run here as host processes, which the API server cannot reach
+                # through a Service: tests/integration/test_admission_webhook.py serves the
+                # webhook to it on loopback instead.
+                "webhook.enabled=false",
             ],
         )
         if edit is not None:

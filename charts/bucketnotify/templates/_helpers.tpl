@@ -138,3 +138,7 @@ priorityClassName: {{ . }}
 - name: BUCKETNOTIFY_LOG_LEVEL
   value: {{ .Values.logging.level | quote }}
 {{- end }}
+
+{{- define "bucketnotify.webhookSecret" -}}
+{{- .Values.webhook.certificate.secretName | default (printf "%s-webhook-tls" (include "bucketnotify.fullname" .)) }}
+{{- end }}
