@@ -22,14 +22,22 @@ def apply(kubectl: Kubectl, namespace: str, kind: str, name: str, spec: dict[str
 
 
 def gateway_secret(
-    kubectl: Kubectl, namespace: str, name: str, endpoint: str, access_key: str, secret_key: str
+    kubectl: Kubectl,
+    namespace: str,
+    name: str,
+    endpoint: str,
+    access_key: str,
+    secret_key: str,
+    **more: str,
 ) -> None:
-    """A Secret a ``gatewayRef`` names: the gateway's endpoint and a user's keys."""
+    """A Secret a ``gatewayRef`` names: the gateway's endpoint and a user's keys (and
+    ``more`` keys: region, kind)."""
     kubectl.run(
         "create", "secret", "generic", name, "-n", namespace,
         f"--from-literal=endpoint={endpoint}",
         f"--from-literal=accessKey={access_key}",
         f"--from-literal=secretKey={secret_key}",
+        *(f"--from-literal={key}={value}" for key, value in more.items()),
     )  # fmt: skip
 
 

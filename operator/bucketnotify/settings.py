@@ -25,6 +25,9 @@ class OperatorSettings(BaseSettings):
     """Secret key of the default gateway user."""
     gateway_region: str = "default"
     """Zonegroup name of the default gateway; RGW signs requests for it."""
+    gateway_kind: Literal["ceph", "obs"] = "ceph"
+    """Whose API the default gateway speaks: ``ceph`` (RGW) or ``obs`` (Huawei OBS:
+    notifications to existing SMN topics by topicARN only; no Topics, no queue store)."""
 
     namespaces: list[str] = Field(default_factory=list)
     """Namespaces to watch (JSON list); empty watches the whole cluster."""

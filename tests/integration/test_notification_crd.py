@@ -39,6 +39,11 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
         {"bucket": "photos", "topicARN": "other"},
         "spec.topicARN in body should match",
     ),
+    (
+        "urn-without-project",
+        {"bucket": "photos", "topicARN": "urn:smn:region::topic"},
+        "spec.topicARN in body should match",
+    ),
     ("no-bucket", {"topicRef": {"name": "t"}}, "spec.bucket: Required value"),
     ("bad-bucket-name", {**BASE, "bucket": "Bad_Bucket"}, "spec.bucket in body should match"),
     (
@@ -153,3 +158,14 @@ def test_every_filter_kind_and_event_is_accepted(kubectl: Kubectl, namespace: st
     # Everything applied is stored as it was (no field pruned by the schema), plus the
     # defaults of what was left out.
     assert stored == {**spec, "testEvent": True, "adoptExisting": False}
+
+
+def test_a_topic_arn_may_be_an_sns_arn_or_an_smn_urn(kubectl: Kubectl, namespace: str) -> None:
+    """Ceph's SNS ARNs and Huawei OBS's SMN topic URNs are both taken as written."""
+    arns = {
+        "sns": "arn:aws:sns:default::orders",
+        "smn": "urn:smn:exampleRegion:d745b885f14941369b2d2138e7a65bef:obs_test",
+    }
+    for name, arn in arns.items():
+        kubectl.apply(notification(name, namespace, {"bucket": "photos", "topicARN": arn}))
+        assert kubectl.get("bucketnotification", name, namespace)["spec"]["topicARN"] == arn

@@ -19,7 +19,7 @@ from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.operator import DRIFT_INTERVAL_S, StartOperator
 from tests.processes import Program, free_port
-from tests.resources import gateway_secret
+from tests.resources import condition, gateway_secret
 from tests.s3 import connection
 from tests.tcpproxy import TcpProxy
 from tests.waiting import wait_until
@@ -48,6 +48,11 @@ def ready(kubectl: Kubectl, namespace: str, name: str, status: str = "True") -> 
         return conditions.get("Ready", {}).get("status") == status
 
     return wait_until(observe, done, 30, f"topic {name} Ready={status}")
+
+
+def ready_message(status: dict[str, Any]) -> str:
+    message: str = {c["type"]: c for c in status["conditions"]}["Ready"]["message"]
+    return message
 
 
 def proxied_gateway(kubectl: Kubectl, namespace: str, secret: str, rgw: LocalService) -> TcpProxy:
@@ -340,6 +345,45 @@ def test_missing_secret_then_created_resyncs_without_waiting(
     )
     arn = ready(kubectl, namespace, name)["arn"]
     assert gateway_topic(gateway, arn).endpoint_address == "http://127.0.0.1:9/r"
+
+
+def test_the_gateway_kind_of_a_gateway_secret_decides_whether_topics_can_be_made(
+    kubectl: Kubectl,
+    namespace: str,
+    start_operator: StartOperator,
+    rgw: LocalService,
+    gateway: TopicClient,
+) -> None:
+    """kind: obs (Huawei OBS, no SNS API) refuses a Topic with what to use instead and makes
+    nothing; an unknown kind names the Secret and the kinds there are; kind: ceph is RGW."""
+    start_operator(drift_interval_seconds="600")
+    gateway_secret(
+        kubectl, namespace, "gw", rgw["RGW_ENDPOINT"], rgw["RGW_ACCESS_KEY"],
+        rgw["RGW_SECRET_KEY"], kind="obs",
+    )  # fmt: skip
+    name = f"{namespace}-kind"
+    spec = {
+        "endpoint": {"http": {"url": "http://127.0.0.1:9/k"}},
+        "gatewayRef": {"secretName": "gw"},
+    }
+    kubectl.apply({**topic(name, spec), "metadata": {"name": name, "namespace": namespace}})
+    status = condition(kubectl, namespace, "topic", name, "False", "Unsupported")
+    message = ready_message(status)
+    assert "Huawei OBS" in message and "topicARN (urn:smn:" in message
+    assert "arn" not in status, "nothing made on the gateway"
+
+    def set_kind(kind: str) -> None:
+        patch = json.dumps({"stringData": {"kind": kind}})
+        kubectl.run("patch", "secret", "gw", "-n", namespace, "--type=merge", "-p", patch)
+
+    set_kind("minio")
+    status = condition(kubectl, namespace, "topic", name, "False", "InvalidGatewaySecret")
+    assert ready_message(status) == (
+        f"gateway Secret {namespace}/gw: kind must be one of ceph, obs, not 'minio'"
+    )
+    set_kind("ceph")
+    arn = ready(kubectl, namespace, name)["arn"]
+    assert gateway_topic(gateway, arn).endpoint_address == "http://127.0.0.1:9/k"
 
 
 def test_unreachable_gateway_shows_on_the_topic_and_recovers(

@@ -79,6 +79,9 @@ kubelet, so the same manifest works in whatever namespace kustomize or helm puts
 - name: BUCKETNOTIFY_GATEWAY_REGION
   valueFrom:
     secretKeyRef: {name: {{ .Values.gateway.secretName }}, key: region, optional: true}
+- name: BUCKETNOTIFY_GATEWAY_KIND
+  valueFrom:
+    secretKeyRef: {name: {{ .Values.gateway.secretName }}, key: kind, optional: true}
 {{- end }}
 
 {{- define "bucketnotify.podNamespaceEnv" -}}

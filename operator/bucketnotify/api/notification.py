@@ -148,12 +148,13 @@ class BucketNotificationSpec(Model):
         default=None,
         alias="topicARN",
         max_length=1024,
-        pattern=r"^arn:aws:sns:[^:]*:[^:]*:[^:]+$",
+        pattern=r"^(arn:aws:sns:[^:]*:[^:]*:[^:]+|urn:smn:[^:]*:[^:]+:[^:]+)$",
     )
     """A topic that already exists on the gateway and is not managed here (made by another
     team, by radosgw-admin or through the SNS API), by its ARN; instead of topicRef. The
     operator checks that the gateway has it and never changes or deletes it, and sends it
-    no test event (it does not know the topic's endpoint)."""
+    no test event (it does not know the topic's endpoint). On a Huawei OBS gateway (gateway
+    kind obs), the URN of an SMN topic: urn:smn:<region>:<project id>:<topic>."""
     id: str | None = Field(default=None, min_length=1, max_length=255)
     """Notification configuration Id on the bucket; defaults to metadata.name. Immutable."""
     events: list[EventType] = Field(

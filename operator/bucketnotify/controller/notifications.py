@@ -38,12 +38,14 @@ from bucketnotify.controller.notification_builder import (
 )
 from bucketnotify.controller.topic_builder import OWNER
 from bucketnotify.controller.topics import (
+    TOPICS_NEED_SNS,
     NotReconcilable,
     Outcome,
     gateway_connection,
     parse_model,
 )
 from bucketnotify.delivery.endpoints.http import EndpointError, post_json
+from bucketnotify.gateway import obs
 from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.gateway.errors import (
     GatewayAccessDenied,
@@ -110,6 +112,8 @@ async def resolve(
     topic_spec = TopicSpec.model_validate(topic["spec"])
     ref: GatewayRef | None = spec.gateway_ref or topic_spec.gateway_ref
     connection = await _connection(kube, settings, namespace, ref)
+    if connection.kind == "obs":
+        raise NotReconcilable("Unsupported", TOPICS_NEED_SNS)
     return Resolved(spec, spec.id or name, arn, connection, external=False)
 
 
@@ -237,7 +241,12 @@ async def reconcile_notification(
             try:
                 gateway = await gateways.get(resolved.connection)
                 client = gateway.notifications
-                if (
+                if resolved.connection.kind == "obs":
+                    # OBS checks the SMN topic itself when the configuration is written.
+                    refused = obs.problem(desired)
+                    if refused is not None:
+                        raise NotReconcilable("Unsupported", refused)
+                elif (
                     resolved.external
                     and await gateway.read(gateway.topics.get, desired.topic_arn) is None
                 ):
@@ -289,7 +298,10 @@ async def reconcile_notification(
 
 
 async def _owner_of(gateway: Gateway, topic_arn: str) -> str | None:
-    """The owner mark of a gateway topic; None when it has none or is gone."""
+    """The owner mark of a gateway topic; None when it has none or is gone (or, on OBS,
+    cannot be read: SMN topics are never ours)."""
+    if gateway.connection.kind == "obs":
+        return None
     topic = await gateway.read(gateway.topics.get, topic_arn)
     return None if topic is None else topic.endpoint_args.get(OWNER) or None
 

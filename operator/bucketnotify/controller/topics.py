@@ -31,7 +31,7 @@ from bucketnotify.controller.topic_builder import (
     ingest_endpoint,
     ingest_token_secret,
 )
-from bucketnotify.gateway.connection import GatewayConnection
+from bucketnotify.gateway.connection import GATEWAY_KINDS, GatewayConnection
 from bucketnotify.gateway.errors import GatewayError, GatewayInvalidArgument
 from bucketnotify.gateway.pool import GatewayPool
 from bucketnotify.kube import Kube, SecretMissing
@@ -73,6 +73,13 @@ class Outcome:
         return cls(status, ready, reason, message, retry, repaired or [])
 
 
+TOPICS_NEED_SNS = (
+    "the gateway is Huawei OBS (gateway kind obs), which has no SNS API to make topics on:"
+    " make the SMN topic in OBS and name it in a BucketNotification's topicARN"
+    " (urn:smn:<region>:<project id>:<topic>) instead of a Topic"
+)
+
+
 class NotReconcilable(Exception):
     def __init__(self, reason: str, message: str, retry: bool = False) -> None:
         super().__init__(message)
@@ -91,8 +98,19 @@ async def gateway_connection(
             raise SecretMissing(
                 f"gateway Secret {namespace}/{ref.secret_name} lacks {', '.join(missing)}"
             )
+        kind = data.get("kind") or "ceph"
+        if kind not in GATEWAY_KINDS:
+            raise NotReconcilable(
+                "InvalidGatewaySecret",
+                f"gateway Secret {namespace}/{ref.secret_name}: kind must be one of"
+                f" {', '.join(GATEWAY_KINDS)}, not {kind!r}",
+            )
         return GatewayConnection(
-            data["endpoint"], data["accessKey"], data["secretKey"], data.get("region", "default")
+            data["endpoint"],
+            data["accessKey"],
+            data["secretKey"],
+            data.get("region", "default"),
+            kind,
         )
     if not (
         settings.gateway_endpoint and settings.gateway_access_key and settings.gateway_secret_key
@@ -107,6 +125,7 @@ async def gateway_connection(
         settings.gateway_access_key,
         settings.gateway_secret_key.get_secret_value(),
         settings.gateway_region,
+        settings.gateway_kind,
     )
 
 
@@ -168,6 +187,8 @@ async def _desired(
         credentials = await endpoint_credentials(kube, namespace, spec)
     except SecretMissing as exc:
         raise NotReconcilable("SecretNotFound", str(exc)) from None
+    if connection.kind == "obs":
+        raise NotReconcilable("Unsupported", TOPICS_NEED_SNS)
     ingest = None
     if spec.persistent and settings.ingest_url and owner is not None:
         # The token Secret belongs to the Topic: deleting the Topic deletes it.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import quote, urlencode
 
 import boto3
@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
     from mypy_boto3_sns import SNSClient
 
-__all__ = ["GatewayConnection"]
+__all__ = ["GATEWAY_KINDS", "GatewayConnection", "GatewayKind"]
 
 # Short timeouts and no silent retries: the operator retries with backoff and reports the
 # failure in the object's status, which a hidden retry loop here would only delay.
@@ -34,6 +34,10 @@ def _spaces_as_percent_20(request: Any, **_: Any) -> None:
         request.data = urlencode(request.data, quote_via=quote)
 
 
+GatewayKind = Literal["ceph", "obs"]
+GATEWAY_KINDS: tuple[GatewayKind, ...] = ("ceph", "obs")
+
+
 @dataclass(frozen=True)
 class GatewayConnection:
     """One gateway endpoint and one user's keys. The secret key never appears in repr."""
@@ -42,6 +46,9 @@ class GatewayConnection:
     access_key: str
     secret_key: str = field(repr=False)
     region: str = "default"
+    kind: GatewayKind = "ceph"
+    """Whose API: ``ceph`` (RGW: S3 and SNS) or ``obs`` (Huawei OBS: its S3 dialect for
+    notifications, SMN topics, no SNS API)."""
 
     def sns(self) -> SNSClient:
         sns = boto3.client(

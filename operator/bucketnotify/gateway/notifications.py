@@ -42,7 +42,8 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
 from bucketnotify.api.notification import EVENT_TYPES
-from bucketnotify.gateway.connection import GatewayConnection
+from bucketnotify.gateway import obs
+from bucketnotify.gateway.connection import GatewayConnection, GatewayKind
 from bucketnotify.gateway.errors import (
     GatewayError,
     GatewayInvalidArgument,
@@ -174,6 +175,7 @@ class NotificationClient:
         self._endpoint = connection.endpoint.rstrip("/")
         self._credentials = Credentials(connection.access_key, connection.secret_key)
         self._region = connection.region
+        self._kind = connection.kind
         self._http = httpx.Client(timeout=TIMEOUT)
         self._topics = topics if topics is not None else TopicClient(connection)
 
@@ -189,7 +191,7 @@ class NotificationClient:
     def list(self, bucket: str) -> Configs:
         """Every notification of the bucket, in the gateway's order."""
         body = self._send("GET", bucket, None, b"", f"GetBucketNotification {bucket}")
-        return parse_configuration(body)
+        return parse_configuration(body, self._kind)
 
     def get(self, bucket: str, id: str) -> NotificationConfig | None:
         """The bucket's notification with this Id, or None.
@@ -208,20 +210,23 @@ class NotificationClient:
         Not atomic: another writer between the read and the write can be overwritten on a
         gateway that replaces whole configurations (Ceph 16 does not).
         """
-        _check(config)
+        _check(config, self._kind)
         operation = f"PutBucketNotification {bucket}/{config.id}"
         current = self.list(bucket)
         same_id = [c for c in current if c.id == config.id]
-        if len(same_id) > 1 or any(c.topic_arn != config.topic_arn for c in same_id):
+        # OBS replaces the whole configuration on a PUT, so the one below replaces the Id.
+        if self._kind == "ceph" and (
+            len(same_id) > 1 or any(c.topic_arn != config.topic_arn for c in same_id)
+        ):
             # A PUT would add an entry beside the old one instead of replacing it, and a
             # DELETE removes one entry at a time. Events are missed until the PUT below.
             for arn in self.delete_entries(bucket, config.id):
                 if arn != config.topic_arn:  # the PUT below remakes the copy of its topic
-                    self.remove_copy(config.id, arn)
+                    self._remove_copy_on_ceph(config.id, arn)
         others = [c for c in current if c.id != config.id]
         # Ours first: Ceph 16 applies the entries in order and stops at the first it cannot,
         # so a foreign entry that no longer applies cannot keep ours out.
-        body = render_configuration([config, *others])
+        body = render_configuration([config, *others], self._kind)
         response = self._exchange("PUT", bucket, None, body, operation)
         if response.is_success:
             return
@@ -249,7 +254,7 @@ class NotificationClient:
         """
         arns: set[str] = {*topic_arns, *self.delete_entries(bucket, id)}
         for arn in sorted(arns):
-            self.remove_copy(id, arn)
+            self._remove_copy_on_ceph(id, arn)
 
     def delete_entries(self, bucket: str, id: str) -> Topics:
         """Delete every entry of the bucket with this Id until a read shows none; returns
@@ -260,6 +265,8 @@ class NotificationClient:
         if not id:
             # An empty value deletes all the bucket's notifications.
             raise ValueError("a notification id must not be empty")
+        if self._kind == "obs":
+            return self._delete_by_rewrite(bucket, id)
         arns: Topics = []
         failure: GatewayServerError | None = None
         # At least one DELETE even when the read found none, so that a concurrent create loses.
@@ -284,6 +291,21 @@ class NotificationClient:
             f"DeleteBucketNotification {bucket}/{id}: the gateway answered success but still"
             f" has the Id after {DELETE_ROUNDS} tries"
         )
+
+    def _delete_by_rewrite(self, bucket: str, id: str) -> Topics:
+        """OBS has no DELETE of one Id (a Ceph extension): the configuration is written
+        again without it (an empty one turns notifications off)."""
+        current = self.list(bucket)
+        mine = [c.topic_arn for c in current if c.id == id]
+        if mine:
+            body = render_configuration([c for c in current if c.id != id], self._kind)
+            self._send("PUT", bucket, None, body, f"PutBucketNotification {bucket} without {id}")
+        return mine
+
+    def _remove_copy_on_ceph(self, id: str, topic_arn: str) -> None:
+        # OBS makes no copies of its SMN topics (and has no SNS API to delete one with).
+        if self._kind == "ceph":
+            self.remove_copy(id, topic_arn)
 
     def remove_copy(self, id: str, topic_arn: str) -> None:
         """Delete the topic copy Ceph made of ``topic_arn`` for notification ``id``, and check
@@ -337,21 +359,24 @@ class NotificationClient:
             raise GatewayError(f"{operation}: {type(exc).__name__}") from None
 
 
-def _check(config: NotificationConfig) -> None:
-    """Refuse what Ceph 16 would store differently from what was sent.
+def _check(config: NotificationConfig, kind: GatewayKind) -> None:
+    """Refuse what the gateway would store differently from what was sent, or cannot hold.
 
     Such a config would never compare equal to what ``get`` reads back: endless drift.
     """
     operation = f"PutBucketNotification {config.id}"
     if not config.id:
         raise GatewayInvalidArgument(f"{operation}: not sent: the notification id is empty")
-    for kind, rules in (("metadata", config.metadata_filters), ("tag", config.tag_filters)):
+    refused = obs.problem(config) if kind == "obs" else None
+    if refused is not None:
+        raise GatewayInvalidArgument(f"{operation}: not sent: {refused}")
+    for filter_kind, rules in (("metadata", config.metadata_filters), ("tag", config.tag_filters)):
         names = [rule.name for rule in rules]
         repeated = sorted({name for name in names if names.count(name) > 1})
         if repeated:
             # Ceph keeps only the first rule of a name, silently.
             raise GatewayInvalidArgument(
-                f"{operation}: not sent: {kind} filter names given more than once: "
+                f"{operation}: not sent: {filter_kind} filter names given more than once: "
                 + ", ".join(repeated)
             )
 
@@ -396,8 +421,9 @@ def _rules(filter_element: ET.Element | None, name: str) -> tuple[FilterRule, ..
     return tuple(rules)
 
 
-def parse_configuration(body: bytes) -> Configs:
-    """The TopicConfigurations of a NotificationConfiguration document."""
+def parse_configuration(body: bytes, kind: GatewayKind = "ceph") -> Configs:
+    """The TopicConfigurations of a NotificationConfiguration document (in the dialect of
+    ``kind``), in the normal form."""
     if not body.strip():
         return []
     try:
@@ -413,8 +439,8 @@ def parse_configuration(body: bytes) -> Configs:
             NotificationConfig(
                 id=_child_text(element, "Id", strip=False),
                 topic_arn=_child_text(element, "Topic", strip=False),
-                events=tuple((c.text or "").strip() for c in element if _local(c.tag) == "Event"),
-                key_filters=_rules(filter_element, "S3Key"),
+                events=_events(element, kind),
+                key_filters=_rules(filter_element, "Object" if kind == "obs" else "S3Key"),
                 metadata_filters=_rules(filter_element, "S3Metadata"),
                 tag_filters=_rules(filter_element, "S3Tags"),
             )
@@ -422,8 +448,18 @@ def parse_configuration(body: bytes) -> Configs:
     return configs
 
 
-def render_configuration(configs: Iterable[NotificationConfig]) -> bytes:
-    """A NotificationConfiguration document, elements in the order Ceph reports them."""
+def _events(element: ET.Element, kind: GatewayKind) -> tuple[str, ...]:
+    events = ((c.text or "").strip() for c in element if _local(c.tag) == "Event")
+    return tuple(obs.to_s3_event(e) for e in events) if kind == "obs" else tuple(events)
+
+
+def render_configuration(
+    configs: Iterable[NotificationConfig], kind: GatewayKind = "ceph"
+) -> bytes:
+    """A NotificationConfiguration document in the dialect of ``kind``; for Ceph (S3's
+    own), elements in the order Ceph reports them."""
+    if kind == "obs":
+        return obs.render(configs)
     root = ET.Element("NotificationConfiguration", xmlns=S3_NAMESPACE)
     for config in configs:
         element = ET.SubElement(root, "TopicConfiguration")
