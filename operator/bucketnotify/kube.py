@@ -200,8 +200,15 @@ class Kube:
             if exc.status == 404:
                 return False
             raise
+        # Unread (_preload_content=False), the answer is the raw response: its status was
+        # not checked for us.
+        status = getattr(response, "status", 200)
         if hasattr(response, "release"):
             response.release()
+        if status == 404:
+            return False
+        if status >= 400:
+            raise ApiException(status=status, reason=f"reading {kind} {namespace}/{name}")
         return True
 
     async def annotate(

@@ -115,6 +115,10 @@ class HttpTarget:
     def __init__(self, receiver: RecordingHttpServer) -> None:
         self._receiver = receiver
         self._seen: dict[str, list[str]] = collections.defaultdict(list)
+        self.arrivals: dict[str, dict[str, list[float]]] = collections.defaultdict(
+            lambda: collections.defaultdict(list)
+        )
+        """topic → key → when each copy of its event was answered (epoch seconds)."""
 
     def endpoint(self, topic: str) -> dict[str, Any]:
         return {"endpoint": {"http": {"url": f"{self._receiver.url}/{topic}"}}}
@@ -124,7 +128,10 @@ class HttpTarget:
             if request.status == 200:
                 records = json.loads(request.body)["Records"]
                 name = request.path.strip("/")
-                self._seen[name] += [r["s3"]["object"]["key"] for r in records]
+                keys = [r["s3"]["object"]["key"] for r in records]
+                self._seen[name] += keys
+                for key in keys:
+                    self.arrivals[name][key].append(request.time)
         return list(self._seen[topic])
 
 

@@ -233,10 +233,25 @@ def test_replicas_killed_again_and_again_lose_only_what_was_in_flight(
             time.sleep(6)
 
     with RecordingHttpServer() as receiver:
-        stream, outcomes = run(pipeline, HttpTarget(receiver), kill_repeatedly, may_lose=("sync",))
+        target = HttpTarget(receiver)
+        stream, outcomes = run(pipeline, target, kill_repeatedly, may_lose=("sync",))
     assert len(victims) == KILLS
     by_handoff = {o.topic.split("-")[0]: o for o in outcomes}
     assert_none_lost([by_handoff["persistent"]])
+
+    def since_last_kill(at: float) -> str:
+        gone = [at - after for before, after in kills if before <= at]
+        return f"{min(gone):+.2f} s after a kill" if gone else "before any kill"
+
+    for outcome in outcomes:
+        for key in outcome.duplicated:
+            times = target.arrivals[outcome.topic][key]
+            print(
+                f"{outcome.topic} {key}: written {stream.written_at[key][0]:.2f},"
+                f" arrived {', '.join(f'{t:.2f}' for t in times)};"
+                f" first {since_last_kill(times[0])}, again {since_last_kill(times[1])}"
+            )
+    print("kills:", [f"{before:.2f}-{after:.2f}" for before, after in kills])
 
     def in_flight_at_a_kill(key: str) -> bool:
         sent, answered = stream.written_at[key]

@@ -26,6 +26,8 @@ from tests.resources import API
 from tests.tls import issue_server_certificate, make_ca
 from tests.waiting import wait_until
 
+pytestmark = pytest.mark.usefixtures("crds")
+
 BAD_REGEX = "logs/a{,3}"
 
 
@@ -137,25 +139,32 @@ def test_missing_references_are_applied_with_a_warning(kubectl: Kubectl, namespa
     )
     assert exists(kubectl, "bucketnotification", namespace, "early")
 
-    topic = kubectl.apply(
-        {
-            "apiVersion": API,
-            "kind": "Topic",
-            "metadata": {"name": "mq", "namespace": namespace},
-            "spec": {
-                "endpoint": {
-                    "amqp": {
-                        "url": "amqps://rabbit.example:5671",
-                        "exchange": "ex",
-                        "credentialsRef": {"secretName": "mq-creds"},
-                    }
+    mq = {
+        "apiVersion": API,
+        "kind": "Topic",
+        "metadata": {"name": "mq", "namespace": namespace},
+        "spec": {
+            "endpoint": {
+                "amqp": {
+                    "url": "amqps://rabbit.example:5671",
+                    "exchange": "ex",
+                    "credentialsRef": {"secretName": "mq-creds"},
                 }
-            },
+            }
         },
-        check=False,
-    )
+    }
+    topic = kubectl.apply(mq, check=False)
     assert topic.returncode == 0, topic.stderr
     assert (
         f"Warning: spec.endpoint.amqp.credentialsRef: Secret {namespace}/mq-creds does not exist"
         in topic.stderr
     )
+    # Once the Secret is there, the same apply is quiet.
+    kubectl.run(
+        "create", "secret", "generic", "mq-creds", "-n", namespace,
+        "--from-literal=username=u", "--from-literal=password=p",
+    )  # fmt: skip
+    mq["spec"]["endpoint"]["amqp"]["exchange"] = "ex2"  # a change, so the webhook is asked
+    again = kubectl.apply(mq, check=False)
+    assert again.returncode == 0, again.stderr
+    assert "Warning" not in again.stderr
