@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,6 +17,7 @@ from bucketnotify.delivery.endpoints.testing import MockEndpoint
 from bucketnotify.delivery.queue import Entry, QueueLimits, QueueName
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from bucketnotify.delivery.worker import (
+    PROGRESS_S,
     DeadLetterSink,
     DeliveredCache,
     DeliveryPolicy,
@@ -35,8 +38,9 @@ async def store(tmp_path: Path) -> LocalDirStore:
 
 
 async def enqueue(store: LocalDirStore, events: list[tuple[str, dict[str, Any]]]) -> None:
-    reservation = await store.reserve(QUEUE, 0, len(events), 10_000, T0)
-    await store.commit(reservation, [(eid, json.dumps(r).encode()) for eid, r in events], T0)
+    bodies = [(eid, json.dumps(r).encode()) for eid, r in events]
+    reservation = await store.reserve(QUEUE, 0, len(events), sum(len(b) for _, b in bodies), T0)
+    await store.commit(reservation, bodies, T0)
 
 
 async def round_(
@@ -314,3 +318,55 @@ def test_the_delivered_cache_keeps_the_newest_and_gives_the_last_added_in_order(
     assert cache.recent(3) == ["ev-6", "ev-7", "ev-4"]
     assert cache.recent(100) == ["ev-3", "ev-5", "ev-6", "ev-7", "ev-4"]
     assert cache.added == 9
+
+
+async def test_a_long_round_removes_what_it_delivered_as_it_goes(store: LocalDirStore) -> None:
+    """A round that lasts (a backlog, a slow or hanging endpoint) removes what the endpoint
+    took every PROGRESS_S. Killed in the middle (here: cancelled), it leaves for the next
+    owner only what was acknowledged in its last PROGRESS_S, not the whole round."""
+    await enqueue(store, [(f"e{i}", event(f"k{i}", n=i)) for i in range(300)])
+    taken = 0
+    hang = asyncio.Event()  # never set: pushes after the 192nd never end
+
+    async def then_hang(delivery: Delivery) -> None:
+        nonlocal taken
+        if taken >= 192:
+            await hang.wait()
+        taken += 1
+
+    endpoint = MockEndpoint(then_hang)
+    task = asyncio.create_task(round_(store, endpoint, T0))
+    await asyncio.sleep(3 * PROGRESS_S)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    delivered = {d.id for d in endpoint.delivered}
+    left = {e.id for e in await store.list(QUEUE, 0, 1000)}
+    assert len(delivered) == 192
+    assert not delivered & left, "acknowledged more than PROGRESS_S before the cut, yet queued"
+    assert len(left) == 300 - 192
+
+
+async def test_a_failed_removal_mid_round_is_retried_at_the_rounds_end(
+    tmp_path: Path,
+) -> None:
+    class FlakyStore(LocalDirStore):
+        failures = 1
+
+        async def remove(self, queue: QueueName, shard: int, entry_ids: Sequence[str]) -> None:
+            if self.failures:
+                self.failures -= 1
+                raise OSError("store away for a moment")
+            await super().remove(queue, shard, entry_ids)
+
+    store = FlakyStore(tmp_path)
+    await store.create(QUEUE, 1, QueueLimits())
+    await enqueue(store, [(f"e{i}", event(f"k{i}", n=i)) for i in range(200)])
+
+    async def slow(delivery: Delivery) -> None:
+        await asyncio.sleep(0.2)
+
+    result = await round_(store, MockEndpoint(slow), T0)
+    assert result.delivered == 200
+    assert store.failures == 0, "a removal was tried mid-round"
+    assert await store.list(QUEUE, 0) == []

@@ -27,6 +27,7 @@ Decisions are made here; the store and the endpoint are adapters behind their in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections import OrderedDict
@@ -57,6 +58,11 @@ LIST_BATCH = 1024
 # replica paused past its Lease that resumes mid-round sends at most the pushes already
 # under way, not the rest of a batch the next owner now delivers.
 FENCE_WINDOW = 64
+# A round longer than this (a backlog after a takeover, a slow endpoint) removes what it has
+# delivered so far before it pushes more: a replica killed mid-round then leaves at most
+# this long of acknowledged pushes (plus those in flight) for the next owner to repeat,
+# not the whole round. Short rounds still make one removal at their end.
+PROGRESS_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -167,6 +173,22 @@ async def process_shard(
     entries = await store.list(queue, shard, LIST_BATCH)
     result.listed = len(entries)
     remove: list[str] = []
+
+    async def remove_delivered() -> None:
+        # Delivered and duplicate entries only: drops wait for the round's end (a drop to
+        # the dead-letter topic is committed there first). Never on a shard no longer ours.
+        if not remove or not owned():
+            return
+        taken = remove[:]
+        del remove[:]
+        try:
+            await store.remove(queue, shard, taken)
+        except Exception:
+            # The round's own removal at its end tries them again, and fails the round if
+            # the store still refuses: the pushes must not fail over it.
+            remove[:0] = taken
+
+    progress = _Progress(remove_delivered)
     retry: list[Entry] = []
     chains: OrderedDict[tuple[str, str], list[tuple[Entry, dict[str, Any]]]] = OrderedDict()
     blocked: set[tuple[str, str]] = set()
@@ -190,82 +212,91 @@ async def process_shard(
         else:
             chains.setdefault(obj, []).append((entry, record))
 
+    async def push(delivery: Delivery, by_id: dict[str, tuple[Entry, dict[str, Any]]]) -> None:
+        nonlocal started
+        async with window:
+            # The caller starts a round only on a shard it owns: the first window goes
+            # out on that; every later push asks again when it gets its turn.
+            if started >= FENCE_WINDOW and not owned():
+                return  # stays queued, unpushed, for the next owner
+            started += 1
+            (outcome,) = await endpoint.send([delivery])
+        account(outcome, by_id)
+
+    def account(outcome: PushOutcome, by_id: dict[str, tuple[Entry, dict[str, Any]]]) -> None:
+        acked_at = time.time()
+        entry, record = by_id[outcome.id]
+        attempts = entry.attempts + 1
+        if outcome.ok:
+            result.delivered += 1
+            result.latencies.append(max(0.0, acked_at - entry.ingest_time))
+            remove.append(entry.id)
+            delivered.add(entry.event_id)
+            result.outcomes.append(
+                EventOutcome(Outcome.DELIVERED, entry, record, attempts, acked_at)
+            )
+        elif not outcome.retryable:
+            # Retrying cannot help (e.g. too large for the broker): drop it as lost, and
+            # keep the object's later events waiting no longer.
+            result.expired += 1
+            result.rejected += 1
+            dropped.append(entry)
+            if outcome.error:
+                result.errors.append(outcome.error)
+            drops[entry.id] = EventOutcome(
+                Outcome.REJECTED, entry, record, attempts, acked_at, outcome.error
+            )
+        else:
+            result.failed += 1
+            if outcome.error:
+                result.errors.append(outcome.error)
+            result.outcomes.append(
+                EventOutcome(Outcome.FAILED, entry, record, attempts, acked_at, outcome.error)
+            )
+            blocked.add(object_of(record))
+            retry.append(
+                Entry(
+                    id=entry.id,
+                    event_id=entry.event_id,
+                    body=entry.body,
+                    ingest_time=entry.ingest_time,
+                    attempts=entry.attempts + 1,
+                    not_before=now + policy.retry_sleep_s,
+                )
+            )
+
     # Wave i sends the i-th pending entry of every object whose earlier entries succeeded.
     wave = 0
-    while True:
-        batch = [(chain[wave][0], chain[wave][1]) for chain in chains.values() if len(chain) > wave]
-        batch = [(e, r) for e, r in batch if object_of(r) not in blocked]
-        if not batch:
-            break
-        seen_in_wave: dict[str, Entry] = {}
-        deliveries: list[Delivery] = []
-        for entry, record in batch:
-            if entry.event_id in delivered or entry.event_id in seen_in_wave:
-                result.duplicates += 1
-                remove.append(entry.id)
-                drops[entry.id] = EventOutcome(
-                    Outcome.DUPLICATE, entry, record, entry.attempts, now
-                )
-                continue
-            seen_in_wave[entry.event_id] = entry
-            deliveries.append(Delivery(entry.id, record))
-
-        async def push(delivery: Delivery) -> PushOutcome | None:
-            nonlocal started
-            async with window:
-                # The caller starts a round only on a shard it owns: the first window goes
-                # out on that; every later push asks again when it gets its turn.
-                if started >= FENCE_WINDOW and not owned():
-                    return None  # stays queued, unpushed, for the next owner
-                started += 1
-                (outcome,) = await endpoint.send([delivery])
-                return outcome
-
-        pushed = await asyncio.gather(*(push(d) for d in deliveries))
-        outcomes = [o for o in pushed if o is not None]
-        acked_at = time.time()
-        by_id = {e.id: (e, r) for e, r in batch}
-        for outcome in outcomes:
-            entry, record = by_id[outcome.id]
-            attempts = entry.attempts + 1
-            if outcome.ok:
-                result.delivered += 1
-                result.latencies.append(max(0.0, acked_at - entry.ingest_time))
-                remove.append(entry.id)
-                delivered.add(entry.event_id)
-                result.outcomes.append(
-                    EventOutcome(Outcome.DELIVERED, entry, record, attempts, acked_at)
-                )
-            elif not outcome.retryable:
-                # Retrying cannot help (e.g. too large for the broker): drop it as lost, and
-                # keep the object's later events waiting no longer.
-                result.expired += 1
-                result.rejected += 1
-                dropped.append(entry)
-                if outcome.error:
-                    result.errors.append(outcome.error)
-                drops[entry.id] = EventOutcome(
-                    Outcome.REJECTED, entry, record, attempts, acked_at, outcome.error
-                )
-            else:
-                result.failed += 1
-                if outcome.error:
-                    result.errors.append(outcome.error)
-                result.outcomes.append(
-                    EventOutcome(Outcome.FAILED, entry, record, attempts, acked_at, outcome.error)
-                )
-                blocked.add(object_of(record))
-                retry.append(
-                    Entry(
-                        id=entry.id,
-                        event_id=entry.event_id,
-                        body=entry.body,
-                        ingest_time=entry.ingest_time,
-                        attempts=entry.attempts + 1,
-                        not_before=now + policy.retry_sleep_s,
+    # Not for a round with nothing to push (an idle poll): no task per empty round.
+    ticking = asyncio.create_task(
+        progress.every(PROGRESS_S if chains else 0), name=f"progress {queue}/{shard}"
+    )
+    try:
+        while True:
+            batch = [
+                (chain[wave][0], chain[wave][1]) for chain in chains.values() if len(chain) > wave
+            ]
+            batch = [(e, r) for e, r in batch if object_of(r) not in blocked]
+            if not batch:
+                break
+            seen_in_wave: dict[str, Entry] = {}
+            deliveries: list[Delivery] = []
+            for entry, record in batch:
+                if entry.event_id in delivered or entry.event_id in seen_in_wave:
+                    result.duplicates += 1
+                    remove.append(entry.id)
+                    drops[entry.id] = EventOutcome(
+                        Outcome.DUPLICATE, entry, record, entry.attempts, now
                     )
-                )
-        wave += 1
+                    continue
+                seen_in_wave[entry.event_id] = entry
+                deliveries.append(Delivery(entry.id, record))
+
+            by_id = {e.id: (e, r) for e, r in batch}
+            await asyncio.gather(*(push(d, by_id) for d in deliveries))
+            wave += 1
+    finally:
+        await progress.stop(ticking)
 
     if not owned():
         result.fenced = True
@@ -297,6 +328,26 @@ async def process_shard(
     removed_at = time.time()
     result.outcomes += [replace(o, at=removed_at) for o in drops.values()]
     return result
+
+
+class _Progress:
+    """Removals of a long round's delivered entries every so often while it goes on."""
+
+    def __init__(self, save: Callable[[], Awaitable[None]]) -> None:
+        self._save = save
+        self._stop = asyncio.Event()
+
+    async def every(self, seconds: float) -> None:
+        while seconds and not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), seconds)
+                return
+            await self._save()
+
+    async def stop(self, ticking: asyncio.Task[None]) -> None:
+        """Let a removal under way finish (never cut one short), then no more."""
+        self._stop.set()
+        await ticking
 
 
 def _refused(outcome: EventOutcome) -> EventOutcome:
