@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
+from bucketnotify.controller.topic_builder import ingest_token_secret
 from tests.kubectl import Kubectl
 from tests.waiting import wait_until
 
@@ -60,3 +62,14 @@ def condition(
         return ready.get("status") == status and (reason is None or ready.get("reason") == reason)
 
     return wait_until(observe, done, 40, f"{kind} {name} Ready={status} {reason or ''}")
+
+
+def token_secret(kubectl: Kubectl, namespace: str, topic: str) -> str:
+    """The ingest token Secret the operator would make for a persistent Topic; its token
+    (for tests that run a replica without the operator)."""
+    token = secrets.token_urlsafe(24)
+    kubectl.run(
+        "create", "secret", "generic", ingest_token_secret(topic), "-n", namespace,
+        f"--from-literal=token={token}",
+    )  # fmt: skip
+    return token

@@ -11,18 +11,16 @@ the token Secret).
 from __future__ import annotations
 
 import json
-import secrets
 import signal
 import time
 import urllib.request
 
 import pytest
 
-from bucketnotify.controller.topic_builder import ingest_token_secret
 from tests.delivery import DeliveryCluster, StartCluster
 from tests.kubectl import Kubectl
 from tests.receivers import RecordingHttpServer
-from tests.resources import apply
+from tests.resources import apply, token_secret
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("crds")
@@ -91,11 +89,7 @@ def test_an_event_sent_again_after_its_shard_moved_is_not_delivered_twice(
                 "delivery": {"shards": 1},
             },
         )
-        token = secrets.token_urlsafe(24)
-        kubectl.run(
-            "create", "secret", "generic", ingest_token_secret("hook"), "-n", namespace,
-            f"--from-literal=token={token}",
-        )  # fmt: skip
+        token = token_secret(kubectl, namespace, "hook")
         cluster = delivery_cluster()
         try:
             cluster.start("one", **LEASES)

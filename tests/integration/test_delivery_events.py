@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -20,7 +19,6 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client, config
 
-from bucketnotify.controller.topic_builder import ingest_token_secret
 from bucketnotify.delivery.events import COMPONENT, EventRecorder
 from bucketnotify.delivery.queue import QueueName
 from bucketnotify.delivery.stores.localdir import LocalDirStore
@@ -29,7 +27,7 @@ from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.processes import Program, free_port
 from tests.receivers import RecordingHttpServer
-from tests.resources import apply
+from tests.resources import apply, token_secret
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("crds")
@@ -46,21 +44,6 @@ def topic_events(kubectl: Kubectl, namespace: str, topic: str) -> list[dict[str,
 
 def reasons(events: list[dict[str, Any]]) -> list[str]:
     return [e["reason"] for e in events]
-
-
-def token_secret(kubectl: Kubectl, namespace: str, topic: str) -> str:
-    """The ingest token Secret the operator would create; its token."""
-    token = secrets.token_urlsafe(24)
-    kubectl.run(
-        "create",
-        "secret",
-        "generic",
-        ingest_token_secret(topic),
-        "-n",
-        namespace,
-        f"--from-literal=token={token}",
-    )
-    return token
 
 
 def broker_secret(kubectl: Kubectl, namespace: str, rabbitmq: LocalService) -> None:

@@ -19,13 +19,12 @@ from pathlib import Path
 import aio_pika
 import pytest
 
-from bucketnotify.controller.topic_builder import ingest_token_secret
 from tests.delivery import push_records, wait_ready
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.processes import Program, free_port
 from tests.receivers import RecordingHttpServer
-from tests.resources import apply
+from tests.resources import apply, token_secret
 from tests.tcpproxy import TcpProxy
 from tests.tls import issue_server_certificate, make_ca
 from tests.waiting import wait_until
@@ -110,16 +109,6 @@ def start_replica(kube: LocalService, namespace: str, tmp_path: Path) -> StartRe
     return start
 
 
-def ingest_token(kubectl: Kubectl, namespace: str, topic: str) -> str:
-    """The token Secret the operator would make for a persistent Topic; its token."""
-    token = secrets.token_urlsafe(24)
-    kubectl.run(
-        "create", "secret", "generic", ingest_token_secret(topic), "-n", namespace,
-        f"--from-literal=token={token}",
-    )  # fmt: skip
-    return token
-
-
 def close_connections_of(rabbitmq: LocalService, user: str) -> int:
     listed = ctl(rabbitmq, "list_connections", "pid", "user", "--no-table-headers", "-q")
     pids = [line.split("\t")[0] for line in listed.splitlines() if line.endswith(f"\t{user}")]
@@ -167,7 +156,7 @@ async def test_a_rotated_broker_password_is_used_without_a_restart_and_nothing_i
             "delivery": {"shards": 1},
         },
     )
-    token = ingest_token(kubectl, namespace, "mq")
+    token = token_secret(kubectl, namespace, "mq")
     port, replica = start_replica()
     try:
         before = [f"before-{i}" for i in range(5)]
@@ -252,7 +241,7 @@ def test_a_rotated_ca_bundle_is_used_without_a_restart_and_nothing_is_lost(
                 "delivery": {"shards": 1},
             },
         )
-        token = ingest_token(kubectl, namespace, "hook")
+        token = token_secret(kubectl, namespace, "hook")
         port, replica = start_replica()
         try:
             before = [f"before-{i}" for i in range(5)]

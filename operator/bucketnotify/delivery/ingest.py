@@ -11,7 +11,8 @@ gateway (or, for hand-off ``sync``, the S3 client) sees any other answer as a fa
   still taken for a while (``IngestTopic``), so pushes the gateway sends with it are not
   refused;
 - 503 the queue is full (the gateway retries, or counts the event lost, as for its own
-  full persistent queues).
+  full persistent queues), or the queue store's disk is (``ENOSPC``, ``EDQUOT``): the
+  failed write leaves nothing behind, and the next request after space returns goes in.
 
 Nothing is enqueued for any of them: a request reserves room in every shard it touches
 before it commits to any. Concurrent requests of one Topic are written together
@@ -27,9 +28,11 @@ answered only once they are durable.
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import hmac
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +45,8 @@ from bucketnotify.delivery.queue import QueueFull, QueueName, QueueStore, Reserv
 from bucketnotify.delivery.recording import Recorder
 from bucketnotify.metrics import DeliveryMetrics
 from bucketnotify.probes import probes_app
+
+log = logging.getLogger(__name__)
 
 __all__ = ["MAX_BODY_BYTES", "Ingest", "IngestTopic", "build_app", "event_id"]
 
@@ -150,9 +155,22 @@ class Ingest:
         # their identity when delivered: a duplicate, never a loss.
         committed_at = time.time()
         try:
-            await asyncio.gather(
-                *(self.store.commit(r, by_shard[r.shard], committed_at) for r in reservations)
+            outcomes = await asyncio.gather(
+                *(self.store.commit(r, by_shard[r.shard], committed_at) for r in reservations),
+                return_exceptions=True,
             )
+            failed = [
+                (r, o)
+                for r, o in zip(reservations, outcomes, strict=True)
+                if isinstance(o, BaseException)
+            ]
+            if failed:
+                # A commit that failed (a full disk) gives its room back now rather than when
+                # the sweep finds the reservation abandoned.
+                await asyncio.gather(
+                    *(self.store.abort(r) for r, _ in failed), return_exceptions=True
+                )
+                raise failed[0][1]
         finally:
             if self._committed is not None:
                 for shard in by_shard:
@@ -200,6 +218,11 @@ class Ingest:
             committed_at = await self.commit(topic.queue, by_shard)
         except QueueFull:
             return web.json_response({"error": "queue full"}, status=503)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            log.warning("queue %s not written: the queue store is out of space", topic.queue)
+            return web.json_response({"error": "queue store out of space"}, status=503)
         if self._recorder is not None:
             events = [(record, event_id(record)) for record in records]
             self._recorder.ingested(topic.queue, events, topic.shards, committed_at)

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -701,6 +702,14 @@ class DeliveryService:
             # The queue store's gateway is away or overloaded: expected in an outage, and the
             # next round tries again. One line, not a traceback per shard and round.
             log.warning("round of %s shard %d: queue store unavailable: %s", queue, shard, exc)
+            return None
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                log.exception("round of %s shard %d failed", queue, shard)
+                return None
+            # The dir store's disk is full: its removals rewrite batch files. What was
+            # delivered is remembered and not pushed again; the next round retries.
+            log.warning("round of %s shard %d: the queue store is out of space", queue, shard)
             return None
         except Exception:
             log.exception("round of %s shard %d failed", queue, shard)
