@@ -141,7 +141,15 @@ def admission_app(exists: Exists) -> web.Application:
         except (ValueError, KeyError, TypeError):
             return web.json_response({"error": "not an AdmissionReview"}, status=400)
         obj = admission.get("object") or {}
-        if admission.get("operation") == "DELETE" or not isinstance(obj.get("spec"), dict):
+        old = admission.get("oldObject") or {}
+        if (
+            admission.get("operation") == "DELETE"
+            or not isinstance(obj.get("spec"), dict)
+            # A change of metadata only (the operator's finalizers and annotations, a label):
+            # nothing new to judge, and refusing it would leave an object stored before the
+            # webhook, say with a bad regex, unable to lose its finalizer and be deleted.
+            or (admission.get("operation") == "UPDATE" and old.get("spec") == obj["spec"])
+        ):
             return web.json_response(_response(uid, Verdict(True)))
         kind = str((admission.get("kind") or {}).get("kind", obj.get("kind", "")))
         namespace = str(admission.get("namespace") or obj.get("metadata", {}).get("namespace"))

@@ -187,3 +187,27 @@ async def test_what_is_not_an_admission_review_is_a_400(cert_dir: Path, tmp_path
             assert response.status == 400
     finally:
         await server.stop()
+
+
+async def test_a_metadata_only_update_of_an_object_stored_before_the_webhook_is_allowed(
+    cert_dir: Path, tmp_path: Path
+) -> None:
+    """The operator removes its finalizer from a BucketNotification whose regex the webhook
+    would refuse (stored before the webhook was installed): allowed, or it could never be
+    deleted. A change of that spec is still judged."""
+    port = free_port()
+    server = await serve_admission(port, str(cert_dir), Objects(("Topic", "orders")))
+    bad = notification(filter={"key": {"regex": "a{"}})
+    ca = tmp_path / "ca-1" / "webhook-ca-1.crt"
+    try:
+        finalizer_removed = admission_review("u-3", bad, "UPDATE")
+        finalizer_removed["request"]["oldObject"] = {"metadata": {"name": "n"}, "spec": bad}
+        answer = await post_review(port, ca, finalizer_removed)
+        assert answer["response"] == {"uid": "u-3", "allowed": True}
+
+        changed = admission_review("u-4", {**bad, "bucket": "other"}, "UPDATE")
+        changed["request"]["oldObject"] = {"metadata": {"name": "n"}, "spec": bad}
+        answer = await post_review(port, ca, changed)
+        assert answer["response"]["allowed"] is False
+    finally:
+        await server.stop()
