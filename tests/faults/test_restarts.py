@@ -201,10 +201,12 @@ def test_a_kafka_restart_loses_no_acknowledged_event_and_repeats_none(
 
 
 KILLS = 4
-KILL_WINDOW_S = PROGRESS_S + 1.5
+KILL_WINDOW_S = PROGRESS_S + 4.5
 """A push acknowledged this long before a kill may not have been recorded by the killed
-replica: the last PROGRESS_S of its round, plus the removal under way (a rewrite of queue
-objects on the gateway, slow while the machine is busy)."""
+replica: the last PROGRESS_S of its round, plus the removal under way, a rewrite of queue
+objects on the gateway (measured: up to 2.2 s between the acknowledgement and the kill in a
+CI run on a busy machine, 0.25 s on a quiet one). Anything delivered again that was
+acknowledged longer before any kill is a defect."""
 
 
 def test_replicas_killed_again_and_again_lose_only_what_was_in_flight(
