@@ -42,6 +42,10 @@ BEFORE_S = 8
 AFTER_S = 12
 DRAIN_TIMEOUT_S = 240
 LEASE_DURATION_S = 12  # the delivery service's default
+UNCONFIRMED_WINDOW_S = 5.0
+"""How long before a broker's shutdown a write's push may still await its confirm: the
+gateway's hand-off and a delivery round at this rate take well under a second; the rest is
+room for a busy machine."""
 
 
 def run(
@@ -169,19 +173,33 @@ class BrokerRestart:
         assert during, "no write was acknowledged while the broker was away: the fault missed"
 
 
-def test_a_rabbitmq_restart_loses_no_acknowledged_event_and_repeats_none(
+def test_a_rabbitmq_restart_loses_no_acknowledged_event_and_repeats_only_unconfirmed_pushes(
     kube: LocalService, rgw: LocalService, tmp_path: Path, pipelines: Callable[..., Pipeline]
 ) -> None:
     """The broker stops and boots again on its data: what it confirmed is in the durable
-    queues afterwards, what it did not is pushed again."""
+    queues afterwards, what it did not is pushed again. A publish the broker stored whose
+    confirm its shutdown cut off cannot be told from one it lost (AMQP 0.9.1 has no
+    idempotent publish), so it is pushed again (a CI run saw 2: consecutive writes of one
+    writer). Only such a push may come twice: one written at most UNCONFIRMED_WINDOW_S
+    before the broker began to stop; anything older was confirmed long before, and what
+    was written while it was away waited for the new broker."""
     with own_service("rabbitmq", tmp_path / "run") as rabbitmq:
         pipeline = pipelines(kube, rgw)
         fault = BrokerRestart(pipeline, lambda: rabbitmq.script("restart"))
         stream, outcomes = run(pipeline, AmqpTarget(rabbitmq.service()), fault)
     fault.assert_hit(stream)
     assert_none_lost(outcomes)
+    assert fault.window is not None
+    began, ended = fault.window
     for outcome in outcomes:
-        assert outcome.duplicates == 0, outcome.line()
+        for key in outcome.duplicated:
+            sent, acked = stream.written_at[key]
+            print(f"{key}: written {sent - began:+.2f} s .. {acked - began:+.2f} s from the stop")
+            assert began - UNCONFIRMED_WINDOW_S <= acked and sent <= ended, (
+                f"{outcome.topic} {key} delivered twice though not pushed around the broker's"
+                f" shutdown: written {sent - began:+.2f} s from the stop (took"
+                f" {ended - began:.1f} s)"
+            )
 
 
 def test_a_kafka_restart_loses_no_acknowledged_event_and_repeats_none(
