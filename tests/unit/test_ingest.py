@@ -18,6 +18,9 @@ from bucketnotify.delivery.ownership import Ownership
 from bucketnotify.delivery.queue import QueueLimits, QueueName, shard_of
 from bucketnotify.delivery.service import DeliveryService
 from bucketnotify.delivery.stores.localdir import LocalDirStore
+from bucketnotify.delivery.stores.s3 import S3Store
+from bucketnotify.gateway.connection import GatewayConnection
+from devstack.programs import free_port
 from tests.delivery import OwnsEverything
 from tests.records import event
 
@@ -230,3 +233,31 @@ async def test_pushes_during_a_token_reread_wait_for_it_and_one_read_serves_them
     assert all(a is not None and a.accepts(TOKEN) for a in answers)  # the overlap
     assert await service.recheck_token(*key) is service.ingest_topics[key]
     assert reads == [key]  # within the second: no new read
+
+
+SECRET = "s3cr3t-never-logged"
+REQUESTS = "bucketnotify_ingest_requests_total"
+
+
+async def test_a_queue_store_that_does_not_answer_gets_503_and_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An S3 store whose gateway refuses connections (a port nothing listens on): every
+    push is answered 503, which the gateway retries, never 500 with a traceback; the
+    refusals are counted and logged once per STORE_WARNING_S, not once per request."""
+    port = free_port()
+    store = S3Store(GatewayConnection(f"http://127.0.0.1:{port}", "ak", SECRET, "zg"), "queues")
+    ingest = Ingest(store, {("team-a", "orders"): IngestTopic(QUEUE, TOKEN, 4)})
+    async with TestClient(TestServer(build_app(ingest))) as http:
+        statuses = [
+            (await http.post(URL, json={"Records": [event(f"k{i}")]})).status for i in range(5)
+        ]
+        answer = await (await http.post(URL, json={"Records": [event("k9")]})).json()
+    assert statuses == [503] * 5
+    assert answer == {"error": "queue store unavailable"}
+    registry = ingest.metrics.registry
+    assert registry.get_sample_value(REQUESTS, {"code": "503"}) == 6
+    assert registry.get_sample_value(REQUESTS, {"code": "500"}) is None
+    warnings = [r for r in caplog.records if "queue store is unavailable" in r.getMessage()]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    assert SECRET not in caplog.text

@@ -12,7 +12,10 @@ gateway (or, for hand-off ``sync``, the S3 client) sees any other answer as a fa
   refused;
 - 503 the queue is full (the gateway retries, or counts the event lost, as for its own
   full persistent queues), or the queue store's disk is (``ENOSPC``, ``EDQUOT``): the
-  failed write leaves nothing behind, and the next request after space returns goes in.
+  failed write leaves nothing behind, and the next request after space returns goes in;
+  or the queue store's gateway does not answer or fails (an S3 store): what was written
+  before the failure is delivered once, as the gateway's retry of the request is
+  recognised by the events' identities.
 
 Nothing is enqueued for any of them: a request reserves room in every shard it touches
 before it commits to any. Concurrent requests of one Topic are written together
@@ -43,6 +46,7 @@ from aiohttp import web
 from bucketnotify.delivery.groupcommit import GroupCommit
 from bucketnotify.delivery.queue import QueueFull, QueueName, QueueStore, Reservation, shard_of
 from bucketnotify.delivery.recording import Recorder
+from bucketnotify.gateway.errors import GatewayError
 from bucketnotify.metrics import DeliveryMetrics
 from bucketnotify.probes import probes_app
 
@@ -51,6 +55,9 @@ log = logging.getLogger(__name__)
 __all__ = ["MAX_BODY_BYTES", "Ingest", "IngestTopic", "build_app", "event_id"]
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
+STORE_WARNING_S = 5.0
+"""At most one warning this often while the queue store is away: an outage under load
+would otherwise log a line per request."""
 
 
 @dataclass(frozen=True)
@@ -126,6 +133,8 @@ class Ingest:
         """Asked about a known Topic whose token does not match: the token Secret may have
         changed since it was read."""
         self._groups = GroupCommit(self._write)
+        self._store_warned_at = -STORE_WARNING_S
+        self._store_refusals = 0
 
     async def commit(self, queue: QueueName, by_shard: dict[int, list[tuple[str, bytes]]]) -> float:
         """All shards or none, durably, together with concurrent commits of the queue.
@@ -178,9 +187,28 @@ class Ingest:
         return committed_at
 
     async def handle(self, request: web.Request) -> web.Response:
-        response = await self._handle(request)
+        try:
+            response = await self._handle(request)
+        except Exception:
+            # aiohttp answers 500 and logs the traceback; the count shows it too.
+            self.metrics.ingest_requests.labels("500").inc()
+            raise
         self.metrics.ingest_requests.labels(str(response.status)).inc()
         return response
+
+    def _store_unavailable(self, queue: QueueName, exc: GatewayError) -> web.Response:
+        self._store_refusals += 1
+        now = time.monotonic()
+        if now - self._store_warned_at >= STORE_WARNING_S:
+            log.warning(
+                "queue %s not written, answered 503 (%d such since the last warning): the"
+                " queue store is unavailable: %s",
+                queue,
+                self._store_refusals,
+                exc,
+            )
+            self._store_warned_at, self._store_refusals = now, 0
+        return web.json_response({"error": "queue store unavailable"}, status=503)
 
     async def _handle(self, request: web.Request) -> web.Response:
         namespace = request.match_info["namespace"]
@@ -218,6 +246,8 @@ class Ingest:
             committed_at = await self.commit(topic.queue, by_shard)
         except QueueFull:
             return web.json_response({"error": "queue full"}, status=503)
+        except GatewayError as exc:
+            return self._store_unavailable(topic.queue, exc)
         except OSError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
