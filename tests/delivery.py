@@ -110,16 +110,19 @@ class DeliveryCluster:
         if sig == signal.SIGKILL:
             self.replicas[name].process.wait()
 
-    def metric(self, sample: str) -> float:
-        """``sample`` (e.g. ``pubsub_push_failed_total``) summed over the running replicas'
-        ``GET /metrics``."""
+    def metric(self, sample: str, **labels: str) -> float:
+        """``sample`` (e.g. ``pubsub_push_failed_total``) of the series with ``labels``
+        summed over the running replicas' ``GET /metrics``."""
+        wanted = set(labels.items())
         total = 0.0
         for name, program in self.replicas.items():
             if program.process.poll() is not None:
                 continue
             found = scrape(f"http://127.0.0.1:{self.ports[name]}/metrics")
             total += sum(
-                value for (sample_name, _), value in found.items() if sample_name == sample
+                value
+                for (sample_name, series), value in found.items()
+                if sample_name == sample and wanted <= series
             )
         return total
 

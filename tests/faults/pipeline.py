@@ -230,6 +230,9 @@ class Pipeline:
     rgw: LocalService
     replicas: int = 2
     replica_settings: dict[str, str] = field(default_factory=dict)
+    store_endpoint: str | None = None
+    """Where the replicas reach the gateway that holds their queue store (a proxy a test
+    can cut), if not at ``rgw`` directly."""
     kubectl: Kubectl = field(init=False)
     namespace: str = field(init=False)
     cluster: DeliveryCluster = field(init=False)
@@ -252,6 +255,11 @@ class Pipeline:
                 "BUCKETNOTIFY_DELIVERY_LEASE_NAMESPACE": self.namespace,
                 "BUCKETNOTIFY_DELIVERY_NAMESPACES": json.dumps([self.namespace]),
                 **gateway,
+                **(
+                    {"BUCKETNOTIFY_GATEWAY_ENDPOINT": self.store_endpoint}
+                    if self.store_endpoint
+                    else {}
+                ),
             },
         )
         for i in range(self.replicas):

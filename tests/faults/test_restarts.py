@@ -1,5 +1,6 @@
 """Faults under a steady stream of S3 writes: the gateway, the apiserver, RabbitMQ and Kafka
-restarted, delivery replicas killed with SIGKILL again and again.
+restarted, delivery replicas killed with SIGKILL again and again, the queue store out of
+reach, a replica frozen past its Leases.
 
 After each: no write the gateway acknowledged is missing at the endpoint, nothing arrives
 that was never written, and the duplicates are counted (printed, for the note). The service
@@ -14,6 +15,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -32,6 +34,7 @@ from tests.faults.pipeline import (
 from tests.localservices import LocalService
 from tests.ownservices import own_service
 from tests.receivers import RecordingHttpServer
+from tests.tcpproxy import TcpProxy
 
 # Several minutes each: services start, a stream runs, the queues drain.
 pytestmark = pytest.mark.timeout(900)
@@ -296,3 +299,127 @@ def test_replicas_killed_again_and_again_lose_only_what_was_in_flight(
     outside = [key for key in sync.lost if not in_flight_at_a_kill(key)]
     assert not outside, f"sync writes lost that were not in flight at a kill: {outside}"
     assert len(sync.lost) <= KILLS * stream.writers
+
+
+STORE_OUTAGE_S = 20
+AFTER_OUTAGE_S = 2.0
+"""How long after the store's way is back a sync write may still have been refused: the
+replicas' next requests find it again at once, this is room for a busy machine."""
+
+
+def test_a_queue_store_away_for_20_s_answers_503_and_loses_only_sync_writes_made_meanwhile(
+    kube: LocalService, rgw: LocalService, pipelines: Callable[..., Pipeline]
+) -> None:
+    """The replicas' way to their queue store (an S3 bucket on the gateway) is cut for 20 s
+    while the gateway itself goes on taking uploads and pushing to the ingest.
+
+    The ingest answers 503 (never 500: the gateway would see a crash, the operator a
+    traceback) and rounds wait for the store. With `handoff: persistent` the gateway
+    retries the refused pushes, so nothing is lost or repeated. With `handoff: sync` the
+    gateway counts a refused push as done (docs/operator.md): exactly the writes made while
+    the store was away may be lost, none made before or after it."""
+    gateway = urlsplit(rgw["RGW_ENDPOINT"])
+    assert gateway.hostname is not None and gateway.port is not None
+    store = TcpProxy(gateway.hostname, gateway.port)
+    store.start()
+    pipeline = pipelines(kube, rgw, store_endpoint=store.url)
+    cluster = pipeline.cluster
+    window: list[float] = []
+    refused: list[float] = []
+
+    def cut() -> None:
+        before = cluster.metric("bucketnotify_ingest_requests_total", code="503")
+        window.append(time.time())
+        store.stop()  # refuses new connections and breaks the open ones
+        time.sleep(STORE_OUTAGE_S)
+        refused.append(cluster.metric("bucketnotify_ingest_requests_total", code="503") - before)
+        store.start()
+        window.append(time.time())
+
+    try:
+        with RecordingHttpServer() as receiver:
+            stream, outcomes = run(pipeline, HttpTarget(receiver), cut, may_lose=("sync",))
+        crashed = cluster.metric("bucketnotify_ingest_requests_total", code="500")
+    finally:
+        store.stop()
+    began, ended = window
+    print(f"store away {ended - began:.1f} s: the ingest answered 503 {refused[0]:.0f} times")
+    assert refused[0] > 0, "the ingest never met the outage: the fault missed"
+    assert crashed == 0, "the ingest answered 500 instead of 503"
+    by_handoff = {o.topic.split("-")[0]: o for o in outcomes}
+    assert_none_lost([by_handoff["persistent"]])
+    for outcome in outcomes:
+        assert outcome.duplicates == 0, outcome.line()
+    sync = by_handoff["sync"]
+    outside = [
+        key
+        for key in sync.lost
+        if not (stream.written_at[key][0] <= ended + AFTER_OUTAGE_S)
+        or not (stream.written_at[key][1] >= began)
+    ]
+    print(f"sync hand-off: {len(sync.lost)} lost, all written while the store was away?")
+    assert not outside, f"sync writes lost though made before or after the outage: {outside}"
+
+
+def test_a_replica_frozen_past_its_lease_repeats_only_what_it_had_under_way(
+    kube: LocalService, rgw: LocalService, pipelines: Callable[..., Pipeline]
+) -> None:
+    """The replica holding the most partitions is stopped (SIGSTOP) for longer than its
+    Leases last, under the stream, and then resumed (SIGCONT), as a VM pause or a stalled
+    node does to a pod.
+
+    The others take its partitions when its Leases expire. When it resumes it finds itself
+    fenced: it removes nothing and starts no new push, so what may arrive twice is only
+    what its rounds had already listed when it froze (written at most KILL_WINDOW_S before).
+    Persistent hand-off loses nothing. The balancer, like a Service until the readiness
+    probe fails, still sends the frozen replica requests it cannot answer: sync writes made
+    during the freeze may be lost (the gateway's push times out and counts as done), no
+    others."""
+    pipeline = pipelines(kube, rgw, replicas=3)
+    cluster = pipeline.cluster
+    window: list[float] = []
+    taken: dict[int, str] = {}
+    frozen: list[str] = []
+
+    def freeze() -> None:
+        holders = cluster.holders()
+        victim = collections.Counter(holders.values()).most_common(1)[0][0]
+        frozen.append(victim)
+        taken.update({p: h for p, h in holders.items() if h == victim})
+        window.append(time.time())
+        cluster.kill(victim, signal.SIGSTOP)
+        time.sleep(LEASE_DURATION_S + 8)
+        after = cluster.holders()
+        taken.update({p: after.get(p, "nobody") for p in taken})
+        cluster.kill(victim, signal.SIGCONT)
+        window.append(time.time())
+
+    with RecordingHttpServer() as receiver:
+        target = HttpTarget(receiver)
+        stream, outcomes = run(pipeline, target, freeze, may_lose=("sync",))
+    began, ended = window
+    print(f"froze {frozen[0]} for {ended - began:.1f} s; its partitions then held by {taken}")
+    assert taken, "the frozen replica held no partition: the fault missed"
+    assert all(h not in (frozen[0], "nobody") for h in taken.values()), (
+        f"the frozen replica's partitions were not taken over: {taken}"
+    )
+    by_handoff = {o.topic.split("-")[0]: o for o in outcomes}
+    assert_none_lost([by_handoff["persistent"]])
+    repeated_outside = []
+    for outcome in outcomes:
+        for key in outcome.duplicated:
+            sent, acked = stream.written_at[key]
+            print(f"{outcome.topic} {key}: written {sent - began:+.2f} s from the freeze")
+            if not (began - KILL_WINDOW_S <= acked and sent <= began):
+                repeated_outside.append(key)
+    assert not repeated_outside, (
+        f"delivered twice, though not listed by the frozen replica's round: {repeated_outside}"
+    )
+    sync = by_handoff["sync"]
+    print(f"sync hand-off: {len(sync.lost)} lost: {sync.lost}")
+    outside = [
+        key
+        for key in sync.lost
+        if not (stream.written_at[key][0] <= ended and stream.written_at[key][1] >= began)
+    ]
+    assert not outside, f"sync writes lost that were not made during the freeze: {outside}"
