@@ -22,7 +22,11 @@ def start_operator(
 ) -> Iterator[StartOperator]:
     started: list[Program] = []
 
-    def start(user: int | None = None, **settings: str) -> Program:
+    def start(
+        user: int | None = None, extra_env: dict[str, str] | None = None, **settings: str
+    ) -> Program:
+        """``settings``: ``BUCKETNOTIFY_<NAME>`` values by lower-case name; ``extra_env``:
+        other variables (``AWS_CA_BUNDLE``)."""
         env = {
             "KUBECONFIG": kube["KUBECONFIG_ADMIN"],
             **gateway_settings(rgw),
@@ -32,6 +36,7 @@ def start_operator(
             # Off unless a test asks for a port: 9090 may be taken (tests run in parallel).
             "BUCKETNOTIFY_METRICS_PORT": "0",
             **{f"BUCKETNOTIFY_{k.upper()}": v for k, v in settings.items()},
+            **(extra_env or {}),
         }
         program = Program(["operator"], env, user=user)
         started.append(program)

@@ -15,7 +15,9 @@
 #                                 their own; never run them against one that others use.
 #
 # Ports (loopback only) can be moved with CEPH_RGW_PORT (S3/SNS, default 18000),
-# CEPH_MON_PORT (msgr v1, default 16789) and CEPH_MON_V2_PORT (msgr v2, default 13300); the
+# CEPH_RGW_TLS_PORT (the same over HTTPS, default 18443; RGW_TLS_ENDPOINT and the CA that
+# signed its certificate, RGW_CA_PEM, in the env file), CEPH_MON_PORT (msgr v1, default
+# 16789) and CEPH_MON_V2_PORT (msgr v2, default 13300); the
 # defaults stay clear of Ceph's own 6789/3300 so a real cluster on the machine is left alone.
 # No manager daemon runs: RGW and bucket notifications work without one, and it would cost
 # memory and start time.
@@ -23,6 +25,9 @@ SERVICE=ceph
 source "$(dirname "$0")/lib.sh"
 
 RGW_PORT=${CEPH_RGW_PORT:-18000}
+# The same gateway over HTTPS (a CA made at each start): Ceph 16.2 takes topic credentials
+# only over HTTPS, and s3a writes empty objects only over HTTPS (docs/report.md).
+RGW_TLS_PORT=${CEPH_RGW_TLS_PORT:-18443}
 MON_PORT=${CEPH_MON_PORT:-16789}
 MON_V2_PORT=${CEPH_MON_V2_PORT:-13300}
 # memstore keeps every object in the OSD's memory; tests write small objects only.
@@ -144,7 +149,7 @@ log file = $DIR/\$name.log
 [$RGW_NAME]
 admin socket = $DIR/\$name.asok
 # tcp_nodelay: without it every LIST/GET waits ~40 ms on Nagle + delayed ACK.
-rgw frontends = beast endpoint=127.0.0.1:$RGW_PORT tcp_nodelay=1
+rgw frontends = beast endpoint=127.0.0.1:$RGW_PORT ssl_endpoint=127.0.0.1:$RGW_TLS_PORT ssl_certificate=$DIR/tls/server.crt ssl_private_key=$DIR/tls/server.key tcp_nodelay=1
 rgw data = $DIR/rgw
 log file = $RGW_LOG
 EOF
@@ -193,6 +198,7 @@ start() {
   # A start that fails leaves no daemon behind, but keeps the logs for whoever looks next.
   trap '(($? == 0)) || kill_daemons' EXIT
   port_open "$RGW_PORT" && die "port $RGW_PORT is taken by another process (set CEPH_RGW_PORT)"
+  port_open "$RGW_TLS_PORT" && die "port $RGW_TLS_PORT is taken by another process (set CEPH_RGW_TLS_PORT)"
   port_open "$MON_PORT" && die "port $MON_PORT is taken by another process (set CEPH_MON_PORT)"
   port_open "$MON_V2_PORT" && die "port $MON_V2_PORT is taken by another process (set CEPH_MON_V2_PORT)"
 
@@ -203,6 +209,7 @@ start() {
   osd_uuid=$(cat /proc/sys/kernel/random/uuid)
   write_conf "$fsid"
   write_keyring
+  make_server_tls "$DIR/tls" "bucketnotify local RGW CA"
 
   # The initial osdmap already holds osd.0, so the OSD can be made and started alongside the
   # monitor instead of waiting for it to answer an `osd new`.
@@ -231,6 +238,8 @@ start() {
 
   write_env "$DIR/env" \
     "RGW_ENDPOINT=http://127.0.0.1:$RGW_PORT" \
+    "RGW_TLS_ENDPOINT=https://127.0.0.1:$RGW_TLS_PORT" \
+    "RGW_CA_PEM=$DIR/tls/ca.crt" \
     "RGW_REGION=$REGION" \
     "RGW_USER=$TEST_UID" \
     "RGW_ACCESS_KEY=$TEST_ACCESS" \

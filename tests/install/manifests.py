@@ -46,6 +46,7 @@ ALL_OPTIONS: dict[str, Any] = {
         "accessKey": "AK",
         "secretKey": "SK",
         "region": "zg",
+        "caConfigMap": "gateway-ca",
     },
     "image": {"digest": "sha256:" + "a" * 64},
     "operator": {"antiAffinity": "hard", "extraEnv": [{"name": "X", "value": "1"}]},

@@ -180,6 +180,7 @@ CHANGED: dict[str, Any] = {
     "logging": {"format": "plain", "level": "DEBUG"},
     "podSecurityContext": {"runAsNonRoot": True, "runAsUser": 1001, "fsGroup": 2002},
     "securityContext": {"readOnlyRootFilesystem": True, "runAsGroup": 3003},
+    "gateway": {"caConfigMap": "gateway-ca-bundle"},
     "operator": {
         "driftIntervalSeconds": 45,
         "ownerId": "estate-7",
@@ -303,6 +304,15 @@ def test_changed_values_reach_the_programs_and_the_pods(
         served = operator.metrics_port if component == "operator" else delivery.listen_port
         for kind in ("livenessProbe", "readinessProbe"):
             assert ports[container[kind]["httpGet"]["port"]] == served
+        # gateway.caConfigMap: the CA's PEM mounted where AWS_CA_BUNDLE (boto3) looks.
+        (volume,) = [v for v in container["pod"]["volumes"] if "configMap" in v]
+        assert volume["configMap"]["name"] == "gateway-ca-bundle"
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+        (item,) = volume["configMap"]["items"]
+        bundle = _env(objs, component)["AWS_CA_BUNDLE"]
+        assert bundle == f"{mount['mountPath']}/{item['path']}"
+        assert item["key"] == "ca.crt"
+        assert mount["readOnly"] is True
     operator_container = _container(objs, "operator")
     assert operator_container["livenessProbe"]["periodSeconds"] == 31
     assert operator_container["livenessProbe"]["failureThreshold"] == 4
