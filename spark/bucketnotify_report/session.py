@@ -15,6 +15,9 @@ from bucketnotify_report.settings import S3Settings, SessionSettings
 
 __all__ = ["configure_s3", "hadoop_aws_package", "session"]
 
+UNSIGNED_PAYLOAD_SIGNER = "AWS4UnsignedPayloadSignerType"
+"""The signer s3a uses for plain-HTTP endpoints (see ``S3Settings.signing_algorithm``)."""
+
 
 def hadoop_aws_package() -> str:
     """The Maven coordinate of the hadoop-aws release that matches Spark's Hadoop jars.
@@ -85,6 +88,13 @@ def configure_s3(spark: SparkSession, settings: S3Settings | None = None) -> Non
         conf.set(
             "fs.s3a.connection.ssl.enabled", str(settings.endpoint.startswith("https:")).lower()
         )
+    algorithm = settings.signing_algorithm
+    if algorithm is None and settings.endpoint and settings.endpoint.startswith("http:"):
+        algorithm = UNSIGNED_PAYLOAD_SIGNER
+    if algorithm:
+        conf.set("fs.s3a.signing-algorithm", algorithm)
+    else:
+        conf.unset("fs.s3a.signing-algorithm")
     conf.set("fs.s3a.endpoint.region", settings.region)
     conf.set("fs.s3a.path.style.access", str(settings.path_style).lower())
     if settings.access_key and settings.secret_key:

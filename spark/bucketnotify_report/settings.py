@@ -55,3 +55,11 @@ class S3Settings(BaseSettings):
     """RGW ignores the region, but the AWS SDK v2 that s3a uses refuses to start without one."""
     path_style: bool = Field(default=True, validation_alias=_env("PATH_STYLE"))
     """RGW is usually reached by one host name, without a wildcard DNS name per bucket."""
+    signing_algorithm: str | None = Field(
+        default=None, validation_alias=AliasChoices("BUCKETNOTIFY_REPORT_S3_SIGNING_ALGORITHM")
+    )
+    """s3a's ``fs.s3a.signing-algorithm``. None: ``AWS4UnsignedPayloadSignerType`` for an
+    ``http://`` endpoint, the AWS SDK's own choice otherwise. Over plain HTTP the SDK signs
+    each body as an ``aws-chunked`` stream, which Ceph 16.2 refuses for the empty objects
+    Spark writes (directory markers, ``_SUCCESS``: ``XAmzContentSHA256Mismatch``); that
+    signer signs the request but not the body, which plain HTTP does not protect anyway."""
