@@ -19,7 +19,7 @@ from tests.processes import free_port
 
 # Each script's port variables (see the header of deploy/local/<name>.sh).
 PORT_VARIABLES = {
-    "ceph": ("CEPH_RGW_PORT", "CEPH_MON_PORT", "CEPH_MON_V2_PORT"),
+    "ceph": ("CEPH_RGW_PORT", "CEPH_RGW_TLS_PORT", "CEPH_MON_PORT", "CEPH_MON_V2_PORT"),
     "kube": ("KUBE_PORT", "ETCD_PORT", "ETCD_PEER_PORT"),
     "rabbitmq": ("RABBITMQ_PORT", "RABBITMQ_TLS_PORT", "RABBITMQ_DIST_PORT", "RABBITMQ_EPMD_PORT"),
     "kafka": (

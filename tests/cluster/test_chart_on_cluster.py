@@ -187,7 +187,14 @@ def test_pods_deleted_and_rolled_under_a_stream_lose_no_acknowledged_event(
     delivery Deployment, then deletion of the operator's leader pod, under a steady stream
     of uploads: every acknowledged upload arrives; duplicates are counted."""
     ns = release.namespace
-    s3 = s3_client(rgw, retries={"max_attempts": 1}, read_timeout=20, connect_timeout=2)
+    # One attempt: a retried PUT would be a second event of its key (botocore's legacy
+    # "max_attempts" counts retries, not attempts).
+    s3 = s3_client(
+        rgw,
+        retries={"total_max_attempts": 1, "mode": "standard"},
+        read_timeout=20,
+        connect_timeout=2,
+    )
     acknowledged: list[str] = []
     stop = threading.Event()
 

@@ -47,8 +47,16 @@ class Stream:
         self, rgw: LocalService, buckets: list[str], per_second: float, writers: int = 2
     ) -> None:
         # One attempt and short timeouts: a write during an outage fails now, and the
-        # stream keeps its pace instead of queueing retries.
-        self._s3 = s3_client(rgw, retries={"max_attempts": 1}, connect_timeout=2, read_timeout=20)
+        # stream keeps its pace instead of queueing retries. A retried PUT is a second
+        # event of the key (botocore's legacy "max_attempts": 1 allowed one retry: a PUT
+        # held 20 s by a sync push to a frozen replica was sent again and counted as a
+        # delivery duplicate).
+        self._s3 = s3_client(
+            rgw,
+            retries={"total_max_attempts": 1, "mode": "standard"},
+            connect_timeout=2,
+            read_timeout=20,
+        )
         self._buckets = buckets
         self.writers = writers
         self._interval = writers / per_second
