@@ -69,6 +69,35 @@ def proxied_gateway(kubectl: Kubectl, namespace: str, secret: str, rgw: LocalSer
     return proxy
 
 
+SASL_KAFKA: dict[str, Any] = {
+    "endpoint": {
+        "kafka": {
+            "url": "kafka://127.0.0.1:9093",
+            "useSSL": True,
+            "sasl": {
+                "mechanism": "SCRAM-SHA-512",
+                "credentialsRef": {"secretName": "kafka-creds"},
+            },
+        }
+    }
+}
+"""A non-persistent Kafka Topic whose credentials the gateway must hold (the Secret
+``kafka-creds`` of ``kafka_credentials``)."""
+
+
+def kafka_credentials(kubectl: Kubectl, namespace: str, password: str) -> None:
+    kubectl.run(
+        "create",
+        "secret",
+        "generic",
+        "kafka-creds",
+        "-n",
+        namespace,
+        "--from-literal=username=alice",
+        f"--from-literal=password={password}",
+    )
+
+
 def events(kubectl: Kubectl, namespace: str) -> str:
     return kubectl.run("get", "events", "-n", namespace, "-o", "json").stdout
 
@@ -148,16 +177,7 @@ def test_tls_and_sasl_settings_reach_the_gateway(
     # The operator may send them in the clear here; the gateway decides for itself.
     operator = start_operator(allow_cleartext_secrets="true")
     password = "not-shown-anywhere"
-    kubectl.run(
-        "create",
-        "secret",
-        "generic",
-        "kafka-creds",
-        "-n",
-        namespace,
-        "--from-literal=username=alice",
-        f"--from-literal=password={password}",
-    )
+    kafka_credentials(kubectl, namespace, password)
     specs = {
         f"{namespace}-insecure": {
             "endpoint": {"http": {"url": "https://127.0.0.1:9/hook", "verifySSL": False}}
@@ -165,18 +185,7 @@ def test_tls_and_sasl_settings_reach_the_gateway(
         f"{namespace}-tls": {
             "endpoint": {"kafka": {"url": "kafka://127.0.0.1:9093", "useSSL": True}}
         },
-        f"{namespace}-sasl": {
-            "endpoint": {
-                "kafka": {
-                    "url": "kafka://127.0.0.1:9093",
-                    "useSSL": True,
-                    "sasl": {
-                        "mechanism": "SCRAM-SHA-512",
-                        "credentialsRef": {"secretName": "kafka-creds"},
-                    },
-                }
-            }
-        },
+        f"{namespace}-sasl": SASL_KAFKA,
     }
     for name, spec in specs.items():
         kubectl.apply({**topic(name, spec), "metadata": {"name": name, "namespace": namespace}})
@@ -221,30 +230,9 @@ def test_sasl_settings_reach_a_gateway_over_https(
     monkeypatch.setenv("AWS_CA_BUNDLE", rgw["RGW_CA_PEM"])
     gateway = TopicClient(replace(connection(rgw), endpoint=rgw["RGW_TLS_ENDPOINT"]))
     password = "not-shown-over-https"
-    kubectl.run(
-        "create",
-        "secret",
-        "generic",
-        "kafka-creds",
-        "-n",
-        namespace,
-        "--from-literal=username=alice",
-        f"--from-literal=password={password}",
-    )
+    kafka_credentials(kubectl, namespace, password)
     name = f"{namespace}-sasl-tls"
-    spec = {
-        "endpoint": {
-            "kafka": {
-                "url": "kafka://127.0.0.1:9093",
-                "useSSL": True,
-                "sasl": {
-                    "mechanism": "SCRAM-SHA-512",
-                    "credentialsRef": {"secretName": "kafka-creds"},
-                },
-            }
-        }
-    }
-    kubectl.apply({**topic(name, spec), "metadata": {"name": name, "namespace": namespace}})
+    kubectl.apply({**topic(name, SASL_KAFKA), "metadata": {"name": name, "namespace": namespace}})
     try:
         arn = ready(kubectl, namespace, name)["arn"]
         sasl = gateway_topic(gateway, arn)
@@ -331,16 +319,7 @@ def test_cleartext_credentials_are_refused_without_leaking_them(
     kubectl: Kubectl, namespace: str, operator: Program, gateway: TopicClient
 ) -> None:
     password = "s3cr3t-do-not-leak"
-    kubectl.run(
-        "create",
-        "secret",
-        "generic",
-        "kafka-creds",
-        "-n",
-        namespace,
-        "--from-literal=username=alice",
-        f"--from-literal=password={password}",
-    )
+    kafka_credentials(kubectl, namespace, password)
     name = f"{namespace}-sasl"
     spec = {
         "endpoint": {
