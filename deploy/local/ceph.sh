@@ -25,8 +25,8 @@ SERVICE=ceph
 source "$(dirname "$0")/lib.sh"
 
 RGW_PORT=${CEPH_RGW_PORT:-18000}
-# The same gateway over HTTPS (a CA made at each start): Ceph 16.2 takes topic credentials
-# only over HTTPS, and s3a writes empty objects only over HTTPS (docs/report.md).
+# The same gateway over HTTPS (a CA made at each start): Ceph 16.2 takes a topic's broker
+# credentials only over HTTPS (docs/operator.md).
 RGW_TLS_PORT=${CEPH_RGW_TLS_PORT:-18443}
 MON_PORT=${CEPH_MON_PORT:-16789}
 MON_V2_PORT=${CEPH_MON_V2_PORT:-13300}
