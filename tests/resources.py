@@ -64,6 +64,17 @@ def condition(
     return wait_until(observe, done, 40, f"{kind} {name} Ready={status} {reason or ''}")
 
 
+def credentials_secret(
+    kubectl: Kubectl, namespace: str, name: str, username: str, password: str
+) -> None:
+    """A broker credentials Secret (keys ``username``, ``password``) as a Topic's
+    ``credentialsRef`` names it."""
+    kubectl.run(
+        "create", "secret", "generic", name, "-n", namespace,
+        f"--from-literal=username={username}", f"--from-literal=password={password}",
+    )  # fmt: skip
+
+
 def token_secret(kubectl: Kubectl, namespace: str, topic: str) -> str:
     """The ingest token Secret the operator would make for a persistent Topic; its token
     (for tests that run a replica without the operator)."""

@@ -27,7 +27,7 @@ from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.processes import Program, free_port
 from tests.receivers import RecordingHttpServer
-from tests.resources import apply, token_secret
+from tests.resources import apply, credentials_secret, token_secret
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("crds")
@@ -48,15 +48,8 @@ def reasons(events: list[dict[str, Any]]) -> list[str]:
 
 def broker_secret(kubectl: Kubectl, namespace: str, rabbitmq: LocalService) -> None:
     """Secret ``mq-creds`` with the local RabbitMQ's user and password."""
-    kubectl.run(
-        "create",
-        "secret",
-        "generic",
-        "mq-creds",
-        "-n",
-        namespace,
-        f"--from-literal=username={rabbitmq['AMQP_USER']}",
-        f"--from-literal=password={rabbitmq['AMQP_PASSWORD']}",
+    credentials_secret(
+        kubectl, namespace, "mq-creds", rabbitmq["AMQP_USER"], rabbitmq["AMQP_PASSWORD"]
     )
 
 
@@ -375,15 +368,12 @@ def test_an_endpoint_that_cannot_be_opened_as_specified_is_endpoint_invalid_unti
         },
     )
     try:
-        kubectl.run(
-            "create",
-            "secret",
-            "generic",
-            "kafka-creds",
-            "-n",
+        credentials_secret(
+            kubectl,
             namespace,
-            f"--from-literal=username={kafka['KAFKA_SCRAM_USER']}",
-            f"--from-literal=password={kafka['KAFKA_SCRAM_PASSWORD']}",
+            "kafka-creds",
+            kafka["KAFKA_SCRAM_USER"],
+            kafka["KAFKA_SCRAM_PASSWORD"],
         )
         endpoint_topic = f"invalid-{uuid.uuid4().hex[:8]}"
 

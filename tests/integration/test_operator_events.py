@@ -16,7 +16,7 @@ import pytest
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.operator import StartOperator
-from tests.resources import apply, condition
+from tests.resources import apply, condition, credentials_secret
 from tests.s3 import s3_client
 from tests.tcpproxy import TcpProxy
 from tests.waiting import wait_until
@@ -46,16 +46,7 @@ def test_failure_once_then_recovered_created_updated_and_no_secret_in_events_or_
     and the Events never show the gateway secret key or a broker password."""
     operator = start_operator(log_format="json", log_level="DEBUG")
     password = "pa55-w0rd-of-the-broker"
-    kubectl.run(
-        "create",
-        "secret",
-        "generic",
-        "broker",
-        "-n",
-        namespace,
-        "--from-literal=username=alice",
-        f"--from-literal=password={password}",
-    )
+    credentials_secret(kubectl, namespace, "broker", "alice", password)
     target = urlsplit(rgw["RGW_ENDPOINT"])
     assert target.hostname is not None and target.port is not None
     proxy = TcpProxy(target.hostname, target.port)

@@ -21,7 +21,7 @@ from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.operator import DRIFT_INTERVAL_S, StartOperator
 from tests.processes import Program, free_port
-from tests.resources import condition, gateway_secret
+from tests.resources import condition, credentials_secret, gateway_secret
 from tests.s3 import connection
 from tests.tcpproxy import TcpProxy
 from tests.waiting import wait_until
@@ -82,20 +82,7 @@ SASL_KAFKA: dict[str, Any] = {
     }
 }
 """A non-persistent Kafka Topic whose credentials the gateway must hold (the Secret
-``kafka-creds`` of ``kafka_credentials``)."""
-
-
-def kafka_credentials(kubectl: Kubectl, namespace: str, password: str) -> None:
-    kubectl.run(
-        "create",
-        "secret",
-        "generic",
-        "kafka-creds",
-        "-n",
-        namespace,
-        "--from-literal=username=alice",
-        f"--from-literal=password={password}",
-    )
+``kafka-creds``)."""
 
 
 def events(kubectl: Kubectl, namespace: str) -> str:
@@ -177,7 +164,7 @@ def test_tls_and_sasl_settings_reach_the_gateway(
     # The operator may send them in the clear here; the gateway decides for itself.
     operator = start_operator(allow_cleartext_secrets="true")
     password = "not-shown-anywhere"
-    kafka_credentials(kubectl, namespace, password)
+    credentials_secret(kubectl, namespace, "kafka-creds", "alice", password)
     specs = {
         f"{namespace}-insecure": {
             "endpoint": {"http": {"url": "https://127.0.0.1:9/hook", "verifySSL": False}}
@@ -230,7 +217,7 @@ def test_sasl_settings_reach_a_gateway_over_https(
     monkeypatch.setenv("AWS_CA_BUNDLE", rgw["RGW_CA_PEM"])
     gateway = TopicClient(replace(connection(rgw), endpoint=rgw["RGW_TLS_ENDPOINT"]))
     password = "not-shown-over-https"
-    kafka_credentials(kubectl, namespace, password)
+    credentials_secret(kubectl, namespace, "kafka-creds", "alice", password)
     name = f"{namespace}-sasl-tls"
     kubectl.apply({**topic(name, SASL_KAFKA), "metadata": {"name": name, "namespace": namespace}})
     try:
@@ -319,7 +306,7 @@ def test_cleartext_credentials_are_refused_without_leaking_them(
     kubectl: Kubectl, namespace: str, operator: Program, gateway: TopicClient
 ) -> None:
     password = "s3cr3t-do-not-leak"
-    kafka_credentials(kubectl, namespace, password)
+    credentials_secret(kubectl, namespace, "kafka-creds", "alice", password)
     name = f"{namespace}-sasl"
     spec = {
         "endpoint": {
