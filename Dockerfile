@@ -1,12 +1,15 @@
 # The images of bucketnotify, from one file:
 #   - operator and delivery service (default): `bucketnotify operator`, `bucketnotify delivery`
 #     and the admin CLI (charts/bucketnotify runs it with args [operator] or [delivery]);
-#   - the Spark report job: `--build-arg EXTRAS=report` on a base image that has Java
-#     (deploy/local/images.sh builds both).
+#   - the Spark report job (`--target report --build-arg EXTRAS=report`, with REPORT_BASE_IMAGE
+#     naming a base that has PYTHON_IMAGE's Python and a Java 17 runtime): Spark, hadoop-aws for
+#     s3a, the report job, and an entrypoint for Spark's driver and executor pods
+#     (deploy/local/images.sh builds both, and both bases from Debian packages).
 #
 # The project installs itself (`pip install .`), so pyproject.toml is the only list of what an
 # image contains; tests/install/test_image.py checks that nothing else is installed.
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
+ARG REPORT_BASE_IMAGE=python:3.11.14-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 # Empty, or "report" for the Spark job's pyspark, matplotlib and jinja2.
@@ -28,6 +31,31 @@ COPY operator/ operator/
 COPY spark/ spark/
 RUN /opt/bucketnotify/bin/pip install --no-deps . \
     && /opt/bucketnotify/bin/pip uninstall --yes pip setuptools
+
+FROM ${REPORT_BASE_IMAGE} AS report
+RUN java -version >/dev/null 2>&1 || { echo "REPORT_BASE_IMAGE has no java on PATH: Spark needs \
+a Java 17 runtime (e.g. Debian's openjdk-17-jre-headless) beside PYTHON_IMAGE's Python" >&2; exit 1; }
+# hadoop-aws of Spark's own Hadoop release and what its POM needs, baked in: the pods of a
+# SparkApplication reach no Maven repository. Before the project, so a code change keeps them.
+ARG S3A_JARS="org.apache.hadoop:hadoop-aws:3.5.0 software.amazon.awssdk:bundle:2.35.4 \
+software.amazon.s3.analyticsaccelerator:analyticsaccelerator-s3:1.3.1 \
+org.wildfly.openssl:wildfly-openssl:2.2.5.Final"
+COPY spark/image/spark_jars.py /opt/bucketnotify-image/
+RUN python3 /opt/bucketnotify-image/spark_jars.py fetch /opt/spark-jars ${S3A_JARS}
+COPY --from=build /opt/bucketnotify /opt/bucketnotify
+ENV PATH=/opt/bucketnotify/bin:$PATH \
+    SPARK_HOME=/opt/bucketnotify/lib/python3.11/site-packages/pyspark \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+# Hadoop's login needs a user name for the uid; /opt/bucketnotify/spark is where a
+# SparkApplication's mainApplicationFile finds the job (bucketnotify_report/__main__.py).
+RUN python3 /opt/bucketnotify-image/spark_jars.py link /opt/spark-jars "$SPARK_HOME/jars" \
+    && echo "bucketnotify:x:65532:65532::/tmp:/usr/sbin/nologin" >>/etc/passwd \
+    && ln -s lib/python3.11/site-packages /opt/bucketnotify/spark
+COPY spark/image/entrypoint.sh /opt/bucketnotify-image/
+USER 65532:65532
+WORKDIR /tmp
+ENTRYPOINT ["/opt/bucketnotify-image/entrypoint.sh"]
 
 FROM ${PYTHON_IMAGE}
 ENV PATH=/opt/bucketnotify/bin:$PATH \

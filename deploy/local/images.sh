@@ -6,6 +6,9 @@
 #   deploy/local/images.sh build    the Dockerfile on that base -> $IMAGE_TAG
 #   deploy/local/images.sh import   $IMAGE_TAG into the node's containerd (skipped when there)
 #   deploy/local/images.sh all      the three; the last line on stdout is the image reference
+#   deploy/local/images.sh spark    the report image (Dockerfile target `report` on a base with
+#                                   Java) with the Spark operator's controller added, imported:
+#                                   $SPARK_IMAGE_TAG, for the Spark operator and SparkApplications
 #
 # Settings (environment):
 #   IMAGE_TAG         the image built and imported (localhost/bucketnotify:dev)
@@ -14,6 +17,8 @@
 #   IMAGE_BUILD_ARGS  more `buildah bud` arguments, split on spaces (e.g. "--build-arg EXTRAS=report")
 #   BASE_IMAGE        the base image's name, passed as the Dockerfile's PYTHON_IMAGE
 #   BASE_MIRROR       the Debian mirror debootstrap uses (the one apt on this host uses)
+#   JAVA_BASE_IMAGE   the report image's base: the Python base plus a Java 17 runtime
+#   SPARK_IMAGE_TAG   the Spark image (localhost/bucketnotify-spark:dev)
 #
 # Logs go to stderr; stdout carries only the image reference, for the test fixtures.
 SERVICE=images
@@ -32,6 +37,11 @@ BASE_SUITE=bookworm
 # python3-distutils is named because debootstrap does not resolve the virtual package
 # python3.11-venv depends on (python3.11-distutils).
 BASE_PACKAGES=(python3.11 python3.11-venv python3-distutils python-is-python3 ca-certificates)
+JAVA_BASE_IMAGE=${JAVA_BASE_IMAGE:-localhost/bucketnotify-base-java:bookworm}
+# Spark 4 runs on Java 17; its launch scripts call ps, and tini reaps the JVM's children in
+# the driver and executor pods as in Spark's own images.
+JAVA_PACKAGES=(openjdk-17-jre-headless procps tini)
+SPARK_IMAGE_TAG=${SPARK_IMAGE_TAG:-localhost/bucketnotify-spark:dev}
 cache="$BN_CACHE/images"
 work="$BN_RUN/images"
 
@@ -48,7 +58,7 @@ BASE_MIRROR=${BASE_MIRROR:-$(host_mirror)}
 
 # Bump when base() makes a different image from the same packages.
 BASE_RECIPE_VERSION=3
-BASE_RECIPE=$(printf '%s\n' "$BASE_RECIPE_VERSION" "$BASE_SUITE" "${BASE_PACKAGES[@]}" | sha256sum | cut -c1-12)
+recipe() { printf '%s\n' "$BASE_RECIPE_VERSION" "$BASE_SUITE" "$@" | sha256sum | cut -c1-12; }
 
 image_exists() { buildah inspect --type image "$1" >/dev/null 2>&1; }
 image_id() { buildah inspect --type image --format '{{.FromImageID}}' "$1"; }
@@ -70,16 +80,16 @@ remove_rootfs() {
 # The root filesystem, cached as a tarball named after its package list: the image can be
 # made again from it (after buildah's storage is wiped) without debootstrap's 80 s.
 base_rootfs() {
-  local key tarball rootfs
-  tarball="$cache/$BASE_SUITE-minbase-$BASE_RECIPE.tar"
+  local tarball rootfs
+  tarball="$cache/$BASE_SUITE-minbase-$(recipe "$@").tar"
   if [[ ! -f $tarball ]]; then
     apt_ensure debootstrap debian-archive-keyring
     mkdir -p "$cache"
     rootfs="$cache/rootfs.tmp"
     remove_rootfs "$rootfs"
-    log "debootstrap $BASE_SUITE (minbase + ${BASE_PACKAGES[*]}) from $BASE_MIRROR"
+    log "debootstrap $BASE_SUITE (minbase + $*) from $BASE_MIRROR"
     local packages
-    packages=$(IFS=,; echo "${BASE_PACKAGES[*]}")
+    packages=$(IFS=,; echo "$*")
     if ! debootstrap --variant=minbase --include="$packages" "$BASE_SUITE" "$rootfs" "$BASE_MIRROR" \
       >"$cache/debootstrap.log" 2>&1; then
       remove_rootfs "$rootfs"
@@ -100,14 +110,18 @@ base_rootfs() {
   echo "$tarball"
 }
 
+# base IMAGE PACKAGE...: a Debian minbase with those packages as IMAGE (once per package list).
 base() {
-  if image_exists "$BASE_IMAGE" && [[ $(buildah inspect --type image \
-    --format '{{index .OCIv1.Config.Labels "bucketnotify.base-recipe"}}' "$BASE_IMAGE") == "$BASE_RECIPE" ]]; then
+  local image=$1; shift
+  local want
+  want=$(recipe "$@")
+  if image_exists "$image" && [[ $(buildah inspect --type image \
+    --format '{{index .OCIv1.Config.Labels "bucketnotify.base-recipe"}}' "$image") == "$want" ]]; then
     return 0
   fi
   apt_ensure buildah
   local started=$SECONDS tarball ctr mnt
-  tarball=$(base_rootfs)
+  tarball=$(base_rootfs "$@")
   ctr=$(buildah from scratch)
   buildah add --quiet "$ctr" "$tarball" / >/dev/null
   mnt=$(buildah mount "$ctr")
@@ -121,9 +135,9 @@ base() {
   buildah umount "$ctr" >/dev/null
   buildah config --env LANG=C.UTF-8 \
     --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-    --label "bucketnotify.base-recipe=$BASE_RECIPE" --cmd '["python3"]' "$ctr"
-  buildah commit --quiet --rm "$ctr" "$BASE_IMAGE" >/dev/null
-  log "base image $BASE_IMAGE: $(image_size "$BASE_IMAGE") in $((SECONDS - started)) s"
+    --label "bucketnotify.base-recipe=$want" --cmd '["python3"]' "$ctr"
+  buildah commit --quiet --rm "$ctr" "$image" >/dev/null
+  log "base image $image: $(image_size "$image") in $((SECONDS - started)) s"
 }
 
 # ------------------------------------------------------------------------------------ build
@@ -143,7 +157,7 @@ host_ca_bundle() {
 }
 
 build() {
-  base
+  base "$BASE_IMAGE" "${BASE_PACKAGES[@]}"
   local started=$SECONDS ca target=() extra=()
   [[ -f $DOCKERFILE ]] || die "no Dockerfile at $DOCKERFILE"
   if [[ -n $IMAGE_TARGET ]]; then
@@ -196,11 +210,40 @@ import() {
   log "imported $IMAGE_TAG ${want:7:12} into the node's containerd in $((SECONDS - started)) s"
 }
 
+# ------------------------------------------------------------------------------------ spark
+
+# The Spark operator's image is the report image with the operator's controller added, as
+# upstream builds it on Spark's own image: its controller runs spark-submit. One image serves
+# the Spark operator's pods and the SparkApplication's driver and executors, so the node
+# imports the 1.5 GB of Java, Spark and the AWS SDK once.
+spark() {
+  base "$JAVA_BASE_IMAGE" "${BASE_PACKAGES[@]}" "${JAVA_PACKAGES[@]}"
+  local operator report=localhost/bucketnotify-report:dev ctr stamp started
+  operator=$(bash "$(dirname "$0")/spark-operator-build.sh" | tail -n1)/spark-operator
+  IMAGE_TAG=$report IMAGE_TARGET=report BASE_IMAGE=$BASE_IMAGE \
+    IMAGE_BUILD_ARGS="--build-arg EXTRAS=report --build-arg REPORT_BASE_IMAGE=$JAVA_BASE_IMAGE" build
+  # Committed again only when the report image or the binary changed: an unchanged image ID
+  # spares the import.
+  stamp="$(image_id "$report" | cut -c1-12)-$(sha256sum "$operator" | cut -c1-12)"
+  if ! image_exists "$SPARK_IMAGE_TAG" || [[ $(buildah inspect --type image \
+    --format '{{index .OCIv1.Config.Labels "bucketnotify.spark-stamp"}}' "$SPARK_IMAGE_TAG") != "$stamp" ]]; then
+    started=$SECONDS
+    ctr=$(buildah from --pull=never "$report")
+    buildah copy --quiet --chmod 0755 "$ctr" "$operator" /usr/bin/spark-operator >/dev/null
+    buildah config --label "bucketnotify.spark-stamp=$stamp" "$ctr"
+    buildah commit --quiet --rm "$ctr" "$SPARK_IMAGE_TAG" >/dev/null
+    log "built $SPARK_IMAGE_TAG: $(image_size "$SPARK_IMAGE_TAG") in $((SECONDS - started)) s"
+  fi
+  IMAGE_TAG=$SPARK_IMAGE_TAG import
+  IMAGE_TAG=$SPARK_IMAGE_TAG
+}
+
 case "${1:-}" in
-  base) base ;;
+  base) base "$BASE_IMAGE" "${BASE_PACKAGES[@]}" ;;
   build) build ;;
   import) import ;;
-  all) base; build; import ;;
-  *) die "usage: $0 base|build|import|all" ;;
+  all) base "$BASE_IMAGE" "${BASE_PACKAGES[@]}"; build; import ;;
+  spark) spark ;;
+  *) die "usage: $0 base|build|import|all|spark" ;;
 esac
 echo "$IMAGE_TAG"

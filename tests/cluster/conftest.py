@@ -14,10 +14,11 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from tests.cluster.pods import Release, describe
+from tests.cluster.pods import Release, describe, describe_all
 from tests.install.manifests import CHART, helm
 from tests.kubectl import Kubectl
 from tests.localservices import LOCAL, LocalService, start, stop
@@ -42,8 +43,13 @@ def node() -> Iterator[LocalService]:
 def image(node: LocalService) -> str:
     """Our operator/delivery image, built from the Dockerfile and imported into the node's
     containerd (no registry: pods use it with imagePullPolicy Never)."""
+    return run_script("images.sh", "all")
+
+
+def run_script(*args: str) -> str:
+    """A deploy/local script's last line of stdout; its log tail as the failure."""
     result = subprocess.run(
-        ["bash", str(LOCAL / "images.sh"), "all"],
+        ["bash", str(LOCAL / args[0]), *args[1:]],
         capture_output=True,
         text=True,
         timeout=3600,
@@ -51,9 +57,56 @@ def image(node: LocalService) -> str:
     )
     if result.returncode != 0:
         tail = "\n".join((result.stdout + result.stderr).splitlines()[-60:])
-        pytest.fail(f"deploy/local/images.sh all failed:\n{tail}", pytrace=False)
+        pytest.fail(f"deploy/local/{' '.join(args)} failed:\n{tail}", pytrace=False)
     print(result.stderr[-2000:])
     return result.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="session")
+def spark_image(node: LocalService) -> str:
+    """Java, Spark, hadoop-aws, the report job and the Spark operator's controller in one
+    image (the Dockerfile's report target plus the operator built from its Go module),
+    imported into the node."""
+    return run_script("images.sh", "spark")
+
+
+@pytest.fixture(scope="module")
+def spark_operator(
+    helm_bin: str, spark_image: str, node: LocalService, ckubectl: Kubectl, release: Release
+) -> Iterator[str]:
+    """The Kubeflow Spark operator installed from its own Helm chart (controller and mutating
+    webhook, which puts the gateway Secret's keys into the driver and executor pods) with our
+    image, watching the release's namespace. Its name."""
+    chart = Path(run_script("spark-operator-build.sh")) / "chart"
+    suffix = uuid.uuid4().hex[:6]
+    name, namespace = f"spark-operator-{suffix}", f"spark-operator-{suffix}"
+    registry, _, rest = spark_image.partition("/")
+    repository, _, tag = rest.rpartition(":")
+    values = [
+        f"image.registry={registry}",
+        f"image.repository={repository}",
+        f"image.tag={tag}",
+        "image.pullPolicy=Never",
+        f"spark.jobNamespaces={{{release.namespace}}}",
+        # The job brings its own ServiceAccount and Role (deploy/spark/rbac.yaml).
+        "spark.serviceAccount.create=false",
+        "spark.rbac.create=false",
+    ]
+    try:
+        helm(
+            helm_bin, "install", name, str(chart), "-n", namespace, "--create-namespace",
+            "--kubeconfig", node["NODE_KUBECONFIG"], "--wait", "--timeout", INSTALL_TIMEOUT,
+            *[arg for value in values for arg in ("--set", value)],
+        )  # fmt: skip
+    except AssertionError as exc:
+        pytest.fail(f"{exc}\n{describe_all(ckubectl, namespace)}", pytrace=False)
+    yield namespace
+    print(describe_all(ckubectl, namespace)[-4000:])
+    helm(
+        helm_bin, "uninstall", name, "-n", namespace, "--kubeconfig", node["NODE_KUBECONFIG"],
+        "--wait", check=False,
+    )  # fmt: skip
+    ckubectl.run("delete", "namespace", namespace, "--wait=false", check=False)
 
 
 @pytest.fixture(scope="session")

@@ -46,3 +46,14 @@ def describe(kubectl: Kubectl, namespace: str) -> str:
             logs = kubectl.run("logs", "-n", namespace, name, "--tail=40", check=False)
             out.append(f"--- {name} ---\n{logs.stdout}{logs.stderr}")
     return "\n".join(out)
+
+
+def describe_all(kubectl: Kubectl, namespace: str) -> str:
+    """The pods and events of a namespace and the last log lines of every pod in it."""
+    out = [kubectl.run("get", "pods,events", "-n", namespace, "-o", "wide", check=False).stdout]
+    listed = kubectl.run("get", "pods", "-n", namespace, "-o", "json", check=False).stdout
+    for pod in json.loads(listed or '{"items": []}')["items"]:
+        name = pod["metadata"]["name"]
+        logs = kubectl.run("logs", "-n", namespace, name, "--tail=40", check=False)
+        out.append(f"--- {name} ---\n{logs.stdout}{logs.stderr}")
+    return "\n".join(out)

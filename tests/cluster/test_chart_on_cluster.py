@@ -6,16 +6,20 @@ and the last one uninstalls it.
 
 from __future__ import annotations
 
+import datetime as dt
+import gzip
 import json
 import threading
 import time
 import uuid
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from tests.cluster.pods import Release, describe, pods, ready
+from tests.cluster.pods import Release, describe, describe_all, pods, ready
 from tests.install.manifests import helm
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
@@ -24,6 +28,7 @@ from tests.s3 import s3_client, sns_client
 from tests.waiting import wait_until
 
 API = "bucketnotify.io/v1alpha1"
+SPARK_DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "spark"
 pytestmark = pytest.mark.usefixtures("release")
 
 
@@ -265,6 +270,161 @@ def test_pods_deleted_and_rolled_under_a_stream_lose_no_acknowledged_event(
     )
     assert set(acknowledged) <= set(counts)
     assert len(acknowledged) > 100  # the stream ran through the faults
+
+
+def delivered_records(s3: Any, bucket: str, namespace: str, topic: str) -> Counter[str]:
+    """The object keys of the ``delivered`` records of one Topic in the delivery records the
+    replicas wrote to the gateway, counted."""
+    keys: Counter[str] = Counter()
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="records/v1/"):
+        for obj in page.get("Contents", []):
+            body = gzip.decompress(s3.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read())
+            for line in body.decode().splitlines():
+                record = json.loads(line)
+                if (record["namespace"], record["topic"], record["outcome"]) == (
+                    namespace,
+                    topic,
+                    "delivered",
+                ):
+                    keys[record["key"]] += 1
+    return keys
+
+
+def spark_application(
+    name: str, image: str, arguments: list[str], apiserver: str
+) -> dict[str, Any]:
+    """deploy/spark/sparkapplication.yaml as a user applies it, with this run's image, days
+    and places, and sizes a two-core node can schedule beside the release."""
+    app: dict[str, Any] = yaml.safe_load((SPARK_DEPLOY / "sparkapplication.yaml").read_text())
+    app["metadata"]["name"] = name
+    spec = app["spec"]
+    spec.update(image=image, imagePullPolicy="Never", arguments=arguments)
+    # This node has no cluster DNS: the driver cannot resolve kubernetes.default.svc (its
+    # default API server address) nor the executors the driver's Service name.
+    spec["sparkConf"]["spark.kubernetes.driver.master"] = apiserver
+    spec["sparkConf"]["spark.kubernetes.executor.useDriverPodIP"] = "true"
+    for role in ("driver", "executor"):
+        spec[role].update(memory="1g", coreRequest="250m")
+    return app
+
+
+def test_the_report_runs_under_the_spark_operator_and_counts_what_the_pods_delivered(
+    release: Release,
+    ckubectl: Kubectl,
+    rgw: LocalService,
+    receiver: Any,
+    gateway_for_pods: Any,
+    spark_image: str,
+    spark_operator: str,
+) -> None:
+    """Uploads delivered by the delivery pods leave delivery records on the gateway; the
+    SparkApplication of deploy/spark, run by the Spark operator in driver and executor pods,
+    reads them through s3a and writes its Parquet, summary and HTML back to the gateway; the
+    summary counts each upload of its Topic once, delivered, none lost."""
+    ns = release.namespace
+    s3 = s3_client(rgw)
+    bucket = f"reported-{uuid.uuid4().hex[:6]}"
+    s3.create_bucket(Bucket=bucket)
+    ckubectl.apply(
+        {
+            "apiVersion": API,
+            "kind": "Topic",
+            "metadata": {"name": "reported", "namespace": ns},
+            "spec": {"endpoint": {"http": {"url": receiver.url}}, "persistent": True},
+        }
+    )
+    ckubectl.apply(
+        {
+            "apiVersion": API,
+            "kind": "BucketNotification",
+            "metadata": {"name": "reported", "namespace": ns},
+            "spec": {"bucket": bucket, "topicRef": {"name": "reported"}},
+        }
+    )
+    wait_ready(ckubectl, "topic", "reported", ns)
+    wait_ready(ckubectl, "bucketnotification", "reported", ns)
+    keys = [f"report/{i:03d}" for i in range(30)]
+    for key in keys:
+        s3.put_object(Bucket=bucket, Key=key, Body=b"x")
+    store = dict(v.split("=", 1) for v in release.values)["delivery.store.bucket"]
+    # The replicas flush their records every few seconds (delivery.records.flushSeconds).
+    wait_until(
+        lambda: delivered_records(s3, store, ns, "reported"),
+        lambda counted: set(counted) == set(keys),
+        90,
+        "a delivered record of every upload on the gateway",
+    )
+    assert delivered_records(s3, store, ns, "reported") == Counter(keys)
+
+    ckubectl.run("apply", "-n", ns, "-f", str(SPARK_DEPLOY / "rbac.yaml"))
+    ckubectl.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "bucketnotify-gateway", "namespace": ns},
+            "stringData": {
+                "endpoint": gateway_for_pods.url,
+                "accessKey": rgw["RGW_ACCESS_KEY"],
+                "secretKey": rgw["RGW_SECRET_KEY"],
+            },
+        }
+    )
+    today = dt.datetime.now(dt.UTC).date()
+    # Yesterday too: uploads just before midnight (UTC) have their records there.
+    days = [f"--from={today - dt.timedelta(days=1)}", f"--to={today}"]
+    output = f"s3a://{store}/reports-{uuid.uuid4().hex[:6]}"
+    kubernetes = ckubectl.get("service", "kubernetes", "default")["spec"]["clusterIP"]
+    app = spark_application(
+        "report",
+        spark_image,
+        [f"--input=s3a://{store}/records", f"--output={output}", *days],
+        f"https://{kubernetes}:443",
+    )
+    app["metadata"]["namespace"] = ns
+    ckubectl.apply(app)
+    started = time.monotonic()
+    try:
+        state = wait_until(
+            lambda: (
+                (ckubectl.get("sparkapplication", "report", ns).get("status") or {})
+                .get("applicationState", {})
+                .get("state")
+            ),
+            lambda s: s in ("COMPLETED", "FAILED", "SUBMISSION_FAILED"),
+            900,
+            "the SparkApplication to finish",
+        )
+    finally:
+        took = time.monotonic() - started
+        print(f"SparkApplication finished in {took:.0f} s")
+        print(describe_all(ckubectl, ns)[-6000:])
+        print(describe_all(ckubectl, spark_operator)[-3000:])
+    status = ckubectl.get("sparkapplication", "report", ns).get("status")
+    assert state == "COMPLETED", json.dumps(status, indent=1)
+    # It ran in pods: the driver, and executors the operator saw finish (Spark deletes them).
+    assert status["driverInfo"]["podName"] == "report-driver"
+    assert status["executorState"] and set(status["executorState"].values()) == {"COMPLETED"}
+
+    prefix = output.removeprefix(f"s3a://{store}/")
+    name = f"{today - dt.timedelta(days=1)}_{today}"
+    summary = json.loads(
+        s3.get_object(Bucket=store, Key=f"{prefix}/summary/{name}.json")["Body"].read()
+    )
+    [figures] = [t for t in summary["topics"] if (t["namespace"], t["topic"]) == (ns, "reported")]
+    assert (figures["triggered"], figures["delivered"], figures["lost"]) == (
+        len(keys),
+        len(keys),
+        0,
+    )
+    assert figures["duplicates_delivered"] == 0
+    stored = {
+        obj["Key"]
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=store, Prefix=prefix)
+        for obj in page.get("Contents", [])
+    }
+    assert any(k.startswith(f"{prefix}/hourly/date=") and k.endswith(".parquet") for k in stored)
+    report = s3.get_object(Bucket=store, Key=f"{prefix}/report/{name}.html")["Body"].read()
+    assert report.decode().lstrip().lower().startswith("<!doctype html>")
 
 
 def test_a_namespace_deleted_whole_takes_its_gateway_objects_with_it(
