@@ -81,8 +81,9 @@ test: install services-install tools node-install lint crds-check ## lint, crds 
 	exit $$rc
 
 .PHONY: node-install
-node-install: ## the one-node cluster's packages and binaries, and our image's base (once)
+node-install: ## the one-node cluster's packages and binaries, our image's base and the Spark operator (once)
 	bash $(LOCAL)/node.sh install
+	bash $(LOCAL)/spark-operator-build.sh >/dev/null
 
 .PHONY: test-cluster
 test-cluster: install services-install tools node-install ## the chart on a real one-node cluster (kubelet, containerd): tests/cluster

