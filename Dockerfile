@@ -40,6 +40,8 @@ a Java 17 runtime (e.g. Debian's openjdk-17-jre-headless) beside PYTHON_IMAGE's 
 ARG S3A_JARS="org.apache.hadoop:hadoop-aws:3.5.0 software.amazon.awssdk:bundle:2.35.4 \
 software.amazon.s3.analyticsaccelerator:analyticsaccelerator-s3:1.3.1 \
 org.wildfly.openssl:wildfly-openssl:2.2.5.Final"
+# A mirror of Maven Central, if the build cannot reach it.
+ARG MAVEN_REPOSITORY=https://repo1.maven.org/maven2
 COPY spark/image/spark_jars.py /opt/bucketnotify-image/
 RUN python3 /opt/bucketnotify-image/spark_jars.py fetch /opt/spark-jars ${S3A_JARS}
 COPY --from=build /opt/bucketnotify /opt/bucketnotify
