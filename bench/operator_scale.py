@@ -58,6 +58,9 @@ API = "bucketnotify.io/v1alpha1"
 PLURALS = {"Topic": "topics", "BucketNotification": "bucketnotifications"}
 EVENT = "s3:ObjectCreated:Put"
 POLL_INTERVAL_S = 1.0
+# One drift interval of the operator (60 s by default) and a margin: every object's drift
+# check falls in the window once.
+STEADY_S = 65.0
 
 
 @dataclass(frozen=True)
@@ -671,6 +674,11 @@ def measure(
                 ),
             )
             document["gateway_topics_of_the_run_while_ready"] = len(gateway.topic_names(*marks))
+            print(f"== steady state: {STEADY_S:.0f} s, every object Ready, no change", flush=True)
+            with Phase("steady state", operator, gateway, metrics_url) as steady:
+                time.sleep(STEADY_S)
+                operator.check_alive()
+            document["steady"] = {**steady.result, "seconds": STEADY_S}
             phase(
                 "delete both",
                 lambda: delete_both(kubectl, namespace),
@@ -756,6 +764,25 @@ def report(document: dict[str, Any], options: Options) -> str:
             f" in {total:.1f} s ({(options.topics + options.notifications) / total:.1f} objects/s);"
             f" operator RSS {document.get('operator_rss_idle_mib')} MiB idle,"
             f" {max(p['operator_rss_peak_mib'] for p in created if p)} MiB peak"
+        )
+        idle, peak = document.get("operator_rss_idle_mib"), created[-1]["operator_rss_end_mib"]
+        if idle is not None:
+            objects = (options.topics + options.notifications) / 1000
+            lines.append(
+                f"operator RSS growth: {(peak - idle) / objects:.1f} MiB per 1,000 objects"
+                f" (resident with all Ready {peak} MiB, idle before {idle} MiB;"
+                " goal: peak <= 200 MiB at 2,000)"
+            )
+    steady = document.get("steady")
+    if steady:
+        seconds, op_cpu = steady["seconds"], steady["cpu_s"].get("operator")
+        requests = steady["radosgw_requests"]
+        lines.append(
+            f"steady state ({seconds:.0f} s, all Ready): operator"
+            f" {_num(100 * op_cpu / seconds if op_cpu is not None else None)} % of a core"
+            f" (goal <= 5 %), gateway {_num(requests / seconds if requests is not None else None)}"
+            " requests/s (goal <= 20/s; every client of the shared gateway), handler runs"
+            f" {steady['handler_runs']}"
         )
     if base and all(created):
         topics_phase, notes_phase = created

@@ -11,14 +11,20 @@ import contextlib
 import itertools
 import socket
 import threading
+from collections.abc import Callable
 
 from devstack.programs import free_port
 
 
-def _pipe(src: socket.socket, dst: socket.socket) -> None:
-    """Copy ``src`` to ``dst`` until either side ends, then shut both down."""
+def _pipe(
+    src: socket.socket, dst: socket.socket, seen: Callable[[bytes], None] | None = None
+) -> None:
+    """Copy ``src`` to ``dst`` until either side ends, then shut both down; ``seen`` gets
+    what is copied."""
     try:
         while data := src.recv(65536):
+            if seen is not None:
+                seen(data)
             dst.sendall(data)
     except OSError:
         pass
@@ -28,9 +34,12 @@ def _pipe(src: socket.socket, dst: socket.socket) -> None:
                 s.shutdown(socket.SHUT_RDWR)
 
 
-def _forward(a: socket.socket, b: socket.socket) -> None:
-    for src, dst in ((a, b), (b, a)):
-        threading.Thread(target=_pipe, args=(src, dst), daemon=True).start()
+def _forward(
+    a: socket.socket, b: socket.socket, seen: Callable[[bytes], None] | None = None
+) -> None:
+    """Both directions; ``seen`` gets what ``a`` sends."""
+    threading.Thread(target=_pipe, args=(a, b, seen), daemon=True).start()
+    threading.Thread(target=_pipe, args=(b, a), daemon=True).start()
 
 
 class TcpProxy:
@@ -42,6 +51,18 @@ class TcpProxy:
         self.port = free_port(listen_host)
         self._server: socket.socket | None = None
         self._conns: list[socket.socket] = []
+        self._sent: list[bytes] = []
+        self._sent_lock = threading.Lock()
+
+    def sent(self) -> bytes:
+        """Every byte the clients sent through the proxy so far, connection after
+        connection (an HTTP client's requests can be counted by their request lines)."""
+        with self._sent_lock:
+            return b"".join(self._sent)
+
+    def _seen(self, data: bytes) -> None:
+        with self._sent_lock:
+            self._sent.append(data)
 
     @property
     def url(self) -> str:
@@ -79,7 +100,7 @@ class TcpProxy:
                 client.close()
                 continue
             self._conns += [client, upstream]
-            _forward(client, upstream)
+            _forward(client, upstream, self._seen)
 
 
 class Balancer:

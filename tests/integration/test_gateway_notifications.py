@@ -196,6 +196,47 @@ def test_put_keeps_other_ids_and_replaces_its_own(
     assert len(client.list(bucket)) == 3
 
 
+def test_put_many_writes_several_ids_at_once_and_keeps_the_others(
+    client: NotificationClient, bucket: str, topics: Topics, topic_arn: str
+) -> None:
+    """One write for several Ids: a new one, a changed one, one moved to another topic;
+    an Id not named stays as it was."""
+    other_topic = topics.make()
+    kept = NotificationConfig("kept", topic_arn, ("s3:ObjectRemoved:*",))
+    client.put(bucket, kept)
+    client.put(bucket, NotificationConfig("changed", topic_arn, ("s3:ObjectCreated:Put",)))
+    client.put(bucket, NotificationConfig("moved", topic_arn, ()))
+    batch = [
+        NotificationConfig("new", topic_arn, (), key_filters=(FilterRule("suffix", ".jpg"),)),
+        NotificationConfig("changed", topic_arn, ("s3:ObjectCreated:Copy",)),
+        NotificationConfig("moved", other_topic, ()),
+    ]
+
+    client.put_many(bucket, batch)
+
+    listed = client.list(bucket)
+    assert sorted(listed, key=lambda c: c.id) == sorted([kept, *batch], key=lambda c: c.id)
+
+
+def test_put_many_with_a_missing_topic_is_refused_and_names_it(
+    client: NotificationClient, bucket: str, topic_arn: str
+) -> None:
+    """The caller puts the Ids one at a time after such a refusal, to find whose it is."""
+    missing = f"arn:aws:sns:default::{unique('no-topic')}"
+    batch = [
+        NotificationConfig("fine", topic_arn, ()),
+        NotificationConfig("lost", missing, ()),
+    ]
+
+    with pytest.raises(GatewayNotFound, match="NoSuchKey") as caught:
+        client.put_many(bucket, batch)
+
+    assert missing in str(caught.value)
+    assert all(c.id != "lost" for c in client.list(bucket))
+    with pytest.raises(ValueError, match="distinct"):
+        client.put_many(bucket, [batch[0], batch[0]])
+
+
 def test_put_moves_an_id_to_another_topic(
     client: NotificationClient, bucket: str, topics: Topics
 ) -> None:

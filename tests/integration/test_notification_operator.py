@@ -550,3 +550,58 @@ def test_a_topic_made_on_the_gateway_is_used_by_arn_and_never_deleted(
     finally:
         s3.delete_object(Bucket=bucket, Key="by-arn.txt")
         sns.delete_topic(TopicArn=arn)
+
+
+def test_notifications_of_one_bucket_applied_together_are_written_together(
+    kubectl: Kubectl,
+    namespace: str,
+    start_operator: StartOperator,
+    receiver: HttpReceiver,
+    rgw: LocalService,
+    bucket: str,
+    notifications: NotificationClient,
+) -> None:
+    """Eight BucketNotifications of one bucket applied at once: each is Ready with its own
+    Id on the bucket, and the operator wrote the bucket's configuration fewer times than
+    there are notifications (those that waited for the bucket were written together)."""
+    target = urlsplit(rgw["RGW_ENDPOINT"])
+    assert target.hostname is not None and target.port is not None
+    proxy = TcpProxy(target.hostname, target.port)
+    proxy.start()
+    gateway_secret(
+        kubectl, namespace, "gw-counted", proxy.url, rgw["RGW_ACCESS_KEY"], rgw["RGW_SECRET_KEY"]
+    )
+    start_operator()
+    http_topic(kubectl, namespace, "hook", receiver.url)
+    names = [f"together-{i}" for i in range(8)]
+    kubectl.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "List",
+            "items": [
+                {
+                    "apiVersion": "bucketnotify.io/v1alpha1",
+                    "kind": "BucketNotification",
+                    "metadata": {"name": name, "namespace": namespace},
+                    "spec": {
+                        "bucket": bucket,
+                        "topicRef": {"name": "hook"},
+                        "gatewayRef": {"secretName": "gw-counted"},
+                        "events": ["s3:ObjectCreated:*"],
+                        "filter": {"key": {"prefix": f"{name}/"}},
+                        "testEvent": False,
+                    },
+                }
+                for name in names
+            ],
+        }
+    )
+    for name in names:
+        condition(kubectl, namespace, "bucketnotification", name)
+    stored = {config.id: config for config in notifications.list(bucket)}
+    assert sorted(stored) == names
+    assert all(stored[n].key_filters == (FilterRule("prefix", f"{n}/"),) for n in names)
+    puts = proxy.sent().count(f"PUT /{bucket}?notification HTTP/1.1".encode())
+    proxy.stop()
+    print(f"{len(names)} notifications of one bucket written in {puts} PUTs")
+    assert 1 <= puts < len(names)

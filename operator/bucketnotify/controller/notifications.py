@@ -2,23 +2,25 @@
 
 Writes to one bucket's configuration are serialised inside the operator (``BucketLocks``)
 because the client reads, merges and writes the whole configuration: two Ids written at once
-would otherwise race and one would be lost. Writes to one gateway are serialised as well, and
-retried on a 5xx (``GatewayPool``), because Ceph 16 stores the copy of the topic each
-notification makes among the tenant's topics.
+would otherwise race and one would be lost. The notifications of a bucket that wait for its
+lock are written together, in one read and one write (``bucket_writes``). Writes to one
+gateway are serialised as well, and retried on a 5xx (``GatewayPool``), because Ceph 16
+stores the copy of the topic each notification makes among the tenant's topics.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import datetime as dt
-from collections import defaultdict
+import functools
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from bucketnotify.api.common import GatewayRef
 from bucketnotify.api.notification import BucketNotificationSpec
 from bucketnotify.api.topic import TopicSpec
+from bucketnotify.controller.bucket_writes import AGAIN, BucketLocks
 from bucketnotify.controller.conditions import ready_condition
 from bucketnotify.controller.id_ownership import (
     REASON as ID_CONFLICT,
@@ -53,21 +55,12 @@ from bucketnotify.gateway.errors import (
     GatewayInvalidArgument,
     GatewayNotFound,
 )
+from bucketnotify.gateway.notifications import NotificationConfig
 from bucketnotify.gateway.pool import Gateway, GatewayPool
 from bucketnotify.kube import Kube, SecretMissing
 from bucketnotify.settings import OperatorSettings
 
 __all__ = ["BucketLocks", "delete_notification", "reconcile_notification", "same_gateway"]
-
-
-class BucketLocks:
-    """One asyncio lock per (gateway, bucket)."""
-
-    def __init__(self) -> None:
-        self._locks: defaultdict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
-
-    def __call__(self, connection: GatewayConnection, bucket: str) -> asyncio.Lock:
-        return self._locks[(connection.endpoint, bucket)]
 
 
 @dataclass(frozen=True)
@@ -237,26 +230,27 @@ async def reconcile_notification(
             if refusal is not None:
                 raise NotReconcilable(ID_CONFLICT, refusal, retry=True)
         mine = {desired.topic_arn, *([applied["topicArn"]] if applied else [])}
-        async with locks(resolved.connection, bucket):
-            try:
-                gateway = await gateways.get(resolved.connection)
-                client = gateway.notifications
-                if resolved.connection.kind == "obs":
-                    # OBS checks the SMN topic itself when the configuration is written.
-                    refused = obs.problem(desired)
-                    if refused is not None:
-                        raise NotReconcilable("Unsupported", refused)
-                elif (
-                    resolved.external
-                    and await gateway.read(gateway.topics.get, desired.topic_arn) is None
-                ):
-                    raise NotReconcilable(
-                        "TopicNotFound",
-                        f"the gateway has no topic {desired.topic_arn} (topicARN): create it"
-                        " there first, or use topicRef to a Topic of this namespace",
-                        retry=True,
-                    )
-                entries = [c for c in await gateway.read(client.list, bucket) if c.id == desired.id]
+        try:
+            gateway = await gateways.get(resolved.connection)
+            if resolved.connection.kind == "obs":
+                # OBS checks the SMN topic itself when the configuration is written.
+                refused = obs.problem(desired)
+                if refused is not None:
+                    raise NotReconcilable("Unsupported", refused)
+            elif (
+                resolved.external
+                and await gateway.read(gateway.topics.get, desired.topic_arn) is None
+            ):
+                raise NotReconcilable(
+                    "TopicNotFound",
+                    f"the gateway has no topic {desired.topic_arn} (topicARN): create it"
+                    " there first, or use topicRef to a Topic of this namespace",
+                    retry=True,
+                )
+
+            async def decide(configuration: list[NotificationConfig]) -> bool:
+                """Whether to write ``desired``, seen the bucket's configuration."""
+                entries = [c for c in configuration if c.id == desired.id]
                 holders = [
                     EntryHolder(e.topic_arn, await _owner_of(gateway, e.topic_arn))
                     for e in entries
@@ -273,15 +267,22 @@ async def reconcile_notification(
                 if refusal is not None:
                     raise NotReconcilable(ID_CONFLICT, refusal, retry=True)
                 current = entries[0] if entries else None
-                if current is not None and same_configuration(current, desired) and only_if_drifted:
-                    return outcome(
-                        True, "Synced", f"Id {desired.id} on bucket {bucket} is in sync"
-                    ), None
                 if only_if_drifted:
-                    repaired = ["configuration" if current else "missing configuration"]
-                await gateway.write(client.put, bucket, desired)
-            except GatewayError as exc:
-                raise _gateway_failure(exc, bucket, resolved.connection) from None
+                    if current is not None and same_configuration(current, desired):
+                        return False
+                    repaired.append("configuration" if current else "missing configuration")
+                return True
+
+            written = await locks.batches.submit(
+                locks.key(resolved.connection, bucket),
+                BucketWrite(desired, decide),
+                functools.partial(_write_batch, gateway, bucket),
+            )
+            if not written:
+                in_sync = f"Id {desired.id} on bucket {bucket} is in sync"
+                return outcome(True, "Synced", in_sync), None
+        except GatewayError as exc:
+            raise _gateway_failure(exc, bucket, resolved.connection) from None
     except NotReconcilable as exc:
         if exc.reason == ID_CONFLICT:
             applied = None  # the Id on the bucket is not this notification's (any more)
@@ -295,6 +296,50 @@ async def reconcile_notification(
     if resolved.spec.test_event and not resolved.external and not status.get("testEventSent"):
         event = test_event(bucket, dt.datetime.now(dt.UTC))
     return result, event
+
+
+@dataclass(frozen=True)
+class BucketWrite:
+    """One notification's request to write its Id, in a batch of its bucket's."""
+
+    desired: NotificationConfig
+    decide: Callable[[list[NotificationConfig]], Awaitable[bool]]
+    """Whether ``desired`` is to be written, seen the bucket's configuration (or raises
+    NotReconcilable)."""
+
+
+async def _write_batch(
+    gateway: Gateway, bucket: str, requests: list[BucketWrite]
+) -> list[bool | BaseException | object]:
+    """One read of the bucket's configuration, each request decided on it, one write of the
+    Ids to write; a refused write is retried one Id at a time, so that each request gets
+    its own answer. Answers: written (True), in sync (False), or the exception."""
+    configuration = await gateway.read(gateway.notifications.list, bucket)
+    answers: list[bool | BaseException | object] = []
+    ids: set[str] = set()
+    for request in requests:
+        if request.desired.id in ids:
+            answers.append(AGAIN)  # two requests for one Id: the later waits for this write
+            continue
+        ids.add(request.desired.id)
+        try:
+            answers.append(await request.decide(configuration))
+        except (NotReconcilable, GatewayError) as exc:
+            answers.append(exc)
+    writes = [r.desired for r, a in zip(requests, answers, strict=True) if a is True]
+    if len(writes) > 1:
+        try:
+            await gateway.write(gateway.notifications.put_many, bucket, writes)
+            return answers
+        except GatewayError:
+            pass  # which Id it was: each on its own below
+    for index, (request, answer) in enumerate(zip(requests, answers, strict=True)):
+        if answer is True:
+            try:
+                await gateway.write(gateway.notifications.put, bucket, request.desired)
+            except GatewayError as exc:
+                answers[index] = exc
+    return answers
 
 
 async def _owner_of(gateway: Gateway, topic_arn: str) -> str | None:

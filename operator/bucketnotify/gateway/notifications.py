@@ -210,37 +210,54 @@ class NotificationClient:
         Not atomic: another writer between the read and the write can be overwritten on a
         gateway that replaces whole configurations (Ceph 16 does not).
         """
-        _check(config, self._kind)
-        operation = f"PutBucketNotification {bucket}/{config.id}"
+        self.put_many(bucket, [config])
+
+    def put_many(self, bucket: str, configs: Configs) -> None:
+        """Create or replace the notifications with these Ids (distinct) in one write; the
+        bucket's other Ids stay.
+
+        One refused entry refuses the write, and Ceph 16 applies the entries before it:
+        the caller finds out which one by putting them one at a time.
+        """
+        ids = [config.id for config in configs]
+        if not configs or len(set(ids)) != len(ids):
+            raise ValueError(f"put_many takes distinct Ids, not {ids}")
+        for config in configs:
+            _check(config, self._kind)
+        operation = f"PutBucketNotification {bucket}/{','.join(ids)}"
         current = self.list(bucket)
-        same_id = [c for c in current if c.id == config.id]
-        # OBS replaces the whole configuration on a PUT, so the one below replaces the Id.
-        if self._kind == "ceph" and (
-            len(same_id) > 1 or any(c.topic_arn != config.topic_arn for c in same_id)
-        ):
-            # A PUT would add an entry beside the old one instead of replacing it, and a
-            # DELETE removes one entry at a time. Events are missed until the PUT below.
-            for arn in self.delete_entries(bucket, config.id):
-                if arn != config.topic_arn:  # the PUT below remakes the copy of its topic
-                    self._remove_copy_on_ceph(config.id, arn)
-        others = [c for c in current if c.id != config.id]
+        for config in configs:
+            same_id = [c for c in current if c.id == config.id]
+            # OBS replaces the whole configuration on a PUT, so the one below replaces the Id.
+            if self._kind == "ceph" and (
+                len(same_id) > 1 or any(c.topic_arn != config.topic_arn for c in same_id)
+            ):
+                # A PUT would add an entry beside the old one instead of replacing it, and a
+                # DELETE removes one entry at a time. Events are missed until the PUT below.
+                for arn in self.delete_entries(bucket, config.id):
+                    if arn != config.topic_arn:  # the PUT below remakes the copy of its topic
+                        self._remove_copy_on_ceph(config.id, arn)
+        others = [c for c in current if c.id not in ids]
         # Ours first: Ceph 16 applies the entries in order and stops at the first it cannot,
         # so a foreign entry that no longer applies cannot keep ours out.
-        body = render_configuration([config, *others], self._kind)
+        body = render_configuration([*configs, *others], self._kind)
         response = self._exchange("PUT", bucket, None, body, operation)
         if response.is_success:
             return
         code, detail = _error_code(response.content)
         if code == "NoSuchKey":
             # Ceph 16's answer when a topic of the configuration does not exist. When ours
-            # is in place, it was another entry's (its topic deleted since it was set up):
+            # are in place, it was another entry's (its topic deleted since it was set up):
             # a gateway that keeps other Ids keeps that one as it was.
-            if others and self.get(bucket, config.id) == config:
-                return
-            detail = detail or f"is there a topic {config.topic_arn}?"
+            if others:
+                landed = self.list(bucket)
+                if all(config in landed for config in configs):
+                    return
+            arns = ", ".join(sorted({config.topic_arn for config in configs}))
+            detail = detail or f"is there a topic {arns}?"
         elif code == "InvalidArgument" and not detail:
             # Ceph 16 says no more than the code for an unknown event: name the suspects.
-            unknown = [event for event in config.events if event not in CEPH16_EVENTS]
+            unknown = [e for config in configs for e in config.events if e not in CEPH16_EVENTS]
             if unknown:
                 detail = "events a Ceph 16 gateway does not know: " + ", ".join(unknown)
         raise error_for_response(operation, response.status_code, code, detail)
