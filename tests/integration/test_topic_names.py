@@ -172,3 +172,48 @@ def test_topics_of_an_older_release_keep_their_gateway_topic_and_sharers_are_sep
     for ns in (namespace, other_namespace):
         kubectl.run("delete", "topic", name, "-n", ns, "--timeout=60s")
     assert gateway.get(arn) is None
+
+
+def test_the_longest_default_name_is_taken_by_the_gateway_with_a_notification_on_it(
+    kubectl: Kubectl, start_operator: StartOperator, gateway: TopicClient, rgw: LocalService
+) -> None:
+    """``<namespace>.<name>`` at its longest (a 63-character namespace, a 253-character name:
+    317 characters) makes a gateway topic and a BucketNotification on it is Ready; a
+    persistent Topic's name is shorter (its ingest token Secret is ``<name>-ingest-token``):
+    240 characters work, 241 are refused at apply time. The gateway (Ceph 16.2) takes every
+    name a Topic can have (it takes 1,569 characters and crashes on a notification naming a
+    topic of 1,570 or more)."""
+    namespace = f"t-{uuid.uuid4().hex}".ljust(63, "n")
+    kubectl.run("create", "namespace", namespace)
+    longest, persistent = "o" * 253, "p" * 240
+    # Persistent Topics point the gateway at the ingest; nothing is pushed here.
+    start_operator(namespaces=json.dumps([namespace]), ingest_url="http://127.0.0.1:9")
+    apply(kubectl, namespace, "Topic", longest, http("long"))
+    apply(kubectl, namespace, "Topic", persistent, {**http("long"), "persistent": True})
+    refused = kubectl.apply(
+        {
+            "apiVersion": "bucketnotify.io/v1alpha1",
+            "kind": "Topic",
+            "metadata": {"name": "p" * 241, "namespace": namespace},
+            "spec": {**http("long"), "persistent": True},
+        },
+        check=False,
+    )
+    assert refused.returncode != 0
+    assert "a persistent Topic's name is at most 240 characters" in refused.stderr
+    for name in (longest, persistent):
+        arn = condition(kubectl, namespace, "topic", name)["arn"]
+        assert arn.endswith(f":{namespace}.{name}")
+        assert on_gateway(gateway, arn).endpoint_address  # read back from the gateway
+    assert len(f"{namespace}.{longest}") == 317
+    bucket = f"long-{uuid.uuid4().hex[:10]}"
+    connection(rgw).s3().create_bucket(Bucket=bucket)
+    apply(
+        kubectl,
+        namespace,
+        "BucketNotification",
+        "long",
+        {"bucket": bucket, "topicRef": {"name": longest}, "testEvent": False},
+    )
+    applied = condition(kubectl, namespace, "bucketnotification", "long")["applied"]
+    assert applied["topicArn"].endswith(f":{namespace}.{longest}")

@@ -80,6 +80,9 @@ class CrdInfo:
     description: str
     printer_columns: list[dict[str, Any]] = field(default_factory=list)
     categories: list[str] = field(default_factory=lambda: ["bucketnotify"])
+    object_rules: list[dict[str, str]] = field(default_factory=list)
+    """CEL rules on the whole object: the only place where ``self.metadata.name`` (of the
+    metadata, only name and generateName are visible to CEL) meets the spec."""
 
 
 def crd(info: CrdInfo) -> dict[str, Any]:
@@ -120,6 +123,11 @@ def crd(info: CrdInfo) -> dict[str, Any]:
                                 "spec": spec_schema,
                                 "status": status_schema,
                             },
+                            **(
+                                {"x-kubernetes-validations": info.object_rules}
+                                if info.object_rules
+                                else {}
+                            ),
                         }
                     },
                 }

@@ -10,7 +10,12 @@ import yaml
 
 from bucketnotify.api.crd import CrdInfo, crd, ready_columns
 from bucketnotify.api.notification import BucketNotificationSpec, BucketNotificationStatus
-from bucketnotify.api.topic import TopicSpec, TopicStatus
+from bucketnotify.api.topic import (
+    PERSISTENT_NAME_MAX,
+    PERSISTENT_NAME_MESSAGE,
+    TopicSpec,
+    TopicStatus,
+)
 
 __all__ = ["ALL", "BUCKET_NOTIFICATION", "TOPIC", "main", "render"]
 
@@ -21,6 +26,13 @@ TOPIC = CrdInfo(
     spec_model=TopicSpec,
     status_model=TopicStatus,
     description="A gateway topic: where the notifications of a bucket are pushed.",
+    object_rules=[
+        {
+            "rule": "!has(self.spec.persistent) || !self.spec.persistent"
+            f" || size(self.metadata.name) <= {PERSISTENT_NAME_MAX}",
+            "message": PERSISTENT_NAME_MESSAGE,
+        }
+    ],
     printer_columns=[
         {"name": "ARN", "type": "string", "jsonPath": ".status.arn"},
         {"name": "Persistent", "type": "boolean", "jsonPath": ".spec.persistent"},

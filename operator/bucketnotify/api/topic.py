@@ -194,6 +194,16 @@ CLOUD_EVENTS_NEED_PERSISTENT = (
 )
 
 
+INGEST_TOKEN_SUFFIX = "-ingest-token"  # noqa: S105 - a Secret name suffix
+"""A persistent Topic's ingest token is the Secret ``<name>-ingest-token``."""
+PERSISTENT_NAME_MAX = 253 - len(INGEST_TOKEN_SUFFIX)
+PERSISTENT_NAME_MESSAGE = (
+    f"a persistent Topic's name is at most {PERSISTENT_NAME_MAX} characters: its ingest token"
+    f" is the Secret <name>{INGEST_TOKEN_SUFFIX}, and a Secret's name at most 253; choose a"
+    " shorter metadata.name (spec.name sets the gateway topic's name apart from it)"
+)
+
+
 class TopicSpec(Model):
     """Desired state of one gateway topic."""
 

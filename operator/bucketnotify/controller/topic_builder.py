@@ -14,6 +14,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from bucketnotify.api.topic import (
     CLOUD_EVENTS_NEED_PERSISTENT,
+    INGEST_TOKEN_SUFFIX,
     AmqpEndpoint,
     KafkaEndpoint,
     TopicSpec,
@@ -251,7 +252,7 @@ pushes the gateway queued with the old push-endpoint (docs/operator.md, token ro
 
 def ingest_token_secret(name: str) -> str:
     """The Secret holding the ingest token of persistent Topic ``name``."""
-    return f"{name}-ingest-token"
+    return f"{name}{INGEST_TOKEN_SUFFIX}"
 
 
 def ingest_endpoint(ingest_url: str, namespace: str, name: str, token: str) -> str:

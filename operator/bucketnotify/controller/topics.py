@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ValidationError
 
 from bucketnotify.api.common import GatewayRef
-from bucketnotify.api.topic import TopicSpec
+from bucketnotify.api.topic import PERSISTENT_NAME_MAX, PERSISTENT_NAME_MESSAGE, TopicSpec
 from bucketnotify.controller.conditions import ready_status
 from bucketnotify.controller.topic_builder import (
     INGEST_TOKEN_KEY,
@@ -190,6 +190,9 @@ async def _desired(
     if connection.kind == "obs":
         raise NotReconcilable("Unsupported", TOPICS_NEED_SNS)
     ingest = None
+    if spec.persistent and len(name) > PERSISTENT_NAME_MAX:
+        # Stored before the CRD had the rule that refuses it now.
+        raise NotReconcilable("InvalidSpec", PERSISTENT_NAME_MESSAGE)
     if spec.persistent and settings.ingest_url and owner is not None:
         # The token Secret belongs to the Topic: deleting the Topic deletes it.
         token = await kube.ensure_token_secret(
