@@ -173,6 +173,14 @@ def handler_runs(metrics_url: str) -> dict[str, float]:
             if sample.name == "bucketnotify_reconcile_total":
                 labels = sample.labels
                 runs[f"{labels['kind']}/{labels['action']}/{labels['result']}"] = sample.value
+            elif sample.name in (
+                "bucketnotify_bucket_writes_total",
+                "bucketnotify_bucket_write_notifications_total",
+            ):
+                # Bucket configuration writes and the notifications in them.
+                runs[sample.name.removeprefix("bucketnotify_").removesuffix("_total")] = (
+                    sample.value
+                )
     return runs
 
 
@@ -784,6 +792,15 @@ def report(document: dict[str, Any], options: Options) -> str:
             " requests/s (goal <= 20/s; every client of the shared gateway), handler runs"
             f" {steady['handler_runs']}"
         )
+    notes = phases.get("create notifications")
+    if notes:
+        writes = notes["handler_runs"].get("bucket_writes")
+        written = notes["handler_runs"].get("bucket_write_notifications")
+        if writes:
+            lines.append(
+                f"bucket configuration writes: {writes:.0f} for {written:.0f} notifications"
+                f" ({written / writes:.2f} written together on average)"
+            )
     if base and all(created):
         topics_phase, notes_phase = created
         assert topics_phase is not None and notes_phase is not None

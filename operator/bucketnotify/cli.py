@@ -87,7 +87,7 @@ async def run_operator(settings: OperatorSettings) -> None:
         memo=kopf.Memo(
             settings=settings,
             kube=Kube(api),
-            bucket_locks=BucketLocks(),
+            bucket_locks=BucketLocks(metrics),
             gateways=GatewayPool(),
             metrics=metrics,
         ),

@@ -235,6 +235,17 @@ class OperatorMetrics:
             ("kind", "reason"),
             registry=r,
         )
+        self.bucket_writes = Counter(
+            "bucketnotify_bucket_writes",
+            "Writes of a bucket's notification configuration (one PUT each).",
+            registry=r,
+        )
+        self.bucket_write_notifications = Counter(
+            "bucketnotify_bucket_write_notifications",
+            "BucketNotifications written by those writes: over bucket_writes, the mean"
+            " number written together.",
+            registry=r,
+        )
         self.reconcile_seconds = Histogram(
             "bucketnotify_reconcile_seconds",
             "Duration of one handler run.",

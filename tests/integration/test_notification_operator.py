@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import queue
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
@@ -11,8 +12,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from bucketnotify.gateway.notifications import FilterRule, NotificationClient, NotificationConfig
+from devstack.programs import free_port
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.operator import DRIFT_INTERVAL_S, StartOperator
@@ -571,7 +574,8 @@ def test_notifications_of_one_bucket_applied_together_are_written_together(
     gateway_secret(
         kubectl, namespace, "gw-counted", proxy.url, rgw["RGW_ACCESS_KEY"], rgw["RGW_SECRET_KEY"]
     )
-    start_operator()
+    metrics_port = free_port()
+    start_operator(metrics_port=str(metrics_port))
     http_topic(kubectl, namespace, "hook", receiver.url)
     names = [f"together-{i}" for i in range(8)]
     kubectl.apply(
@@ -605,3 +609,12 @@ def test_notifications_of_one_bucket_applied_together_are_written_together(
     proxy.stop()
     print(f"{len(names)} notifications of one bucket written in {puts} PUTs")
     assert 1 <= puts < len(names)
+    # The operator's own count of the same (the Topic's gateway topic is no bucket write).
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics") as answer:
+        samples = {
+            s.name: s.value
+            for family in text_string_to_metric_families(answer.read().decode())
+            for s in family.samples
+        }
+    assert samples["bucketnotify_bucket_writes_total"] == puts
+    assert samples["bucketnotify_bucket_write_notifications_total"] == len(names)

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from typing import Any, Generic, TypeVar
 
 from bucketnotify.gateway.connection import GatewayConnection
+from bucketnotify.metrics import OperatorMetrics
 
 __all__ = ["AGAIN", "Batches", "BucketLocks"]
 
@@ -94,9 +95,16 @@ class BucketLocks:
     A batch is written with one user's keys, so its key names the user too: two users
     writing one bucket share the lock, not a batch."""
 
-    def __init__(self) -> None:
+    def __init__(self, metrics: OperatorMetrics | None = None) -> None:
         self._locks: defaultdict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
         self.batches: Batches[Any, Any] = Batches(self._batch_lock)
+        self._metrics = metrics
+
+    def wrote(self, notifications: int) -> None:
+        """One write of a bucket's configuration, with this many notifications in it."""
+        if self._metrics is not None:
+            self._metrics.bucket_writes.inc()
+            self._metrics.bucket_write_notifications.inc(notifications)
 
     def __call__(self, connection: GatewayConnection, bucket: str) -> asyncio.Lock:
         return self._locks[(connection.endpoint, bucket)]

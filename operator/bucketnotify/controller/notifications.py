@@ -276,7 +276,7 @@ async def reconcile_notification(
             written = await locks.batches.submit(
                 locks.key(resolved.connection, bucket),
                 BucketWrite(desired, decide),
-                functools.partial(_write_batch, gateway, bucket),
+                functools.partial(_write_batch, locks, gateway, bucket),
             )
             if not written:
                 in_sync = f"Id {desired.id} on bucket {bucket} is in sync"
@@ -309,7 +309,7 @@ class BucketWrite:
 
 
 async def _write_batch(
-    gateway: Gateway, bucket: str, requests: list[BucketWrite]
+    locks: BucketLocks, gateway: Gateway, bucket: str, requests: list[BucketWrite]
 ) -> list[bool | BaseException | object]:
     """One read of the bucket's configuration, each request decided on it, one write of the
     Ids to write; a refused write is retried one Id at a time, so that each request gets
@@ -330,6 +330,7 @@ async def _write_batch(
     if len(writes) > 1:
         try:
             await gateway.write(gateway.notifications.put_many, bucket, writes)
+            locks.wrote(len(writes))
             return answers
         except GatewayError:
             pass  # which Id it was: each on its own below
@@ -337,6 +338,7 @@ async def _write_batch(
         if answer is True:
             try:
                 await gateway.write(gateway.notifications.put, bucket, request.desired)
+                locks.wrote(1)
             except GatewayError as exc:
                 answers[index] = exc
     return answers
