@@ -215,7 +215,7 @@ import() {
 # The Spark operator's image is the report image with the operator's controller added, as
 # upstream builds it on Spark's own image: its controller runs spark-submit. One image serves
 # the Spark operator's pods and the SparkApplication's driver and executors, so the node
-# imports the 1.5 GB of Java, Spark and the AWS SDK once.
+# imports the nearly 2 GB of Java, Spark and the AWS SDK once.
 spark() {
   base "$JAVA_BASE_IMAGE" "${BASE_PACKAGES[@]}" "${JAVA_PACKAGES[@]}"
   local operator report=localhost/bucketnotify-report:dev ctr stamp started

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the Kubeflow Spark operator (controller binary) from its published Go module, and
-# keep its Helm chart beside it, for the report image (deploy/local/images.sh report) and the
+# keep its Helm chart beside it, for the Spark image (deploy/local/images.sh spark) and the
 # cluster tier's Spark test.
 #
 # The Go module proxy refuses to list this module's versions (`@latest` and `@v/list` answer

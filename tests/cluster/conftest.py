@@ -76,7 +76,7 @@ def spark_operator(
 ) -> Iterator[str]:
     """The Kubeflow Spark operator installed from its own Helm chart (controller and mutating
     webhook, which puts the gateway Secret's keys into the driver and executor pods) with our
-    image, watching the release's namespace. Its name."""
+    image, watching the release's namespace. Its own namespace."""
     chart = Path(run_script("spark-operator-build.sh")) / "chart"
     suffix = uuid.uuid4().hex[:6]
     name, namespace = f"spark-operator-{suffix}", f"spark-operator-{suffix}"
