@@ -401,9 +401,11 @@ def test_the_report_runs_under_the_spark_operator_and_counts_what_the_pods_deliv
         print(describe_all(ckubectl, spark_operator)[-3000:])
     status = ckubectl.get("sparkapplication", "report", ns).get("status")
     assert state == "COMPLETED", json.dumps(status, indent=1)
-    # It ran in pods: the driver, and executors the operator saw finish (Spark deletes them).
+    # It ran in pods: the driver, and executors the operator saw (Spark deletes them at the
+    # end; one the driver stops while it shuts down may be recorded FAILED though the
+    # application COMPLETED, as a CI run saw, so their end state is not asserted).
     assert status["driverInfo"]["podName"] == "report-driver"
-    assert status["executorState"] and set(status["executorState"].values()) == {"COMPLETED"}
+    assert status["executorState"], "no executor pod ran"
 
     prefix = output.removeprefix(f"s3a://{store}/")
     name = f"{today - dt.timedelta(days=1)}_{today}"
