@@ -46,6 +46,36 @@ def wait_ready(kubectl: Kubectl, kind: str, name: str, namespace: str) -> None:
     )
 
 
+def notify(
+    kubectl: Kubectl,
+    namespace: str,
+    topic: str,
+    topic_spec: dict[str, Any],
+    notification: str,
+    bucket: str,
+) -> None:
+    """A Topic and a BucketNotification of ``bucket`` on it, applied with kubectl; both
+    Ready."""
+    kubectl.apply(
+        {
+            "apiVersion": API,
+            "kind": "Topic",
+            "metadata": {"name": topic, "namespace": namespace},
+            "spec": topic_spec,
+        }
+    )
+    kubectl.apply(
+        {
+            "apiVersion": API,
+            "kind": "BucketNotification",
+            "metadata": {"name": notification, "namespace": namespace},
+            "spec": {"bucket": bucket, "topicRef": {"name": topic}},
+        }
+    )
+    wait_ready(kubectl, "topic", topic, namespace)
+    wait_ready(kubectl, "bucketnotification", notification, namespace)
+
+
 def keys_of(requests: list[Any]) -> list[str]:
     return [
         record["s3"]["object"]["key"]
@@ -325,24 +355,14 @@ def test_the_report_runs_under_the_spark_operator_and_counts_what_the_pods_deliv
     s3 = s3_client(rgw)
     bucket = f"reported-{uuid.uuid4().hex[:6]}"
     s3.create_bucket(Bucket=bucket)
-    ckubectl.apply(
-        {
-            "apiVersion": API,
-            "kind": "Topic",
-            "metadata": {"name": "reported", "namespace": ns},
-            "spec": {"endpoint": {"http": {"url": receiver.url}}, "persistent": True},
-        }
+    notify(
+        ckubectl,
+        ns,
+        "reported",
+        {"endpoint": {"http": {"url": receiver.url}}, "persistent": True},
+        "reported",
+        bucket,
     )
-    ckubectl.apply(
-        {
-            "apiVersion": API,
-            "kind": "BucketNotification",
-            "metadata": {"name": "reported", "namespace": ns},
-            "spec": {"bucket": bucket, "topicRef": {"name": "reported"}},
-        }
-    )
-    wait_ready(ckubectl, "topic", "reported", ns)
-    wait_ready(ckubectl, "bucketnotification", "reported", ns)
     keys = [f"report/{i:03d}" for i in range(30)]
     for key in keys:
         s3.put_object(Bucket=bucket, Key=key, Body=b"x")
@@ -440,24 +460,14 @@ def test_a_namespace_deleted_whole_takes_its_gateway_objects_with_it(
     bucket = f"gone-{uuid.uuid4().hex[:6]}"
     s3.create_bucket(Bucket=bucket)
     topic_name = f"{ns}-t"
-    ckubectl.apply(
-        {
-            "apiVersion": API,
-            "kind": "Topic",
-            "metadata": {"name": "t", "namespace": ns},
-            "spec": {"name": topic_name, "endpoint": {"http": {"url": "http://127.0.0.1:9/"}}},
-        }
+    notify(
+        ckubectl,
+        ns,
+        "t",
+        {"name": topic_name, "endpoint": {"http": {"url": "http://127.0.0.1:9/"}}},
+        "n",
+        bucket,
     )
-    ckubectl.apply(
-        {
-            "apiVersion": API,
-            "kind": "BucketNotification",
-            "metadata": {"name": "n", "namespace": ns},
-            "spec": {"bucket": bucket, "topicRef": {"name": "t"}},
-        }
-    )
-    wait_ready(ckubectl, "topic", "t", ns)
-    wait_ready(ckubectl, "bucketnotification", "n", ns)
     assert s3.get_bucket_notification_configuration(Bucket=bucket).get("TopicConfigurations")
 
     ckubectl.run("delete", "namespace", ns, "--wait=false")
