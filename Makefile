@@ -93,12 +93,18 @@ test-cluster: install services-install tools node-install ## the chart on a real
 cluster-down: ## stop the one-node cluster and undo what it changed on the host
 	bash $(LOCAL)/node.sh stop
 
+RAMP ?= 1,8,32,64
+RAMP_EVENTS ?= 500
+RAMP_SCENARIOS ?= gateway-sync,gateway-persistent,bucketnotify-sync,bucketnotify-sync-s3
+
 .PHONY: bench
-bench: install services-install ## the ingest alone, delivery vs the gateway, failover, operator at scale (BENCH_ARGS, FAILOVER_ARGS="--rounds 1", OPERATOR_ARGS="--topics 100 --notifications 100")
+bench: install services-install ## the ingest alone, delivery vs the gateway (and a ramp of clients: RAMP), idle cost, failover, operator at scale (BENCH_ARGS, IDLE_ARGS, FAILOVER_ARGS="--rounds 1", OPERATOR_ARGS="--topics 100 --notifications 100")
 	@# Each runs even when one before it failed: the figures of the others are still worth having.
 	rc=0; \
 	$(BIN)/python -m bench.ingest || rc=1; \
 	$(BIN)/python -m bench.delivery $(BENCH_ARGS) || rc=1; \
+	$(BIN)/python -m bench.delivery --ramp $(RAMP) --events $(RAMP_EVENTS) --scenarios $(RAMP_SCENARIOS) || rc=1; \
+	$(BIN)/python -m bench.idle $(IDLE_ARGS) || rc=1; \
 	$(BIN)/python -m bench.failover $(FAILOVER_ARGS) || rc=1; \
 	$(BIN)/python -m bench.operator_scale $(OPERATOR_ARGS) || rc=1; \
 	exit $$rc

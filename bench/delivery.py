@@ -13,7 +13,10 @@ end-to-end latency percentiles (PUT start to endpoint receipt of the first copy)
 duplicate deliveries, missing events, PUT rate and PUT latency (hand-off ``sync`` makes the
 PUT wait for our commit), and CPU seconds of the processes involved. The JSON file keeps
 everything; stdout gets a table and the ratios against the gateway, both as measured in this
-run and as measured earlier on this machine (``REFERENCE``). Our processes' logs (and with
+run and as measured earlier on this machine (``REFERENCE``), and CPU milliseconds per
+delivered event (ours, and the gateway's and OSD's work beyond gateway-sync's). ``--ramp
+1,8,32,64`` runs the scenarios at each client count instead and prints throughput and p99
+per step, so the knee of each curve shows. Our processes' logs (and with
 ``--profile`` their cProfile files) are kept beside the JSON file.
 """
 
@@ -31,7 +34,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
@@ -578,6 +581,8 @@ def report(results: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
             f"{_num(r.get('load_average_1m'), 1):>7}"
         )
 
+    lines += cpu_per_event(ok)
+
     measured = {r["scenario"]: _figures(r) for r in ok}
     baselines: list[tuple[str, dict[str, float | None]]] = []
     for name in ("gateway-persistent", "gateway-sync"):
@@ -611,6 +616,73 @@ def report(results: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
     return "\n".join(lines), ratios
 
 
+GOAL_OURS_MS = {"dir": 1.5}
+"""CPU per delivered event, our processes only (issue 16)."""
+GOAL_ALL_MS = {"s3": 3.0}
+"""CPU per delivered event, ours plus the gateway's and the OSD's work beyond gateway-sync."""
+
+
+def cpu_per_event(results: list[dict[str, Any]]) -> list[str]:
+    """CPU milliseconds per delivered event: ours, and the gateway's and OSD's work beyond
+    what the gateway-sync scenario of this run spent per event (its own push path)."""
+
+    def per_event(r: dict[str, Any], *names: str) -> float | None:
+        values = [r["cpu_s"].get(n) for n in names]
+        if not r["received"] or any(v is None for v in values):
+            return None
+        return 1000 * sum(v for v in values if v is not None) / r["received"]
+
+    base = next((r for r in results if r["scenario"] == "gateway-sync"), None)
+    base_ms = per_event(base, "radosgw", "ceph-osd") if base is not None else None
+    lines = [
+        "",
+        "CPU ms per delivered event: ours (replicas, operator, proxy); radosgw + ceph-osd, and"
+        " their extra over gateway-sync's per event in this run; ours + extra against the goals",
+        f"{'scenario':<34}{'ours':>9}{'rgw+osd':>9}{'extra':>9}{'all':>9}  goal",
+    ]
+    for r in results:
+        ours_names = [k for k in r["cpu_s"] if k.startswith(("replica-", "operator", "proxy"))]
+        ours = per_event(r, *ours_names) if r["config"]["stack"] == "bucketnotify" else None
+        gateway = per_event(r, "radosgw", "ceph-osd")
+        extra = gateway - base_ms if gateway is not None and base_ms is not None else None
+        everything = (ours or 0) + extra if extra is not None and ours is not None else None
+        store = r["config"]["store"]
+        goal = ""
+        if ours is not None and store in GOAL_OURS_MS:
+            limit = GOAL_OURS_MS[store]
+            goal = f"ours <= {limit}: {'met' if ours <= limit else 'NOT met'}"
+        elif everything is not None and store in GOAL_ALL_MS:
+            limit = GOAL_ALL_MS[store]
+            goal = f"all <= {limit}: {'met' if everything <= limit else 'NOT met'}"
+        r["cpu_ms_per_event"] = {"ours": ours, "gateway": gateway, "extra": extra}
+        lines.append(
+            f"{r['scenario']:<34}{_num(ours, 2):>9}{_num(gateway, 2):>9}{_num(extra, 2):>9}"
+            f"{_num(everything, 2):>9}  {goal}"
+        )
+    return lines
+
+
+def ramp_report(steps: list[tuple[int, list[dict[str, Any]]]]) -> str:
+    """Throughput and p99 per client count, one column pair per scenario: the knee of each
+    curve is where throughput stops growing and p99 starts to."""
+    names = [r["scenario"] for r in steps[0][1]] if steps else []
+    header = f"{'clients':>8}" + "".join(f"{n[:26]:>28}" for n in names)
+    lines = [
+        "ramp: events/s and p99 ms of the first delivery, per number of PUT clients",
+        header,
+        f"{'':>8}" + "".join(f"{'events/s':>14}{'p99 ms':>14}" for _ in names),
+    ]
+    for clients, results in steps:
+        row = f"{clients:>8}"
+        for r in results:
+            if "error" in r:
+                row += f"{'FAILED':>28}"
+            else:
+                row += f"{_num(r['throughput_eps']):>14}{_num(r['latency_ms']['p99']):>14}"
+        lines.append(row)
+    return "\n".join(lines)
+
+
 def source_revision() -> dict[str, Any]:
     """The commit measured, and what differed from it: the figures depend on both."""
 
@@ -625,6 +697,39 @@ def source_revision() -> dict[str, Any]:
 
 
 # --- entry point ----------------------------------------------------------------------------
+
+
+def ramp(
+    counts: list[int],
+    options: Options,
+    chosen: dict[str, Scenario],
+    rgw: Service,
+    kube: Service | None,
+    out: Path,
+) -> int:
+    """The chosen scenarios at each client count, each set up afresh."""
+    steps: list[tuple[int, list[dict[str, Any]]]] = []
+    load_before = os.getloadavg()
+    for clients in counts:
+        run = Run(replace(options, clients=clients), rgw, kube, out, benchmark="ramp")
+        results = []
+        for scenario in chosen.values():
+            print(f"== {clients} clients, {scenario.name}: {scenario.summary}", flush=True)
+            results.append(run_scenario(run, scenario))
+        steps.append((clients, results))
+    path = out / f"ramp-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    document = {
+        "benchmark": "delivery ramp",
+        "host": {"cpus": os.cpu_count(), "load_average_before": load_before},
+        "source": source_revision(),
+        "options": asdict(options),
+        "steps": [{"clients": c, "scenarios": r} for c, r in steps],
+    }
+    path.write_text(json.dumps(document, indent=2) + "\n")
+    print()
+    print(ramp_report(steps))
+    print(f"\nresults: {path}")
+    return 1 if any("error" in r for _, results in steps for r in results) else 0
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -666,6 +771,12 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, Sc
         "--setup-timeout", type=float, default=90.0, help="seconds each set-up step may take"
     )
     parser.add_argument(
+        "--ramp",
+        default=None,
+        help="comma-separated client counts (e.g. 1,8,32,64): run the scenarios at each and"
+        " print throughput and p99 per step (--clients is then ignored)",
+    )
+    parser.add_argument(
         "--profile",
         action="store_true",
         help="run our processes under cProfile (a .prof file beside each log)",
@@ -685,6 +796,13 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, Sc
         chosen = {n: known[n] for n in names}
     if args.events < 1 or args.clients < 1 or args.s3_replicas < 1:
         parser.error("--events, --clients and --s3-replicas must be at least 1")
+    if args.ramp is not None:
+        try:
+            args.ramp = [int(c) for c in args.ramp.split(",") if c.strip()]
+        except ValueError:
+            parser.error(f"--ramp takes client counts like 1,8,32,64, not {args.ramp!r}")
+        if not args.ramp or min(args.ramp) < 1:
+            parser.error("--ramp needs client counts of at least 1")
     return args, chosen
 
 
@@ -712,6 +830,8 @@ def main(argv: list[str] | None = None) -> int:
         run = Run(options, rgw, kube, args.out)
         if run.kubectl is not None:
             run.kubectl.install_crds()
+        if args.ramp:
+            return ramp(args.ramp, options, chosen, rgw, kube, args.out)
         load_before = os.getloadavg()
         results = []
         for scenario in chosen.values():

@@ -8,6 +8,7 @@ replica that accepts it, so a killed replica drops out as its endpoint would.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import signal
@@ -287,8 +288,17 @@ class OwnsEverything:
     settings = LeaseSettings(namespace="default")
     joined = True
 
+    address = None
+    """Advertises no address: nobody can wake it, so it polls its empty shards."""
+
+    def __init__(self) -> None:
+        self.changed = asyncio.Event()
+
     def owns_shard(self, queue: QueueName, shard: int) -> bool:
         return True
+
+    def owner_address(self, queue: QueueName, shard: int) -> str | None:
+        return None
 
     def owned(self) -> set[int]:
         return set(range(32))

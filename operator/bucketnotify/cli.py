@@ -132,6 +132,7 @@ async def run_delivery(settings: DeliveryServiceSettings, operator: OperatorSett
             renew_interval_s=settings.renew_interval_seconds,
             renew_deadline_s=settings.renew_deadline_seconds,
         ),
+        address=settings.advertised_address,
     )
     service = DeliveryService(
         api=api,

@@ -148,6 +148,18 @@ class DeliveryMetrics:
             buckets=PUSH_BUCKETS,
             registry=r,
         )
+        self.wakeups_sent = Counter(
+            "bucketnotify_wakeups_sent",
+            "Shards this replica told their owner about after committing to them "
+            "(outcome: ok, refused, failed; a lost one waits for the queue survey).",
+            ("outcome",),
+            registry=r,
+        )
+        self.wakeups_received = Counter(
+            "bucketnotify_wakeups_received",
+            "Shards other replicas told this one about (those it owns start a round).",
+            registry=r,
+        )
         self.partitions_owned = Gauge(
             "bucketnotify_lease_partitions_owned",
             "Ownership partitions (Leases) this replica holds.",

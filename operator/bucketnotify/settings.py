@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Literal
 
 from pydantic import Field, SecretStr, model_validator
@@ -89,6 +90,11 @@ class DeliveryServiceSettings(BaseSettings):
     """Address of the ingest server (0.0.0.0 in a pod)."""
     listen_port: int = Field(default=8085, ge=1, le=65535)
     """Port of the ingest server."""
+    advertise_host: str | None = None
+    """Where the other replicas reach this one's ingest port (the pod IP in a pod), put on
+    its member Lease: they send wake-ups there when they commit to a shard this one owns.
+    Defaults to ``listen_host`` unless that is a wildcard; without any, this replica polls
+    its empty shards every ``idle_poll_max_seconds`` instead of waiting to be woken."""
     identity: str | None = None
     """Replica name in Leases; defaults to host name and process id (set it to the pod name)."""
     store: str = "dir:///var/lib/bucketnotify/queues"
@@ -122,21 +128,23 @@ class DeliveryServiceSettings(BaseSettings):
     """How long a replaced ingest token is still taken, so the gateway's pushes made before
     the operator rewrote its topic are not refused."""
     idle_poll_max_seconds: float = Field(default=1.0, gt=0)
-    """Longest poll interval of an idle shard, i.e. the extra delay of an event that another
-    replica ingested (events ingested by the owner start at once)."""
+    """Longest poll interval of a shard whose entries all wait for their retry time (and of
+    an empty shard when no ``advertise_host`` is known). Empty shards are not polled: a
+    commit wakes them, on this replica directly, on another by a wake-up request."""
     sweep_interval_seconds: float = Field(default=30.0, gt=0)
-    """How often abandoned reservations are reclaimed and deleted Topics' queues removed."""
+    """How often deleted Topics' queues and drained queues are removed."""
     reservation_timeout_seconds: float = Field(default=30.0, gt=0)
     """A reservation not committed within this long (its writer died) stops counting
-    against the queue's bounds and is reclaimed at the next sweep."""
+    against the queue's bounds and is reclaimed by the next survey (stats_interval)."""
     allow_cleartext_secrets: bool = False
     """Connect with broker credentials over plain AMQP or Kafka without TLS. Keep it equal
     to the operator's ``ALLOW_CLEARTEXT_SECRETS``: the operator refuses such Topics, this
     refuses to connect for a Topic edited after the operator accepted it."""
-    stats_interval_seconds: float = Field(default=10.0, gt=0)
-    """How often the persistent_topic_len and _size gauges are read from the store (one
-    LIST per shard on the S3 store, by the owner of each queue's shard 0). The metrics are
-    served on the ingest port, ``GET /metrics``."""
+    stats_interval_seconds: float = Field(default=30.0, gt=0)
+    """How often the owner of each queue's shard 0 surveys the queue (one LIST on the S3
+    store): the persistent_topic_len and _size gauges (served on the ingest port, ``GET
+    /metrics``), reclaiming abandoned reservations, and waking shards that hold entries,
+    which bounds the delay of an event whose wake-up was lost."""
     records: str = "auto"
     """Where delivery records go (docs/records.md): ``auto`` next to the queue store
     (``s3://<bucket>/records`` or the directory ``records`` beside a dir:// store), ``off``,
@@ -164,6 +172,16 @@ class DeliveryServiceSettings(BaseSettings):
             )
         return self
 
+    @property
+    def advertised_address(self) -> str | None:
+        """``host:port`` for the member Lease, or None when no reachable host is known."""
+        host = self.advertise_host
+        if host is None and not _wildcard(self.listen_host):
+            host = self.listen_host
+        if not host:
+            return None
+        return f"[{host}]:{self.listen_port}" if ":" in host else f"{host}:{self.listen_port}"
+
     @model_validator(mode="after")
     def _records_batch_fits_the_buffer(self) -> DeliveryServiceSettings:
         if self.records_batch_size > self.records_buffer_max:
@@ -172,6 +190,14 @@ class DeliveryServiceSettings(BaseSettings):
                 f" RECORDS_BUFFER_MAX ({self.records_buffer_max})"
             )
         return self
+
+
+def _wildcard(host: str) -> bool:
+    """All addresses of the machine (0.0.0.0, ::): nobody can reach it under that name."""
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return not host
 
 
 class LogSettings(BaseSettings):

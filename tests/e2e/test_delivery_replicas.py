@@ -185,7 +185,7 @@ def test_a_writer_killed_between_reserve_and_commit_leaks_no_reservation(
     rgw: LocalService,
 ) -> None:
     cluster = delivery_cluster("s3")
-    cluster.start("replica-1", reservation_timeout_seconds="3", sweep_interval_seconds="1")
+    cluster.start("replica-1", reservation_timeout_seconds="3", stats_interval_seconds="1")
     port = cluster.ports["replica-1"]
     start_operator(ingest_url=f"http://127.0.0.1:{port}")
     with RecordingHttpServer() as receiver:
@@ -447,3 +447,68 @@ def test_metrics_count_a_known_workload_exactly(
         ) >= len(topics), runs
         timed = get(ops, "bucketnotify_reconcile_seconds_count", kind=kind, action="change")
         assert timed == sum(runs.values()), "every run is timed once"
+
+
+def test_an_event_committed_by_a_replica_that_does_not_own_its_shard_wakes_the_owner(
+    kubectl: Kubectl,
+    namespace: str,
+    start_operator: StartOperator,
+    delivery_cluster: StartCluster,
+    rgw: LocalService,
+) -> None:
+    """Empty shards are not polled: the gateway pushes every event to replica a, and the
+    events of shards replica b owns reach the endpoint because a wakes b. Polling and the
+    queue survey are both set to 10 minutes, so nothing else could deliver them in time."""
+    cluster = delivery_cluster("s3")
+    slow = {"idle_poll_max_seconds": "600", "stats_interval_seconds": "600"}
+    cluster.start("replica-a", **slow)
+    cluster.start("replica-b", **slow)
+    wait_until(
+        cluster.holders,
+        lambda h: len(h) == PARTITIONS and spread(h) == [16, 16],
+        30,
+        "32 partitions spread 16/16 over two replicas",
+    )
+    start_operator(ingest_url=f"http://127.0.0.1:{cluster.ports['replica-a']}")
+    s3 = s3_client(rgw)
+    topic = f"woken-{uuid.uuid4().hex[:8]}"
+    with RecordingHttpServer() as receiver:
+        buckets = sync_topics(kubectl, namespace, s3, {topic: (receiver, {})})
+        bucket = buckets[topic]
+        queue = QueueName(namespace, topic)
+        holders = cluster.holders()
+
+        def owner(key: str) -> str | None:
+            return holders.get(partition_of(queue, shard_of(bucket, key, SHARDS), PARTITIONS))
+
+        keys: dict[str, list[str]] = {"replica-a": [], "replica-b": []}
+        for i in range(200):
+            key = f"obj-{i:03d}"
+            mine = keys.get(owner(key) or "")
+            if mine is not None and len(mine) < 4:
+                mine.append(key)
+        assert all(len(k) == 4 for k in keys.values()), f"keys of each replica: {keys}"
+        # Every shard's first round has found it empty: from now on they wait to be woken.
+        time.sleep(3)
+
+        got: list[tuple[str, float]] = []
+        for key in keys["replica-b"] + keys["replica-a"]:
+            s3.put_object(Bucket=bucket, Key=key, Body=b"x")
+            wait_until(
+                lambda: (delivered(receiver, got), [k for k, _ in got])[1],
+                lambda seen, key=key: key in seen,  # type: ignore[misc]
+                15,
+                f"{key} (owned by {owner(key)}) delivered",
+            )
+        time.sleep(1)
+        delivered(receiver, got)
+    assert sorted(k for k, _ in got) == sorted(keys["replica-a"] + keys["replica-b"]), "once each"
+
+    def counted(replica: str, sample: str, **labels: str) -> float:
+        found = scrape(f"http://127.0.0.1:{cluster.ports[replica]}/metrics")
+        return found.get((sample, frozenset(labels.items())), 0.0)
+
+    # Wake-ups went from a to b for b's shards (a's own shards are woken in-process).
+    assert counted("replica-a", "bucketnotify_wakeups_sent_total", outcome="ok") >= 4
+    assert counted("replica-b", "bucketnotify_wakeups_received_total") >= 4
+    assert counted("replica-b", "bucketnotify_wakeups_sent_total", outcome="ok") == 0

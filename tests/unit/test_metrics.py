@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import cast
@@ -66,8 +67,17 @@ class FakeOwnership:
 
     settings = LeaseSettings(namespace="default")
 
+    address = None
+    """Advertises no address: nobody can wake it, so it polls its empty shards."""
+
+    def __init__(self) -> None:
+        self.changed = asyncio.Event()
+
     def owns_shard(self, queue: QueueName, shard: int) -> bool:
         return True
+
+    def owner_address(self, queue: QueueName, shard: int) -> str | None:
+        return None
 
     def owned(self) -> set[int]:
         return set(range(32))
@@ -116,7 +126,7 @@ async def test_rounds_count_pushes_losses_retries_and_duplicates_exactly(tmp_pat
     await store.commit(reservation, [(event_id(r), json.dumps(r).encode()) for r in events], 0)
     for _ in range(5):
         await service._process(runtime, endpoint, 0)
-    await service.export_stats()
+    await service.survey()
     await api.close()
 
     found = samples(metrics.exposition().decode())

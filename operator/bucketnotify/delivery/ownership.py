@@ -36,6 +36,13 @@ itself alone, takes every partition and hands most of them back a round later, a
 move repeats the events in flight on it. A replica that died during the outage loses its
 partitions one lease duration later than it otherwise would.
 
+Peers: a replica started with an ``address`` (where its ingest listens, e.g. the pod IP and
+port) puts it on its member Lease. Each round's LIST of the Leases then tells every replica
+who holds each partition and where that holder listens (``owner_address``), so an ingest
+that commits to a shard another replica owns can tell that owner at once (the wake-ups of
+``delivery.wakeups``). What it says is as old as the last round (``renew_interval``): after
+a hand-over a wake-up may go to the previous holder, and is then caught later.
+
 Clocks: expiry is judged from the Lease's renewTime against the local clock, so replicas'
 clocks must agree to well within a second (NTP), as Kubernetes leader election already
 assumes.
@@ -72,6 +79,8 @@ log = logging.getLogger(__name__)
 
 ROLE_LABEL = "bucketnotify.io/lease-role"
 GROUP_LABEL = "bucketnotify.io/lease-group"
+ADDRESS_ANNOTATION = "bucketnotify.io/address"
+"""On a member Lease: ``host:port`` where the replica's ingest (and ``/v1/wake``) listens."""
 
 
 def partition_of(queue: QueueName, shard: int, partitions: int) -> int:
@@ -124,8 +133,11 @@ class Ownership:
         identity: str,
         settings: LeaseSettings,
         before_release: Callable[[int], Awaitable[None]] | None = None,
+        address: str | None = None,
     ) -> None:
         self.before_release = before_release
+        self.address = address
+        """``host:port`` other replicas reach this one at; None: it takes no wake-ups."""
         """Awaited between fencing a partition we hand back and releasing its Lease: the
         round that was running on it finishes its removals before the next owner starts."""
         self._leases = client.CoordinationV1Api(api)
@@ -138,6 +150,10 @@ class Ownership:
         self._task: asyncio.Task[None] | None = None
         self.changed = asyncio.Event()
         """Set whenever the set of owned partitions changes."""
+        self._holders: dict[int, str] = {}
+        """partition -> its live holder, as the last round's LIST showed"""
+        self._addresses: dict[str, str] = {}
+        """identity -> address, of the live members that advertise one"""
         # monotonic time of the last round that reached the API server, and until when this
         # replica takes no expired partition because it just got through after an outage
         self._reached: float | None = None
@@ -159,6 +175,14 @@ class Ownership:
 
     def owned(self) -> set[int]:
         return {p for p in self._held if self.owns(p)}
+
+    def owner_address(self, queue: QueueName, shard: int) -> str | None:
+        """Where the replica holding the shard listens, when that is another live replica
+        that advertises an address (as of the last round); None otherwise."""
+        holder = self._holders.get(partition_of(queue, shard, self.settings.partitions))
+        if holder is None or holder == self.identity:
+            return None
+        return self._addresses.get(holder)
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -208,9 +232,12 @@ class Ownership:
         return partition_lease_name(self.settings.group, partition)
 
     def _body(self, name: str, role: str, holder: str, now: dt.datetime) -> client.V1Lease:
+        advertised = self.address if role == "member" else None
         return client.V1Lease(
             metadata=client.V1ObjectMeta(
-                name=name, labels={ROLE_LABEL: role, GROUP_LABEL: self.settings.group}
+                name=name,
+                labels={ROLE_LABEL: role, GROUP_LABEL: self.settings.group},
+                annotations={ADDRESS_ANNOTATION: advertised} if advertised else None,
             ),
             spec=client.V1LeaseSpec(
                 holder_identity=holder,
@@ -250,6 +277,17 @@ class Ownership:
             lease.metadata.name: lease
             for lease in listed.items
             if lease.metadata.labels.get(ROLE_LABEL) == "partition"
+        }
+        self._addresses = {
+            lease.spec.holder_identity: address
+            for lease in members
+            if (address := (lease.metadata.annotations or {}).get(ADDRESS_ANNOTATION))
+        }
+        numbers = {self._partition_name(p): p for p in range(self.settings.partitions)}
+        self._holders = {
+            numbers[name]: lease.spec.holder_identity
+            for name, lease in partitions.items()
+            if name in numbers and not _expired(lease, now)
         }
         before = set(self._held)
 
@@ -345,6 +383,12 @@ class Ownership:
             if await self._create(self._body(name, "member", self.identity, now)):
                 self.joined = True
             return
+        if self.address:
+            # A restarted replica of the same name may listen elsewhere now.
+            lease.metadata.annotations = {
+                **(lease.metadata.annotations or {}),
+                ADDRESS_ANNOTATION: self.address,
+            }
         if await self._write(lease, self.identity, now, renew=True):
             self.joined = True
 

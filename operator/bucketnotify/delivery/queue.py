@@ -99,6 +99,9 @@ class ShardStats:
 @dataclass(frozen=True)
 class QueueStats:
     shards: dict[int, ShardStats]
+    expired: int = 0
+    """Reservations past their expiry still held (their writer died): ``reclaim`` drops
+    them."""
 
     @property
     def entries(self) -> int:
@@ -175,6 +178,12 @@ class QueueStore(Protocol):
 
     async def stats(self, queue: QueueName, now: float) -> QueueStats:
         """Entries, bytes and live reservations per shard."""
+
+    async def glance(self, queue: QueueName, now: float) -> QueueStats:
+        """What ``stats`` says, in as few requests as the store can (one LIST of the queue
+        for the S3 store), but not a consistent picture: a commit under way may show in
+        neither its reservation nor its shard. For gauges and for finding the shards that
+        hold entries, never for deciding that a queue is empty. An unknown queue is empty."""
 
     async def reclaim(self, queue: QueueName, now: float) -> int:
         """Drop expired reservations; returns how many."""

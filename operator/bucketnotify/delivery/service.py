@@ -8,10 +8,14 @@ CA bundle) are read when the Topic is new or changed and again every
 reads every few seconds.
 
 Processing: one task per owned (queue, shard). A shard that had work is polled again after
-``round_interval_s``; an idle one backs off to ``idle_max_s`` (every poll of the S3 store is
-a LIST request); an ingest commit on this replica wakes the shard's task at once. So a
-local hand-off is delivered without a polling delay, and an event ingested by another
-replica waits at most ``idle_max_s`` for its owner to look.
+``round_interval_s``; one whose entries all wait for a retry backs off to ``idle_max_s``; one
+found empty is not polled at all (every poll of the S3 store is a LIST request, and hundreds
+of idle shards would keep the gateway busy): it waits to be woken. An ingest commit wakes
+the shard's task at once, on this replica directly and on the replica owning the shard by
+a wake-up request (``delivery.wakeups``). A lost wake-up is caught by the survey: every
+``stats_interval_s`` the owner of a queue's shard 0 looks at the whole queue (one LIST on the
+S3 store) and wakes every shard holding entries. So an event waits for its owner no longer
+than a wake-up takes, and at worst ``stats_interval_s``.
 
 Lifecycle of a queue:
 - a persistent Topic gets its queue (``create`` is idempotent, so every replica does it);
@@ -21,12 +25,12 @@ Lifecycle of a queue:
   ``radosgw-admin topic rm`` does); so do queues left in the store by Topics deleted while
   no replica ran.
 - expired reservations (a writer crashed between reserve and commit) are reclaimed by the
-  owner of the queue's shard 0 every ``sweep_interval_s``.
+  owner of the queue's shard 0 when its survey finds them.
 
 Metrics (``bucketnotify.metrics``, served on the ingest's ``GET /metrics``): counted from
-each round's ``RoundResult`` and around each push wave; a queue's length and size are read
-every ``stats_interval_s`` and exported only by the owner of its shard 0, so a sum over
-replicas counts each queue once.
+each round's ``RoundResult`` and around each push wave; a queue's length and size come from
+the survey every ``stats_interval_s`` and are exported only by the owner of its shard 0, so
+a sum over replicas counts each queue once.
 
 Delivery records (``delivery.recording``): the ingest's commits and each round's
 ``RoundResult.outcomes`` go to the ``Recorder``, the same results the metrics count.
@@ -73,6 +77,7 @@ from bucketnotify.delivery.ingest import Ingest, IngestTopic, build_app
 from bucketnotify.delivery.ownership import Ownership, partition_of
 from bucketnotify.delivery.queue import Entry, QueueLimits, QueueName, QueueStore, shard_of
 from bucketnotify.delivery.recording import Recorder
+from bucketnotify.delivery.wakeups import WAKE_PATH, WakeUps, parse_wake
 from bucketnotify.delivery.worker import (
     LIST_BATCH,
     DeadLetterSink,
@@ -117,19 +122,20 @@ class ServiceTimings:
     round_interval_s: float = 0.2
     """Poll interval of a shard that had work."""
     idle_max_s: float = 1.0
-    """Longest poll interval of an idle shard: the delay of an event another replica
-    ingested."""
+    """Longest poll interval of a shard whose entries all wait for their retry time (an
+    empty shard is not polled: it is woken)."""
     sweep_interval_s: float = 30.0
-    """How often reservations are reclaimed and orphaned or drained queues deleted."""
+    """How often orphaned or drained queues are deleted."""
     reservation_timeout_s: float = QueueLimits.reservation_timeout_s
     """A reservation not committed for this long (its writer died) is reclaimed."""
     drain_timeout_s: float = 3.0
     """How long a hand-back or a shutdown waits for running rounds to finish. A hand-back
     waits inside the Lease round, so this must stay below renew deadline - renew interval
     (8 - 3 s by default), or the replica would fence itself meanwhile."""
-    stats_interval_s: float = 10.0
-    """How often the queue length and size gauges are read from the store (a LIST per
-    shard on the S3 store)."""
+    stats_interval_s: float = 30.0
+    """How often the owner of a queue's shard 0 surveys the queue (one LIST on the S3
+    store): the length and size gauges, expired reservations reclaimed, and shards with
+    entries woken, which bounds how long a lost wake-up delays an event."""
 
 
 @dataclass
@@ -153,6 +159,8 @@ class TopicRuntime:
     """Per shard: ``DeliveredCache.added`` at the last save to the store, and when."""
     endpoint_kind: str | None = None
     """http, amqp or kafka (for delivery records)."""
+    uid: str = ""
+    """The Topic object's uid: a Topic deleted and made again under its name is new."""
 
 
 def _fingerprint(*parts: object) -> str:
@@ -252,11 +260,26 @@ class DeliveryService:
         """Queues the store held at the last sweep (finds queues to drain after a restart)."""
         self.events = events or TopicEvents(EventRecorder(api, instance=ownership.identity))
         """Kubernetes Events on the Topics (delivery.events)."""
+        self._wakeups = WakeUps(ownership.owner_address, self.metrics)
 
     def app(self) -> web.Application:
         app = build_app(self.ingest, self.unready)
         app.middlewares.append(self.events.ingest_middleware)
+        app.router.add_post(WAKE_PATH, self._on_wake)
         return app
+
+    async def _on_wake(self, request: web.Request) -> web.Response:
+        """Another replica committed to shards this one may own (``delivery.wakeups``)."""
+        try:
+            shards = parse_wake(await request.json())
+        except ValueError:
+            shards = None
+        if shards is None:
+            return web.Response(status=400, text='expected {"shards": [[namespace, topic, n]]}')
+        self.metrics.wakeups_received.inc(len(shards))
+        for queue, shard in shards:
+            self._wake_local(queue, shard)
+        return web.Response(status=204)
 
     def unready(self) -> str | None:
         """Why a Service should not send this replica requests now, or None.
@@ -338,6 +361,7 @@ class DeliveryService:
         key: TopicKey = (meta["namespace"], meta["name"])
         spec = TopicSpec.model_validate(topic["spec"])
         generation = int(meta.get("generation") or 0)
+        uid = str(meta.get("uid") or "")
         current = self.topics.get(key)
         queue = QueueName(*key)
         if not spec.persistent:
@@ -346,7 +370,7 @@ class DeliveryService:
                 return
             # It was persistent: what is queued still goes out, then the queue goes.
             if current is None or current.generation != generation:
-                await self._open(key, spec, generation, draining=True)
+                await self._open(key, spec, generation, uid, draining=True)
             return
         due = (
             current is None
@@ -360,7 +384,7 @@ class DeliveryService:
         if not due:
             return
         tokens = await self._read_tokens(key)
-        await self._open(key, spec, generation, draining=False)
+        await self._open(key, spec, generation, uid, draining=False)
         runtime = self.topics[key]
         self._set_tokens(key, runtime.queue, runtime.shards, tokens)
 
@@ -456,7 +480,7 @@ class DeliveryService:
         return credentials, ca_pem
 
     async def _open(
-        self, key: TopicKey, spec: TopicSpec, generation: int, *, draining: bool
+        self, key: TopicKey, spec: TopicSpec, generation: int, uid: str, *, draining: bool
     ) -> None:
         namespace, name = key
         delivery = spec.delivery
@@ -468,7 +492,12 @@ class DeliveryService:
         )
         queue = QueueName(namespace, name)
         old = self.topics.get(key)
-        if not draining:
+        if not draining and (
+            old is None or old.generation != generation or old.uid != uid or old.draining
+        ):
+            # Only when the queue may be new or its settings changed: a Topic's Secrets
+            # are read again every secret_refresh_s, and a PUT each time for each Topic
+            # would be most of an idle replica's gateway requests.
             await self._store.create(queue, shards, limits)
         elif old is not None:
             shards = old.shards  # the queue keeps the shards it was written with
@@ -483,7 +512,7 @@ class DeliveryService:
         except SecretMissing as exc:
             problem, problem_reason = str(exc), "SecretNotFound"
             fingerprint = _fingerprint(problem, generation, draining)
-        if old is not None and old.fingerprint == fingerprint:
+        if old is not None and old.fingerprint == fingerprint and old.uid == uid:
             old.secrets_read_at = time.monotonic()
             return
         if problem is None and credentials is not None and not self._allow_cleartext:
@@ -521,6 +550,7 @@ class DeliveryService:
             dead_letter=delivery.dead_letter_topic if delivery else None,
             delivered=old.delivered if old is not None else {},
             endpoint_kind=spec.endpoint.kind,
+            uid=uid,
         )
         self.metrics.add_topic(namespace, name)
         if old is not None:
@@ -557,15 +587,12 @@ class DeliveryService:
         log.info("queue %s deleted: %s", queue, reason)
 
     async def sweep(self) -> None:
-        """Reclaim expired reservations; delete drained and orphaned queues."""
+        """Delete drained and orphaned queues."""
         now = time.time()
         self._stored = set(await self._store.queues())
         for key, runtime in list(self.topics.items()):
             if not self._ownership.owns_shard(runtime.queue, 0):
                 continue
-            reclaimed = await self._store.reclaim(runtime.queue, now)
-            if reclaimed:
-                log.warning("%s: reclaimed %d abandoned reservations", runtime.queue, reclaimed)
             if runtime.draining:
                 stats = await self._store.stats(runtime.queue, now)
                 if stats.entries == 0 and stats.reservations == 0:
@@ -580,26 +607,42 @@ class DeliveryService:
             if await self._kube.get_object("topics", queue.namespace, queue.topic) is None:
                 await self._retire((queue.namespace, queue.topic), reason="its Topic is gone")
 
-    async def export_stats(self) -> None:
-        """Set the queue gauges of the queues whose shard 0 this replica owns; drop the
-        others' (their owner exports them)."""
+    async def survey(self) -> None:
+        """Look at each queue whose shard 0 this replica owns, once (``QueueStore.glance``):
+        set its gauges, reclaim expired reservations, wake the shards holding entries (a
+        wake-up may have been lost). Drop the gauges of the other queues (their owner
+        exports them)."""
         self.metrics.partitions_owned.labels(self._ownership.identity).set(
             len(self._ownership.owned())
         )
-        now = time.time()
         for key, runtime in list(self.topics.items()):
-            if not self._ownership.owns_shard(runtime.queue, 0):
+            queue = runtime.queue
+            if not self._ownership.owns_shard(queue, 0):
                 self.metrics.drop_queue_stats(*key)
                 continue
+            now = time.time()
             try:
-                stats = await self._store.stats(runtime.queue, now)
+                stats = await self._store.glance(queue, now)
             except LookupError:
                 continue
             self.metrics.set_queue_stats(*key, stats.entries, stats.bytes)
+            for shard, held in stats.shards.items():
+                if held.entries:
+                    self._wake(queue, shard)
+            if stats.expired:
+                reclaimed = await self._store.reclaim(queue, now)
+                if reclaimed:
+                    log.warning("%s: reclaimed %d abandoned reservations", queue, reclaimed)
 
     # --- processing -----------------------------------------------------------------------
 
     def _wake(self, queue: QueueName, shard: int) -> None:
+        """The shard has entries: its task here starts a round, or its owner is told."""
+        self._wake_local(queue, shard)
+        if not self._ownership.owns_shard(queue, shard):
+            self._wakeups.send(queue, shard)
+
+    def _wake_local(self, queue: QueueName, shard: int) -> None:
         event = self._wakes.get((queue, shard))
         if event is not None:
             event.set()
@@ -610,6 +653,13 @@ class DeliveryService:
             del self._loops[done]
         if self._stopping:
             return
+        if self._ownership.changed.is_set():
+            self._ownership.changed.clear()
+            # An empty shard's task sleeps until woken: one whose shard moved away must
+            # wake to end, or a later take-back would find it still there, asleep.
+            for unit in self._loops:
+                if not self._ownership.owns_shard(*unit):
+                    self._wake_local(*unit)
         for key, runtime in self.topics.items():
             if runtime.endpoint is None:
                 continue
@@ -638,6 +688,13 @@ class DeliveryService:
             await self._save_delivered(runtime, shard, delivered)
             if result is not None and result.listed >= LIST_BATCH and not result.failed:
                 continue  # a backlog: go on at once
+            if result is not None and result.listed == 0 and self._ownership.address:
+                # Empty: no polling. A commit, a wake-up, the survey, an ownership or Topic
+                # change or the stop wakes it. (Without an address nobody could send this
+                # replica wake-ups: it polls, below.)
+                await wake.wait()
+                delay = self.timings.round_interval_s
+                continue
             progress = result is not None and (
                 result.delivered or result.expired or result.dead_lettered or result.duplicates
             )
@@ -822,9 +879,9 @@ class DeliveryService:
                     last_sweep = now
                 if now - last_stats > self.timings.stats_interval_s:
                     try:
-                        await self.export_stats()
+                        await self.survey()
                     except Exception:
-                        log.exception("reading the queue statistics failed")
+                        log.exception("surveying the queues failed")
                     last_stats = now
                 self._supervise()
                 with contextlib.suppress(TimeoutError):
@@ -834,6 +891,7 @@ class DeliveryService:
             # owner starts from what this replica actually delivered.
             self._stopping = True
             await self._wait_loops(list(self._loops))
+            await self._wakeups.aclose()
             await self._ownership.stop(release=True)
             for runtime in self.topics.values():
                 if runtime.endpoint is not None:

@@ -278,10 +278,15 @@ def usage_of_counts(
             held = numbers.setdefault(shard, [0, 0, 0])
             held[0] += entries
             held[1] += size
+    expired = 0
     for reservation in reservations:
         if reservation.expires_at > now:
             numbers.setdefault(reservation.shard, [0, 0, 0])[2] += 1
-    return QueueStats({shard: ShardStats(*counts) for shard, counts in sorted(numbers.items())})
+        else:
+            expired += 1
+    return QueueStats(
+        {shard: ShardStats(*counts) for shard, counts in sorted(numbers.items())}, expired
+    )
 
 
 def check_room(

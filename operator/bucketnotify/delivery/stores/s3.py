@@ -29,6 +29,8 @@ Requests:
   that keeps entries. ``update``: one PUT per batch object. Both use what ``list`` read
   (the owner's cache) and otherwise LIST and GET the batch first. So a delivered batch
   object costs a GET and a DELETE, and 1/1000 of a LIST.
+- ``glance``: one LIST of everything under the queue (its reservations, batch objects and
+  delivered identities), so surveying an idle queue costs one request.
 - ``stats``: LIST of the reservations and of the shards; a queue of B batch objects costs
   1 + ceil(B / 1000) LISTs. That is the price of ``reserve`` too, so it grows with the
   backlog: a full queue whose events came in one at a time is slow to reserve in. As the
@@ -370,6 +372,23 @@ class S3Store:
         shards, _ = await self._get_meta(queue)
         stats, _ = await self._usage(queue, shards, now)
         return stats
+
+    async def glance(self, queue: QueueName, now: float) -> QueueStats:
+        # One LIST of everything under the queue (reservations sort before the shards) and
+        # no meta read: the shard count only adds empty shards to the answer.
+        start = self._data(queue)
+        reservations: list[Reservation] = []
+        names: dict[int, list[str]] = {}
+        for key in await self._list_keys(start):
+            kind, _, name = key[len(start) :].partition("/")
+            if kind == "reservations":
+                if (reservation := parse_reservation(queue, name)) is not None:
+                    reservations.append(reservation)
+            elif kind.startswith("shard-") and kind[6:].isdigit():
+                names.setdefault(int(kind[6:]), []).append(name)
+        cached = self._meta.get(queue)
+        found = {shard: list(batches(sorted(n))) for shard, n in names.items()}
+        return usage(cached[1] if cached else 0, found, reservations, now)
 
     async def _reservations(self, queue: QueueName) -> list[Reservation]:
         start = f"{self._data(queue)}reservations/"

@@ -1,0 +1,118 @@
+"""Wake-ups between replicas: the ingest tells a shard's owner that it has new entries.
+
+A shard whose last round found it empty does not poll the store again: it waits until
+something says there is work (S3 LISTs of hundreds of idle shards every second would cost
+the gateway more than the traffic). When the ingest commits to a shard this replica owns,
+it wakes the shard's task directly; when another replica owns it, this module sends that
+replica ``POST /v1/wake`` with ``{"shards": [[namespace, topic, shard], ...]}``, to the
+address its member Lease advertises (``Ownership.owner_address``).
+
+Sending never delays the ingest's answer: a wake-up goes out in the background, and the
+wake-ups for one replica that arrive while a request to it is under way go together in
+the next request. A wake-up that is lost (the owner restarted, a hand-over moved the shard,
+the network) only delays delivery: the owner of each queue's shard 0 surveys the queue
+every ``stats_interval_s`` and wakes every shard that holds entries.
+
+A wake-up carries no event and no secret, and answering one costs at most a LIST of the
+shard per processing round: a flood of them costs what polling every shard each round
+would. That is why the endpoint needs no token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from bucketnotify.delivery.queue import QueueName
+from bucketnotify.metrics import DeliveryMetrics
+
+__all__ = ["MAX_WAKE_SHARDS", "WakeUps", "parse_wake"]
+
+log = logging.getLogger(__name__)
+
+WAKE_PATH = "/v1/wake"
+MAX_WAKE_SHARDS = 10_000
+"""Shards one request may name: a larger body is refused (400)."""
+SEND_TIMEOUT_S = 2.0
+
+Shard = tuple[str, str, int]
+
+
+def parse_wake(body: Any) -> list[tuple[QueueName, int]] | None:
+    """The shards a wake-up names; None when the body is not what ``WakeUps`` sends."""
+    shards = body.get("shards") if isinstance(body, dict) else None
+    if not isinstance(shards, list) or len(shards) > MAX_WAKE_SHARDS:
+        return None
+    found = []
+    for item in shards:
+        if (
+            not isinstance(item, list)
+            or len(item) != 3
+            or not all(isinstance(part, str) and part for part in item[:2])
+            or not isinstance(item[2], int)
+            or isinstance(item[2], bool)
+            or item[2] < 0
+        ):
+            return None
+        found.append((QueueName(item[0], item[1]), item[2]))
+    return found
+
+
+class WakeUps:
+    """Sends wake-ups to the replicas that own shards this one committed to."""
+
+    def __init__(
+        self,
+        address_of: Callable[[QueueName, int], str | None],
+        metrics: DeliveryMetrics,
+        *,
+        timeout_s: float = SEND_TIMEOUT_S,
+    ) -> None:
+        self._address_of = address_of
+        self._metrics = metrics
+        self._timeout_s = timeout_s
+        self._client: httpx.AsyncClient | None = None
+        self._pending: dict[str, set[Shard]] = {}
+        self._sending: dict[str, asyncio.Task[None]] = {}
+
+    def send(self, queue: QueueName, shard: int) -> None:
+        """Tell the shard's owner, if that is another replica that can be reached."""
+        address = self._address_of(queue, shard)
+        if address is None:
+            return
+        self._pending.setdefault(address, set()).add((queue.namespace, queue.topic, shard))
+        if address not in self._sending:
+            self._sending[address] = asyncio.create_task(
+                self._flush(address), name=f"wake-ups to {address}"
+            )
+
+    async def _flush(self, address: str) -> None:
+        if self._client is None:
+            # Plain HTTP inside the cluster: a wake-up carries nothing worth protecting.
+            self._client = httpx.AsyncClient(timeout=self._timeout_s, trust_env=False)
+        try:
+            while shards := self._pending.pop(address, None):
+                body = {"shards": [list(s) for s in sorted(shards)]}
+                try:
+                    response = await self._client.post(f"http://{address}{WAKE_PATH}", json=body)
+                    outcome = "ok" if response.status_code == 204 else "refused"
+                except httpx.HTTPError as exc:
+                    # Expected while a peer restarts; the survey catches what this missed.
+                    log.debug("wake-up to %s failed: %s", address, exc)
+                    outcome = "failed"
+                self._metrics.wakeups_sent.labels(outcome).inc(len(shards))
+        finally:
+            del self._sending[address]
+
+    async def aclose(self) -> None:
+        tasks = list(self._sending.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._pending.clear()
+        if self._client is not None:
+            await self._client.aclose()
