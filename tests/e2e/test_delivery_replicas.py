@@ -512,3 +512,60 @@ def test_an_event_committed_by_a_replica_that_does_not_own_its_shard_wakes_the_o
     assert counted("replica-a", "bucketnotify_wakeups_sent_total", outcome="ok") >= 4
     assert counted("replica-b", "bucketnotify_wakeups_received_total") >= 4
     assert counted("replica-b", "bucketnotify_wakeups_sent_total", outcome="ok") == 0
+
+
+def test_events_whose_wake_up_was_lost_are_found_by_the_survey(
+    kubectl: Kubectl,
+    namespace: str,
+    start_operator: StartOperator,
+    delivery_cluster: StartCluster,
+    rgw: LocalService,
+) -> None:
+    """Replica b advertises an address where nothing listens (127.0.0.2: loopback, but not
+    its listen address), so every wake-up a sends it fails. Polling is off (10 minutes);
+    the survey (every 2 s) still finds b's events and they are delivered, once each."""
+    cluster = delivery_cluster("s3")
+    cluster.start("replica-a", idle_poll_max_seconds="600", stats_interval_seconds="2")
+    cluster.start(
+        "replica-b",
+        idle_poll_max_seconds="600",
+        stats_interval_seconds="2",
+        advertise_host="127.0.0.2",
+    )
+    wait_until(
+        cluster.holders,
+        lambda h: len(h) == PARTITIONS and spread(h) == [16, 16],
+        30,
+        "32 partitions spread 16/16 over two replicas",
+    )
+    start_operator(ingest_url=f"http://127.0.0.1:{cluster.ports['replica-a']}")
+    s3 = s3_client(rgw)
+    topic = f"surveyed-{uuid.uuid4().hex[:8]}"
+    with RecordingHttpServer() as receiver:
+        buckets = sync_topics(kubectl, namespace, s3, {topic: (receiver, {})})
+        bucket = buckets[topic]
+        queue = QueueName(namespace, topic)
+        holders = cluster.holders()
+        keys = [
+            key
+            for key in (f"obj-{i:03d}" for i in range(200))
+            if holders.get(partition_of(queue, shard_of(bucket, key, SHARDS), PARTITIONS))
+            == "replica-b"
+        ][:4]
+        assert len(keys) == 4
+        time.sleep(3)  # b's shards have found themselves empty and wait to be woken
+        for key in keys:
+            s3.put_object(Bucket=bucket, Key=key, Body=b"x")
+        got: list[tuple[str, float]] = []
+        wait_until(
+            lambda: (delivered(receiver, got), len(got))[1],
+            lambda n: n >= len(keys),
+            30,
+            "replica b's events delivered after a survey",
+        )
+        time.sleep(1)
+        delivered(receiver, got)
+    assert sorted(k for k, _ in got) == sorted(keys), "once each"
+    found = scrape(f"http://127.0.0.1:{cluster.ports['replica-a']}/metrics")
+    failed = found.get(("bucketnotify_wakeups_sent_total", frozenset({("outcome", "failed")})))
+    assert failed is not None and failed >= 1, "a's wake-ups to b failed"

@@ -14,8 +14,11 @@ of idle shards would keep the gateway busy): it waits to be woken. An ingest com
 the shard's task at once, on this replica directly and on the replica owning the shard by
 a wake-up request (``delivery.wakeups``). A lost wake-up is caught by the survey: every
 ``stats_interval_s`` the owner of a queue's shard 0 looks at the whole queue (one LIST on the
-S3 store) and wakes every shard holding entries. So an event waits for its owner no longer
-than a wake-up takes, and at worst ``stats_interval_s``.
+S3 store) and wakes every shard holding entries; every ``OWN_SURVEY_EVERY`` surveys each
+replica also looks at the queues where it owns other shards, in case its peers cannot
+reach it. So an event waits for its owner no longer than a wake-up takes, at worst
+``stats_interval_s``, and ``OWN_SURVEY_EVERY`` times that when the replicas cannot reach
+each other.
 
 Lifecycle of a queue:
 - a persistent Topic gets its queue (``create`` is idempotent, so every replica does it);
@@ -201,6 +204,10 @@ class _Metered:
         await self.aclose()
 
 
+OWN_SURVEY_EVERY = 4
+"""Every this many surveys a replica also looks at the queues whose shard 0 another owns,
+for its own shards (see ``DeliveryService.survey``)."""
+
 # How long a Topic the API server did not have is not asked for again.
 MISS_TTL_S = 1.0
 
@@ -261,6 +268,7 @@ class DeliveryService:
         self.events = events or TopicEvents(EventRecorder(api, instance=ownership.identity))
         """Kubernetes Events on the Topics (delivery.events)."""
         self._wakeups = WakeUps(ownership.owner_address, self.metrics)
+        self._surveys = 0
 
     def app(self) -> web.Application:
         app = build_app(self.ingest, self.unready)
@@ -611,24 +619,36 @@ class DeliveryService:
         """Look at each queue whose shard 0 this replica owns, once (``QueueStore.glance``):
         set its gauges, reclaim expired reservations, wake the shards holding entries (a
         wake-up may have been lost). Drop the gauges of the other queues (their owner
-        exports them)."""
+        exports them). Queues where it owns other shards only it looks at every
+        ``OWN_SURVEY_EVERY`` surveys, for its own shards: a wake-up from the shard-0 owner
+        can be lost too (a network policy that keeps the replicas apart)."""
         self.metrics.partitions_owned.labels(self._ownership.identity).set(
             len(self._ownership.owned())
         )
+        self._surveys += 1
+        own_turn = self._surveys % OWN_SURVEY_EVERY == 0
         for key, runtime in list(self.topics.items()):
             queue = runtime.queue
-            if not self._ownership.owns_shard(queue, 0):
+            lead = self._ownership.owns_shard(queue, 0)
+            if not lead:
                 self.metrics.drop_queue_stats(*key)
-                continue
+                owned = any(self._ownership.owns_shard(queue, s) for s in range(runtime.shards))
+                if not (own_turn and owned):
+                    continue
             now = time.time()
             try:
                 stats = await self._store.glance(queue, now)
             except LookupError:
                 continue
-            self.metrics.set_queue_stats(*key, stats.entries, stats.bytes)
             for shard, held in stats.shards.items():
                 if held.entries:
-                    self._wake(queue, shard)
+                    if lead:
+                        self._wake(queue, shard)
+                    elif self._ownership.owns_shard(queue, shard):
+                        self._wake_local(queue, shard)
+            if not lead:
+                continue
+            self.metrics.set_queue_stats(*key, stats.entries, stats.bytes)
             if stats.expired:
                 reclaimed = await self._store.reclaim(queue, now)
                 if reclaimed:

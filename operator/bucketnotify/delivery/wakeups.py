@@ -11,7 +11,8 @@ Sending never delays the ingest's answer: a wake-up goes out in the background, 
 wake-ups for one replica that arrive while a request to it is under way go together in
 the next request. A wake-up that is lost (the owner restarted, a hand-over moved the shard,
 the network) only delays delivery: the owner of each queue's shard 0 surveys the queue
-every ``stats_interval_s`` and wakes every shard that holds entries.
+every ``stats_interval_s`` and wakes every shard that holds entries, and each replica looks
+at its own shards less often too, for when the replicas cannot reach each other at all.
 
 A wake-up carries no event and no secret, and answering one costs at most a LIST of the
 shard per processing round: a flood of them costs what polling every shard each round
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -38,6 +40,8 @@ WAKE_PATH = "/v1/wake"
 MAX_WAKE_SHARDS = 10_000
 """Shards one request may name: a larger body is refused (400)."""
 SEND_TIMEOUT_S = 2.0
+WARN_EVERY_S = 60.0
+"""At most one warning this often per peer that cannot be reached."""
 
 Shard = tuple[str, str, int]
 
@@ -78,6 +82,7 @@ class WakeUps:
         self._client: httpx.AsyncClient | None = None
         self._pending: dict[str, set[Shard]] = {}
         self._sending: dict[str, asyncio.Task[None]] = {}
+        self._warned: dict[str, float] = {}
 
     def send(self, queue: QueueName, shard: int) -> None:
         """Tell the shard's owner, if that is another replica that can be reached."""
@@ -102,11 +107,24 @@ class WakeUps:
                     outcome = "ok" if response.status_code == 204 else "refused"
                 except httpx.HTTPError as exc:
                     # Expected while a peer restarts; the survey catches what this missed.
-                    log.debug("wake-up to %s failed: %s", address, exc)
+                    # Failing for long means the replicas cannot reach each other: say so.
+                    self._warn(address, exc)
                     outcome = "failed"
                 self._metrics.wakeups_sent.labels(outcome).inc(len(shards))
         finally:
             del self._sending[address]
+
+    def _warn(self, address: str, exc: Exception) -> None:
+        now = time.monotonic()
+        if now - self._warned.get(address, -WARN_EVERY_S) < WARN_EVERY_S:
+            return
+        self._warned[address] = now
+        log.warning(
+            "wake-ups to the replica at %s fail (%s): its events wait for a queue survey"
+            " instead; check that delivery pods reach each other on the ingest port",
+            address,
+            type(exc).__name__,
+        )
 
     async def aclose(self) -> None:
         tasks = list(self._sending.values())
