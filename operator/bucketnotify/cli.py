@@ -27,6 +27,7 @@ from bucketnotify.delivery.recording import Recorder, RecordWriter
 from bucketnotify.delivery.service import DeliveryService, ServiceTimings
 from bucketnotify.delivery.stores.open import StoreConfigError
 from bucketnotify.delivery.stores.open import open_store as _store
+from bucketnotify.delivery.stores.s3 import S3Store
 from bucketnotify.gateway.pool import GatewayPool
 from bucketnotify.kube import Kube, connect
 from bucketnotify.leadership import lead
@@ -87,7 +88,8 @@ async def run_operator(settings: OperatorSettings) -> None:
         memo=kopf.Memo(
             settings=settings,
             kube=Kube(api),
-            bucket_locks=BucketLocks(metrics),
+            # A drift check may use a bucket read of the last drift interval.
+            bucket_locks=BucketLocks(metrics, reuse_s=settings.drift_interval_seconds),
             gateways=GatewayPool(),
             metrics=metrics,
         ),
@@ -134,6 +136,10 @@ async def run_delivery(settings: DeliveryServiceSettings, operator: OperatorSett
         ),
         address=settings.advertised_address,
     )
+    if isinstance(store, S3Store):
+        # One more than the members seen: a replica joining now is counted before its
+        # Lease shows. 0 (reserve with a scan every time) until the first Lease round.
+        store.writers = lambda: ownership.members and ownership.members + 1
     service = DeliveryService(
         api=api,
         store=store,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import queue
+import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -618,3 +619,62 @@ def test_notifications_of_one_bucket_applied_together_are_written_together(
         }
     assert samples["bucketnotify_bucket_writes_total"] == puts
     assert samples["bucketnotify_bucket_write_notifications_total"] == len(names)
+
+
+def test_drift_checks_of_one_bucket_share_its_reads(
+    kubectl: Kubectl,
+    namespace: str,
+    start_operator: StartOperator,
+    receiver: HttpReceiver,
+    rgw: LocalService,
+    bucket: str,
+    notifications: NotificationClient,
+) -> None:
+    """Six BucketNotifications of one bucket, checked for drift every 3 s: the bucket is
+    read about once per interval, not once per notification, and drift is still repaired."""
+    target = urlsplit(rgw["RGW_ENDPOINT"])
+    assert target.hostname is not None and target.port is not None
+    proxy = TcpProxy(target.hostname, target.port)
+    proxy.start()
+    gateway_secret(
+        kubectl, namespace, "gw-counted", proxy.url, rgw["RGW_ACCESS_KEY"], rgw["RGW_SECRET_KEY"]
+    )
+    start_operator()
+    http_topic(kubectl, namespace, "hook", receiver.url)
+    names = [f"checked-{i}" for i in range(6)]
+    for name in names:
+        apply(
+            kubectl,
+            namespace,
+            "BucketNotification",
+            name,
+            {
+                "bucket": bucket,
+                "topicRef": {"name": "hook"},
+                "gatewayRef": {"secretName": "gw-counted"},
+                "events": ["s3:ObjectCreated:*"],
+                "filter": {"key": {"prefix": f"{name}/"}},
+                "testEvent": False,
+            },
+        )
+    for name in names:
+        condition(kubectl, namespace, "bucketnotification", name)
+
+    read = f"GET /{bucket}?notification".encode()
+    before = proxy.sent().count(read)
+    window = 6 * DRIFT_INTERVAL_S
+    time.sleep(window)
+    reads = proxy.sent().count(read) - before
+    print(f"{len(names)} notifications of one bucket: {reads} reads in {window} s")
+    # Without sharing: 6 x 6 = 36 reads. Each shared read is reused for one interval, so
+    # about one per interval, and a second when a check falls just past the reuse.
+    assert 1 <= reads <= 2 * window // DRIFT_INTERVAL_S
+
+    notifications.delete(bucket, "checked-3")
+    wait_until(
+        lambda: notifications.get(bucket, "checked-3"),
+        lambda found: found is not None,
+        5 * DRIFT_INTERVAL_S,
+        "the deleted Id put back by a drift check",
+    )
+    proxy.stop()

@@ -195,3 +195,59 @@ async def test_the_bucket_holds_the_documented_layout(rgw: LocalService, bucket:
         f"{prefix}data/team-a/orders/shard-1/{batch}.n000001.b2",
         f"{prefix}meta/team-a/orders",
     ]
+
+
+async def test_far_below_its_limits_a_commit_is_one_put(
+    rgw: LocalService, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the writers known, the first reserve scans and leaves headroom; reserves within
+    it need neither the LISTs nor a marker, so reserve and commit are one PUT together."""
+    store = S3Store(connection(rgw), bucket, f"t-{uuid.uuid4().hex[:10]}/", writers=lambda: 2)
+    await store.create(QUEUE, 2, QueueLimits())
+    await put(store, 0, b"first")  # scans, sets the headroom
+    calls: list[str] = []
+    real = store._call
+
+    async def counted(operation: str, request: Any) -> Any:
+        calls.append(operation.split()[0])
+        return await real(operation, request)
+
+    monkeypatch.setattr(store, "_call", counted)
+    reservation = await store.reserve(QUEUE, 1, 2, 20, NOW)
+    assert calls == [], "no LIST, no marker"
+    await store.commit(reservation, [("a", b"second"), ("b", b"third")], NOW)
+    assert calls == ["PutObject"]
+    assert bodies(await store.list(QUEUE, 0)) + bodies(await store.list(QUEUE, 1)) == [
+        b"first",
+        b"second",
+        b"third",
+    ]
+    stats = await store.stats(QUEUE, NOW)
+    assert (stats.entries, stats.reservations) == (3, 0)
+
+
+async def test_reserves_from_the_headroom_never_take_two_writers_past_the_limit(
+    rgw: LocalService, bucket: str
+) -> None:
+    """Two replicas writing one queue of 40 entries as fast as they can: together they
+    commit exactly 40, then both are refused, though most reserves skipped the scan."""
+    prefix = f"t-{uuid.uuid4().hex[:10]}/"
+    replicas = [S3Store(connection(rgw), bucket, prefix, writers=lambda: 2) for _ in range(2)]
+    await replicas[0].create(QUEUE, 4, QueueLimits(max_entries=40, max_bytes=10_000))
+    committed = [0, 0]
+
+    async def fill(index: int) -> None:
+        store = replicas[index]
+        for n in range(100):
+            try:
+                await put(store, n % 4, f"r{index}-{n}".encode())
+            except QueueFull:
+                return
+            committed[index] += 1
+
+    await asyncio.gather(fill(0), fill(1))
+    assert sum(committed) == 40, committed
+    assert (await replicas[0].stats(QUEUE, NOW)).entries == 40
+    for store in replicas:
+        with pytest.raises(QueueFull):
+            await put(store, 0, b"one more")

@@ -7,12 +7,20 @@ requests for one bucket that arrive while that bucket's previous batch is under 
 taken together, as a group commit: one read, each request decided on that read, one write of
 every Id that needs it. A batch is never larger than what was waiting, so a lone request
 costs what it did before.
+
+Drift checks read the bucket too: a thousand BucketNotifications on a hundred buckets, each
+checked every drift interval, would read each bucket ten times a minute to learn the same
+thing. A batch made only of drift checks is decided on the bucket's last read if that is
+younger than ``reuse_s`` (``BucketLocks.recent``); every write forgets it. So a bucket is
+read about once per drift interval however many notifications it holds, and drift made by
+someone else is seen at most ``reuse_s`` later than otherwise.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
+import time
+from collections import OrderedDict, defaultdict
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Any, Generic, TypeVar
 
@@ -95,10 +103,35 @@ class BucketLocks:
     A batch is written with one user's keys, so its key names the user too: two users
     writing one bucket share the lock, not a batch."""
 
-    def __init__(self, metrics: OperatorMetrics | None = None) -> None:
+    def __init__(self, metrics: OperatorMetrics | None = None, *, reuse_s: float = 0.0) -> None:
         self._locks: defaultdict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
         self.batches: Batches[Any, Any] = Batches(self._batch_lock)
         self._metrics = metrics
+        self._reuse_s = reuse_s
+        self._reads: OrderedDict[Hashable, tuple[float, Any]] = OrderedDict()
+        """batch key -> (monotonic time, configuration) of the last read, oldest first"""
+
+    def recent(self, key: Hashable) -> Any | None:
+        """The bucket's configuration as read less than ``reuse_s`` ago, else None."""
+        found = self._reads.get(key)
+        if found is None or time.monotonic() - found[0] >= self._reuse_s:
+            return None
+        return found[1]
+
+    def remember(self, key: Hashable, configuration: Any) -> None:
+        if self._reuse_s <= 0:
+            return
+        now = time.monotonic()
+        self._reads.pop(key, None)
+        self._reads[key] = (now, configuration)
+        # Only reads young enough to be reused are kept: the memory follows the buckets
+        # read within ``reuse_s``, not every bucket ever read.
+        while self._reads and now - next(iter(self._reads.values()))[0] >= self._reuse_s:
+            self._reads.popitem(last=False)
+
+    def forget(self, key: Hashable) -> None:
+        """The bucket was written (or a write was tried): its last read is stale."""
+        self._reads.pop(key, None)
 
     def wrote(self, notifications: int) -> None:
         """One write of a bucket's configuration, with this many notifications in it."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -273,10 +273,11 @@ async def reconcile_notification(
                     repaired.append("configuration" if current else "missing configuration")
                 return True
 
+            key = locks.key(resolved.connection, bucket)
             written = await locks.batches.submit(
-                locks.key(resolved.connection, bucket),
-                BucketWrite(desired, decide),
-                functools.partial(_write_batch, locks, gateway, bucket),
+                key,
+                BucketWrite(desired, decide, drift_check=only_if_drifted),
+                functools.partial(_write_batch, locks, gateway, key, bucket),
             )
             if not written:
                 in_sync = f"Id {desired.id} on bucket {bucket} is in sync"
@@ -306,15 +307,27 @@ class BucketWrite:
     decide: Callable[[list[NotificationConfig]], Awaitable[bool]]
     """Whether ``desired`` is to be written, seen the bucket's configuration (or raises
     NotReconcilable)."""
+    drift_check: bool = False
+    """Only looking for drift: may be decided on a recent read (``BucketLocks.recent``)."""
 
 
 async def _write_batch(
-    locks: BucketLocks, gateway: Gateway, bucket: str, requests: list[BucketWrite]
+    locks: BucketLocks,
+    gateway: Gateway,
+    key: Hashable,
+    bucket: str,
+    requests: list[BucketWrite],
 ) -> list[bool | BaseException | object]:
-    """One read of the bucket's configuration, each request decided on it, one write of the
-    Ids to write; a refused write is retried one Id at a time, so that each request gets
-    its own answer. Answers: written (True), in sync (False), or the exception."""
-    configuration = await gateway.read(gateway.notifications.list, bucket)
+    """One read of the bucket's configuration (a recent one for drift checks alone), each
+    request decided on it, one write of the Ids to write; a refused write is retried one Id
+    at a time, so that each request gets its own answer. Answers: written (True), in sync
+    (False), or the exception."""
+    configuration: list[NotificationConfig] | None = None
+    if all(r.drift_check for r in requests):
+        configuration = locks.recent(key)
+    if configuration is None:
+        configuration = await gateway.read(gateway.notifications.list, bucket)
+        locks.remember(key, configuration)
     answers: list[bool | BaseException | object] = []
     ids: set[str] = set()
     for request in requests:
@@ -327,6 +340,8 @@ async def _write_batch(
         except (NotReconcilable, GatewayError) as exc:
             answers.append(exc)
     writes = [r.desired for r, a in zip(requests, answers, strict=True) if a is True]
+    if writes:
+        locks.forget(key)
     if len(writes) > 1:
         try:
             await gateway.write(gateway.notifications.put_many, bucket, writes)

@@ -154,6 +154,9 @@ class Ownership:
         """partition -> its live holder, as the last round's LIST showed"""
         self._addresses: dict[str, str] = {}
         """identity -> address, of the live members that advertise one"""
+        self.members = 0
+        """Live member Leases at the last round (this replica's own once it joined); 0
+        before the first round."""
         # monotonic time of the last round that reached the API server, and until when this
         # replica takes no expired partition because it just got through after an outage
         self._reached: float | None = None
@@ -271,6 +274,7 @@ class Ownership:
             for lease in listed.items
             if lease.metadata.labels.get(ROLE_LABEL) == "member" and not _expired(lease, now)
         ]
+        self.members = len(members)
         live = max(1, len(members))
         share = math.ceil(self.settings.partitions / live)
         partitions = {

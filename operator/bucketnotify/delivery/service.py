@@ -711,7 +711,10 @@ class DeliveryService:
             if result is not None and result.listed == 0 and self._ownership.address:
                 # Empty: no polling. A commit, a wake-up, the survey, an ownership or Topic
                 # change or the stop wakes it. (Without an address nobody could send this
-                # replica wake-ups: it polls, below.)
+                # replica wake-ups: it polls, below.) What it delivered is saved first: the
+                # periodic save runs between rounds, and there may be none for a long time,
+                # while a replica killed meanwhile would leave its successor to push again.
+                await self._save_delivered(runtime, shard, delivered, final=True)
                 await wake.wait()
                 delay = self.timings.round_interval_s
                 continue

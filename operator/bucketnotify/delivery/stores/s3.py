@@ -64,6 +64,21 @@ appear out of that order (one with an earlier id lands later). Events of one obj
 ordered whenever their commits do not overlap, and nothing that lands late is skipped,
 because every ``list`` starts from the oldest entry.
 
+Reserving without a scan: while a queue is far below its limits, a reserve needs neither
+the LISTs nor a marker, so a commit is one PUT. With ``writers`` set (an upper bound of the
+replicas that write to the store), each scan also gives this replica a *headroom*: what it
+may still reserve without another scan, ``limit / (2 * writers)`` minus everything the scan
+found held, for entries and bytes alike. Reserves within the headroom take from it and are
+granted at once, without a marker; one that does not fit takes the usual turn (scan,
+marker), which sets a new headroom. Why the bound still holds: each replica's unscanned
+reservations since its own last scan add up to at most ``limit / (2 * writers)`` minus what
+that scan saw held, so all replicas' together stay below half the limit on top of what any
+scan saw; a reserve that scans sees every committed batch. A queue of default limits (a
+million entries, 128 MiB) is thus scanned about once per ``limit / (2 * writers)`` of
+commits, a small one (``maxQueueEntries: 2``) on every reserve, as before. The headroom
+lives as long as the cached meta's limits: a change of limits (seen within
+``meta_cache_s``) drops it.
+
 The bucket must never get a notification configuration: Ceph 16 aborts radosgw on a
 multi-object delete in a bucket with one, and our own writes would notify themselves.
 This store sends single DeleteObject calls only, to be safe even so.
@@ -134,6 +149,15 @@ class _Cached:
 
 
 @dataclass
+class _Headroom:
+    """What this replica may still reserve in a queue without a scan (module docstring)."""
+
+    limits: QueueLimits
+    entries: int
+    bytes: int
+
+
+@dataclass
 class _Wanted:
     """A reserve waiting for its queue's turn."""
 
@@ -157,10 +181,13 @@ class S3Store:
         *,
         meta_cache_s: float = 5.0,
         max_requests: int = 10,
+        writers: Callable[[], int] | None = None,
     ) -> None:
         """``meta_cache_s``: how long a queue's shards and limits are reused, so a change
         made through another replica applies here that much later. ``max_requests``: at
-        most this many requests in flight (botocore's connection pool holds 10)."""
+        most this many requests in flight (botocore's connection pool holds 10).
+        ``writers``: at least how many replicas write to these queues now (0 while unknown);
+        without it, every reserve scans (see "Reserving without a scan")."""
         if prefix and not prefix.endswith("/"):
             prefix += "/"
         self.bucket = bucket
@@ -174,6 +201,10 @@ class S3Store:
         self._reserving: dict[QueueName, asyncio.Lock] = {}
         self._owning: dict[tuple[QueueName, int], asyncio.Lock] = {}
         self._cache: dict[tuple[QueueName, int], dict[str, _Cached]] = {}
+        self.writers = writers
+        self._headroom: dict[QueueName, _Headroom] = {}
+        self._unmarked: set[str] = set()
+        """Reservations granted from the headroom: no marker to delete."""
 
     async def ensure_bucket(self) -> None:
         """Create the bucket unless it exists; idempotent."""
@@ -219,6 +250,7 @@ class S3Store:
             raise ValueError(f"a queue needs at least one shard, not {shards}")
         await self._put(self._meta_key(queue), encode_meta(shards, limits), "application/json")
         self._meta[queue] = (time.monotonic(), shards, limits)
+        self._headroom.pop(queue, None)
 
     async def delete(self, queue: QueueName) -> None:
         # The meta object first: from then on the queue is not listed and takes no
@@ -227,6 +259,7 @@ class S3Store:
         # meta): it stays until the queue is created and deleted again.
         await self._delete_key(self._meta_key(queue))
         self._meta.pop(queue, None)
+        self._headroom.pop(queue, None)
         for key in list(self._cache):
             if key[0] == queue:
                 del self._cache[key]
@@ -277,6 +310,9 @@ class S3Store:
     async def reserve(
         self, queue: QueueName, shard: int, entries: int, size: int, now: float
     ) -> Reservation:
+        granted = await self._from_headroom(queue, shard, entries, size, now)
+        if granted is not None:
+            return granted
         wanted = _Wanted(shard, entries, size, now)
         self._wanted.setdefault(queue, []).append(wanted)
         try:
@@ -287,6 +323,40 @@ class S3Store:
             wanted.granted.cancel()  # a turn still to come skips it
             raise
         return wanted.granted.result()
+
+    async def _from_headroom(
+        self, queue: QueueName, shard: int, entries: int, size: int, now: float
+    ) -> Reservation | None:
+        """A reservation without scan or marker, or None when it takes the usual turn."""
+        room = self._headroom.get(queue)
+        if room is None or entries > room.entries or size > room.bytes:
+            return None
+        # The cached meta: a deleted queue is refused as in a turn, new limits end the room.
+        shards, limits = await self._get_meta(queue)
+        if limits != room.limits or not 0 <= shard < shards or entries < 1 or size < 0:
+            self._headroom.pop(queue, None)
+            return None
+        room = self._headroom.get(queue)  # another reserve may have taken it meanwhile
+        if room is None or entries > room.entries or size > room.bytes:
+            return None
+        room.entries -= entries
+        room.bytes -= size
+        reservation = new_reservation(queue, shard, entries, size, now, limits)
+        self._unmarked.add(reservation.id)
+        return reservation
+
+    def _set_headroom(
+        self, queue: QueueName, limits: QueueLimits, held_entries: int, held_bytes: int
+    ) -> None:
+        writers = self.writers() if self.writers is not None else 0
+        if writers < 1:
+            self._headroom.pop(queue, None)
+            return
+        self._headroom[queue] = _Headroom(
+            limits,
+            max(0, limits.max_entries // (2 * writers) - held_entries),
+            max(0, limits.max_bytes // (2 * writers) - held_bytes),
+        )
 
     async def _reserve_waiting(self, queue: QueueName) -> None:
         """One turn: every reserve of ``queue`` waiting now, checked against one scan."""
@@ -310,6 +380,15 @@ class S3Store:
                 reservation = new_reservation(queue, w.shard, w.entries, w.size, w.now, limits)
                 reservations = [*reservations, reservation]
                 granted.append((w, reservation))
+            now = max(w.now for w in waiting)
+            live = [r for r in reservations if r.expires_at > now]
+            held = usage(shards, found, reservations, now)
+            self._set_headroom(
+                queue,
+                limits,
+                held.entries + sum(r.entries for r in live),
+                held.bytes + sum(r.bytes for r in live),
+            )
             written = await asyncio.gather(
                 *(self._put_marker(r) for _, r in granted), return_exceptions=True
             )
@@ -356,10 +435,17 @@ class S3Store:
         else:
             entries = []
         # After the batch, never before: see "Reservations across replicas" above.
-        await self._delete_key(self._marker(reservation))
+        if reservation.id in self._unmarked:
+            self._unmarked.discard(reservation.id)
+        else:
+            await self._delete_key(self._marker(reservation))
         return entries
 
     async def abort(self, reservation: Reservation) -> None:
+        if reservation.id in self._unmarked:
+            # Its room is not given back: the headroom only ever errs on the safe side.
+            self._unmarked.discard(reservation.id)
+            return
         await self._delete_key(self._marker(reservation))
 
     async def reclaim(self, queue: QueueName, now: float) -> int:
