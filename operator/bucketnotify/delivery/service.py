@@ -23,7 +23,8 @@ each other.
 Lifecycle of a queue:
 - a persistent Topic gets its queue (``create`` is idempotent, so every replica does it);
 - a Topic that stops being persistent keeps being delivered from its queue until the queue
-  is empty, then the queue is deleted: switching modes loses nothing;
+  is empty at two sweeps in a row, then the queue is deleted: switching modes loses
+  nothing;
 - a deleted Topic takes its queue with it (pending events are counted lost, as
   ``radosgw-admin topic rm`` does); so do queues left in the store by Topics deleted while
   no replica ran.
@@ -155,6 +156,8 @@ class TopicRuntime:
     problem: str | None = None
     draining: bool = False
     """No longer persistent: deliver what is queued, then delete the queue."""
+    empty_sweeps: int = 0
+    """Sweeps in a row that found the draining queue empty."""
     dead_letter: str | None = None
     """Topic (same namespace) whose queue takes this one's dropped events."""
     delivered: dict[int, DeliveredCache] = field(default_factory=dict)
@@ -203,6 +206,9 @@ class _Metered:
     ) -> None:
         await self.aclose()
 
+
+DRAINED_SWEEPS = 2
+"""A draining queue is deleted when this many sweeps in a row found it empty."""
 
 OWN_SURVEY_EVERY = 4
 """Every this many surveys a replica also looks at the queues whose shard 0 another owns,
@@ -603,7 +609,15 @@ class DeliveryService:
                 continue
             if runtime.draining:
                 stats = await self._store.stats(runtime.queue, now)
-                if stats.entries == 0 and stats.reservations == 0:
+                if stats.entries or stats.reservations:
+                    runtime.empty_sweeps = 0
+                    continue
+                # Empty twice in a row, a sweep interval apart: another replica that had
+                # not seen the change yet (it lists the Topics every few seconds) may still
+                # have been committing to it at the first look, and an S3 store's commit
+                # far below the bounds leaves no reservation marker to see.
+                runtime.empty_sweeps += 1
+                if runtime.empty_sweeps >= DRAINED_SWEEPS:
                     await self._retire(key, reason="its Topic is no longer persistent")
         # Queues of Topics deleted while no replica was running.
         orphans = {
