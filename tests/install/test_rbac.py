@@ -138,7 +138,13 @@ def _resolve(entry: dict[str, Any], env: dict[str, str], release: Release, pod: 
     source = entry["valueFrom"]
     if "fieldRef" in source:
         path = source["fieldRef"]["fieldPath"]
-        return {"metadata.namespace": release.namespace, "metadata.name": pod}[path]
+        # The programs run on this machine's loopback: that is their pod IP here.
+        fields = {
+            "metadata.namespace": release.namespace,
+            "metadata.name": pod,
+            "status.podIP": "127.0.0.1",
+        }
+        return fields[path]
     ref = source["secretKeyRef"]
     secret = release.kubectl.get("secret", ref["name"], release.namespace)
     data = secret.get("data") or {}
