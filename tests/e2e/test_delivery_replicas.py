@@ -23,7 +23,7 @@ import pytest
 
 from bucketnotify.delivery.ownership import partition_of
 from bucketnotify.delivery.queue import QueueName, shard_of
-from tests.delivery import StartCluster, post_events, scrape, sync_topics
+from tests.delivery import DeliveryCluster, StartCluster, post_events, scrape, sync_topics
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.operator import StartOperator
@@ -53,6 +53,25 @@ def delivered(receiver: RecordingHttpServer, into: list[tuple[str, float]]) -> l
 
 def spread(holders: dict[int, str]) -> list[int]:
     return sorted(collections.Counter(holders.values()).values())
+
+
+def keys_by_owner(
+    holders: dict[int, str], queue: QueueName, bucket: str, count: int
+) -> dict[str, list[str]]:
+    """Up to ``count`` object keys (obj-000, obj-001, ...) per replica whose shard it owns."""
+    keys: dict[str, list[str]] = collections.defaultdict(list)
+    for i in range(200):
+        key = f"obj-{i:03d}"
+        owner = holders.get(partition_of(queue, shard_of(bucket, key, SHARDS), PARTITIONS))
+        if owner is not None and len(keys[owner]) < count:
+            keys[owner].append(key)
+    return keys
+
+
+def replica_metric(cluster: DeliveryCluster, replica: str, sample: str, **labels: str) -> float:
+    """One series of one replica's ``GET /metrics``; 0 when it has none yet."""
+    found = scrape(f"http://127.0.0.1:{cluster.ports[replica]}/metrics")
+    return found.get((sample, frozenset(labels.items())), 0.0)
 
 
 def test_three_replicas_spread_evenly_and_a_killed_owner_loses_nothing(
@@ -475,19 +494,9 @@ def test_an_event_committed_by_a_replica_that_does_not_own_its_shard_wakes_the_o
     with RecordingHttpServer() as receiver:
         buckets = sync_topics(kubectl, namespace, s3, {topic: (receiver, {})})
         bucket = buckets[topic]
-        queue = QueueName(namespace, topic)
-        holders = cluster.holders()
-
-        def owner(key: str) -> str | None:
-            return holders.get(partition_of(queue, shard_of(bucket, key, SHARDS), PARTITIONS))
-
-        keys: dict[str, list[str]] = {"replica-a": [], "replica-b": []}
-        for i in range(200):
-            key = f"obj-{i:03d}"
-            mine = keys.get(owner(key) or "")
-            if mine is not None and len(mine) < 4:
-                mine.append(key)
-        assert all(len(k) == 4 for k in keys.values()), f"keys of each replica: {keys}"
+        keys = keys_by_owner(cluster.holders(), QueueName(namespace, topic), bucket, 4)
+        assert all(len(keys[r]) == 4 for r in ("replica-a", "replica-b")), keys
+        owner = {key: replica for replica, mine in keys.items() for key in mine}
         # Every shard's first round has found it empty: from now on they wait to be woken.
         time.sleep(3)
 
@@ -498,20 +507,20 @@ def test_an_event_committed_by_a_replica_that_does_not_own_its_shard_wakes_the_o
                 lambda: (delivered(receiver, got), [k for k, _ in got])[1],
                 lambda seen, key=key: key in seen,  # type: ignore[misc]
                 15,
-                f"{key} (owned by {owner(key)}) delivered",
+                f"{key} (owned by {owner[key]}) delivered",
             )
         time.sleep(1)
         delivered(receiver, got)
     assert sorted(k for k, _ in got) == sorted(keys["replica-a"] + keys["replica-b"]), "once each"
 
-    def counted(replica: str, sample: str, **labels: str) -> float:
-        found = scrape(f"http://127.0.0.1:{cluster.ports[replica]}/metrics")
-        return found.get((sample, frozenset(labels.items())), 0.0)
-
     # Wake-ups went from a to b for b's shards (a's own shards are woken in-process).
-    assert counted("replica-a", "bucketnotify_wakeups_sent_total", outcome="ok") >= 4
-    assert counted("replica-b", "bucketnotify_wakeups_received_total") >= 4
-    assert counted("replica-b", "bucketnotify_wakeups_sent_total", outcome="ok") == 0
+    assert (
+        replica_metric(cluster, "replica-a", "bucketnotify_wakeups_sent_total", outcome="ok") >= 4
+    )
+    assert replica_metric(cluster, "replica-b", "bucketnotify_wakeups_received_total") >= 4
+    assert (
+        replica_metric(cluster, "replica-b", "bucketnotify_wakeups_sent_total", outcome="ok") == 0
+    )
 
 
 def test_events_whose_wake_up_was_lost_are_found_by_the_survey(
@@ -544,14 +553,7 @@ def test_events_whose_wake_up_was_lost_are_found_by_the_survey(
     with RecordingHttpServer() as receiver:
         buckets = sync_topics(kubectl, namespace, s3, {topic: (receiver, {})})
         bucket = buckets[topic]
-        queue = QueueName(namespace, topic)
-        holders = cluster.holders()
-        keys = [
-            key
-            for key in (f"obj-{i:03d}" for i in range(200))
-            if holders.get(partition_of(queue, shard_of(bucket, key, SHARDS), PARTITIONS))
-            == "replica-b"
-        ][:4]
+        keys = keys_by_owner(cluster.holders(), QueueName(namespace, topic), bucket, 4)["replica-b"]
         assert len(keys) == 4
         time.sleep(3)  # b's shards have found themselves empty and wait to be woken
         for key in keys:
@@ -566,6 +568,7 @@ def test_events_whose_wake_up_was_lost_are_found_by_the_survey(
         time.sleep(1)
         delivered(receiver, got)
     assert sorted(k for k, _ in got) == sorted(keys), "once each"
-    found = scrape(f"http://127.0.0.1:{cluster.ports['replica-a']}/metrics")
-    failed = found.get(("bucketnotify_wakeups_sent_total", frozenset({("outcome", "failed")})))
-    assert failed is not None and failed >= 1, "a's wake-ups to b failed"
+    failed = replica_metric(
+        cluster, "replica-a", "bucketnotify_wakeups_sent_total", outcome="failed"
+    )
+    assert failed >= 1, "a's wake-ups to b failed"

@@ -556,6 +556,19 @@ def test_a_topic_made_on_the_gateway_is_used_by_arn_and_never_deleted(
         sns.delete_topic(TopicArn=arn)
 
 
+def counting_gateway(kubectl: Kubectl, namespace: str, rgw: LocalService) -> TcpProxy:
+    """A started proxy to the gateway that records what is sent through it, and the gateway
+    Secret ``gw-counted`` pointing at it (for a ``gatewayRef``)."""
+    target = urlsplit(rgw["RGW_ENDPOINT"])
+    assert target.hostname is not None and target.port is not None
+    proxy = TcpProxy(target.hostname, target.port)
+    proxy.start()
+    gateway_secret(
+        kubectl, namespace, "gw-counted", proxy.url, rgw["RGW_ACCESS_KEY"], rgw["RGW_SECRET_KEY"]
+    )
+    return proxy
+
+
 def test_notifications_of_one_bucket_applied_together_are_written_together(
     kubectl: Kubectl,
     namespace: str,
@@ -568,13 +581,7 @@ def test_notifications_of_one_bucket_applied_together_are_written_together(
     """Eight BucketNotifications of one bucket applied at once: each is Ready with its own
     Id on the bucket, and the operator wrote the bucket's configuration fewer times than
     there are notifications (those that waited for the bucket were written together)."""
-    target = urlsplit(rgw["RGW_ENDPOINT"])
-    assert target.hostname is not None and target.port is not None
-    proxy = TcpProxy(target.hostname, target.port)
-    proxy.start()
-    gateway_secret(
-        kubectl, namespace, "gw-counted", proxy.url, rgw["RGW_ACCESS_KEY"], rgw["RGW_SECRET_KEY"]
-    )
+    proxy = counting_gateway(kubectl, namespace, rgw)
     metrics_port = free_port()
     start_operator(metrics_port=str(metrics_port))
     http_topic(kubectl, namespace, "hook", receiver.url)
@@ -632,13 +639,7 @@ def test_drift_checks_of_one_bucket_share_its_reads(
 ) -> None:
     """Six BucketNotifications of one bucket, checked for drift every 3 s: the bucket is
     read about once per interval, not once per notification, and drift is still repaired."""
-    target = urlsplit(rgw["RGW_ENDPOINT"])
-    assert target.hostname is not None and target.port is not None
-    proxy = TcpProxy(target.hostname, target.port)
-    proxy.start()
-    gateway_secret(
-        kubectl, namespace, "gw-counted", proxy.url, rgw["RGW_ACCESS_KEY"], rgw["RGW_SECRET_KEY"]
-    )
+    proxy = counting_gateway(kubectl, namespace, rgw)
     start_operator()
     http_topic(kubectl, namespace, "hook", receiver.url)
     names = [f"checked-{i}" for i in range(6)]

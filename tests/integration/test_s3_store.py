@@ -37,6 +37,19 @@ def bucket(rgw: LocalService) -> Iterator[str]:
     s3.delete_bucket(Bucket=name)
 
 
+def count_calls(store: S3Store, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The S3 operations the store sends from now on, by name, in order."""
+    calls: list[str] = []
+    real = store._call
+
+    async def counted(operation: str, request: Any) -> Any:
+        calls.append(operation.split()[0])
+        return await real(operation, request)
+
+    monkeypatch.setattr(store, "_call", counted)
+    return calls
+
+
 class BucketRaw:
     def __init__(self, s3: Any, bucket: str, prefix: str) -> None:
         self.s3, self.bucket, self.prefix = s3, bucket, prefix
@@ -102,14 +115,7 @@ async def test_commit_is_one_put_and_one_delete(
     store = S3Store(connection(rgw), bucket, f"t-{uuid.uuid4().hex[:10]}/")
     await store.create(QUEUE, 2, QueueLimits())
     reservation = await store.reserve(QUEUE, 0, 100, 100 * 20, NOW)
-    calls: list[str] = []
-    real = store._call
-
-    async def counted(operation: str, request: Any) -> Any:
-        calls.append(operation.split()[0])
-        return await real(operation, request)
-
-    monkeypatch.setattr(store, "_call", counted)
+    calls = count_calls(store, monkeypatch)
     events = [(f"e{n}", f"body-{n:03d}".encode()) for n in range(100)]
     await store.commit(reservation, events, NOW)
     assert calls == ["PutObject", "DeleteObject"]
@@ -136,14 +142,7 @@ async def test_reserves_waiting_for_their_turn_share_one_scan_and_keep_the_limit
     store = S3Store(connection(rgw), bucket, f"t-{uuid.uuid4().hex[:10]}/")
     await store.create(QUEUE, 8, QueueLimits(max_entries=4, max_bytes=1000))
     await put(store, 0, b"committed")
-    calls: list[str] = []
-    real = store._call
-
-    async def counted(operation: str, request: Any) -> Any:
-        calls.append(operation.split()[0])
-        return await real(operation, request)
-
-    monkeypatch.setattr(store, "_call", counted)
+    calls = count_calls(store, monkeypatch)
     results = await asyncio.gather(
         *(store.reserve(QUEUE, shard, 1, 1, NOW) for shard in range(1, 7)),
         return_exceptions=True,
@@ -205,14 +204,7 @@ async def test_far_below_its_limits_a_commit_is_one_put(
     store = S3Store(connection(rgw), bucket, f"t-{uuid.uuid4().hex[:10]}/", writers=lambda: 2)
     await store.create(QUEUE, 2, QueueLimits())
     await put(store, 0, b"first")  # scans, sets the headroom
-    calls: list[str] = []
-    real = store._call
-
-    async def counted(operation: str, request: Any) -> Any:
-        calls.append(operation.split()[0])
-        return await real(operation, request)
-
-    monkeypatch.setattr(store, "_call", counted)
+    calls = count_calls(store, monkeypatch)
     reservation = await store.reserve(QUEUE, 1, 2, 20, NOW)
     assert calls == [], "no LIST, no marker"
     await store.commit(reservation, [("a", b"second"), ("b", b"third")], NOW)

@@ -289,6 +289,12 @@ def usage_of_counts(
     )
 
 
+def held(stats: QueueStats, reservations: Iterable[Reservation], now: float) -> tuple[int, int]:
+    """Entries and bytes a queue holds: committed, and reserved by live reservations."""
+    live = [r for r in reservations if r.expires_at > now]
+    return stats.entries + sum(r.entries for r in live), stats.bytes + sum(r.bytes for r in live)
+
+
 def check_room(
     stats: QueueStats,
     reservations: Iterable[Reservation],
@@ -297,9 +303,7 @@ def check_room(
     size: int,
     now: float,
 ) -> None:
-    live = [r for r in reservations if r.expires_at > now]
-    held_entries = stats.entries + sum(r.entries for r in live)
-    held_bytes = stats.bytes + sum(r.bytes for r in live)
+    held_entries, held_bytes = held(stats, reservations, now)
     if held_entries + entries > limits.max_entries or held_bytes + size > limits.max_bytes:
         raise QueueFull(
             f"no room for {entries} entries, {size} bytes: {held_entries} entries, "

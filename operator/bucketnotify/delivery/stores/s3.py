@@ -118,6 +118,7 @@ from bucketnotify.delivery.stores._format import (
     decode_meta,
     encode_batch,
     encode_meta,
+    held,
     new_batch_id,
     new_entries,
     new_reservation,
@@ -381,14 +382,8 @@ class S3Store:
                 reservations = [*reservations, reservation]
                 granted.append((w, reservation))
             now = max(w.now for w in waiting)
-            live = [r for r in reservations if r.expires_at > now]
-            held = usage(shards, found, reservations, now)
-            self._set_headroom(
-                queue,
-                limits,
-                held.entries + sum(r.entries for r in live),
-                held.bytes + sum(r.bytes for r in live),
-            )
+            stats = usage(shards, found, reservations, now)
+            self._set_headroom(queue, limits, *held(stats, reservations, now))
             written = await asyncio.gather(
                 *(self._put_marker(r) for _, r in granted), return_exceptions=True
             )
