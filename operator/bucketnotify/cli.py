@@ -29,7 +29,7 @@ from bucketnotify.delivery.stores.open import StoreConfigError
 from bucketnotify.delivery.stores.open import open_store as _store
 from bucketnotify.delivery.stores.s3 import S3Store
 from bucketnotify.gateway.pool import GatewayPool
-from bucketnotify.kube import Kube, connect
+from bucketnotify.kube import WATCHED_LABEL, Kube, connect
 from bucketnotify.leadership import lead
 from bucketnotify.metrics import DeliveryMetrics, OperatorMetrics
 from bucketnotify.probes import serve_probes
@@ -53,6 +53,9 @@ def _configure_kopf(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="kopf.bucketnotify.io", key="last-handled-configuration"
     )
+    # Server-side: the API server sends only the Secrets the operator labelled, not every
+    # Secret of the cluster (kopf's handler filters would still receive and parse them all).
+    settings.watching.label_selectors["v1", "secrets"] = f"{WATCHED_LABEL}=true"
 
 
 async def run_operator(settings: OperatorSettings) -> None:
@@ -87,7 +90,7 @@ async def run_operator(settings: OperatorSettings) -> None:
         registry=registry,
         memo=kopf.Memo(
             settings=settings,
-            kube=Kube(api),
+            kube=Kube(api, label_secrets=True),
             # A drift check may use a bucket read of the last drift interval.
             bucket_locks=BucketLocks(metrics, reuse_s=settings.drift_interval_seconds),
             gateways=GatewayPool(),

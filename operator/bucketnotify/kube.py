@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import logging
 import os
 import secrets
 from collections.abc import Awaitable, Callable
@@ -23,9 +24,16 @@ from yarl import URL
 from bucketnotify import logs
 from bucketnotify.api.common import GROUP, VERSION, CARef
 
-__all__ = ["Kube", "SecretMissing", "connect", "current_namespace"]
+__all__ = ["WATCHED_LABEL", "Kube", "SecretMissing", "connect", "current_namespace"]
+
+log = logging.getLogger(__name__)
 
 POD_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+WATCHED_LABEL = f"{GROUP}/watched"
+"""On the Secrets the operator watches: only these reach it, not every Secret of the cluster
+(a cluster holds thousands, Helm's releases among them, up to 1 MiB each). The operator puts
+it on the Secrets it creates and on every Secret a Topic makes it read."""
 
 
 class SecretMissing(Exception):
@@ -109,9 +117,12 @@ def current_namespace() -> str:
 
 
 class Kube:
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, *, label_secrets: bool = False) -> None:
+        """``label_secrets``: put ``WATCHED_LABEL`` on every Secret read (the operator's)."""
         self._core = client.CoreV1Api(api)
         self._custom = client.CustomObjectsApi(api)
+        self._label_secrets = label_secrets
+        self._label_refused = False
 
     async def secret_data(self, namespace: str, name: str) -> dict[str, str]:
         try:
@@ -120,11 +131,43 @@ class Kube:
             if exc.status == 404:
                 raise SecretMissing(f"Secret {namespace}/{name} does not exist") from None
             raise
+        if self._label_secrets and WATCHED_LABEL not in (secret.metadata.labels or {}):
+            await self._label_secret(namespace, name)
         raw: dict[str, str] = secret.data or {}
         data = {k: base64.b64decode(v).decode() for k, v in raw.items()}
         # Whatever a driver or a URL later echoes of these, the logs will not show it.
         logs.remember_secrets(v for k, v in data.items() if logs.secret_key_name(k))
         return data
+
+    async def _label_secret(self, namespace: str, name: str) -> None:
+        """Label a Secret the operator reads, so that its changes reach the operator's watch.
+
+        Its data is left alone (a merge patch of one label), so the writer that owns the
+        Secret (a GitOps tool, a secrets controller) keeps it; one that replaces the Secret
+        wholesale drops the label, and the next read (the drift check) puts it back."""
+        body = {"metadata": {"labels": {WATCHED_LABEL: "true"}}}
+        try:
+            await self._core.patch_namespaced_secret(
+                name,
+                namespace,
+                body,
+                _content_type="application/merge-patch+json",  # type: ignore[call-arg]
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return  # deleted since the read: its re-creation is another story
+            if exc.status != 403:
+                raise
+            if not self._label_refused:
+                self._label_refused = True
+                log.warning(
+                    "may not patch Secrets (RBAC), so cannot label %s/%s %s=true: a change to"
+                    " a Secret a Topic uses reaches its gateway topic only at the next drift"
+                    " check; grant the operator patch on secrets, or label the Secrets",
+                    namespace,
+                    name,
+                    WATCHED_LABEL,
+                )
 
     async def secret_key(self, namespace: str, name: str, key: str) -> str:
         data = await self.secret_data(namespace, name)
@@ -143,7 +186,7 @@ class Kube:
         body = client.V1Secret(
             metadata=client.V1ObjectMeta(
                 name=name,
-                labels={"app.kubernetes.io/managed-by": "bucketnotify"},
+                labels={"app.kubernetes.io/managed-by": "bucketnotify", WATCHED_LABEL: "true"},
                 owner_references=[
                     client.V1OwnerReference(
                         api_version=owner["apiVersion"],

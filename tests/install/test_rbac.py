@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
@@ -264,6 +265,7 @@ FEATURES: dict[Grant, str] = {
     ("operator", "", "secrets", "list"): "re-sync when a referenced Secret changes",
     ("operator", "", "secrets", "watch"): "re-sync when a referenced Secret changes",
     ("operator", "", "secrets", "create"): "the ingest token of a persistent Topic",
+    ("operator", "", "secrets", "patch"): "the watched label on the Secrets Topics use",
     ("operator", "", "events", "create"): "Events on Topics and notifications",
     ("operator", "apiextensions.k8s.io", "customresourcedefinitions", "list"): "kopf discovery",
     ("operator", "apiextensions.k8s.io", "customresourcedefinitions", "watch"): "kopf discovery",
@@ -335,6 +337,24 @@ def audited_grants(kube: LocalService, release: Release) -> set[Grant]:
         resource = ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
         used.add((component, ref.get("apiGroup", ""), resource, event["verb"]))
     return used
+
+
+def operator_secret_reads(kube: LocalService, release: Release) -> set[str]:
+    """The label selectors of the operator's Secret lists and watches, from the audit log."""
+    account = release.deployment("operator")["spec"]["template"]["spec"]["serviceAccountName"]
+    username = f"system:serviceaccount:{release.namespace}:{account}"
+    selectors = set()
+    for line in Path(kube["KUBE_AUDIT_LOG"]).read_text().splitlines():
+        event = json.loads(line)
+        ref = event.get("objectRef") or {}
+        if (
+            event["user"]["username"] == username
+            and ref.get("resource") == "secrets"
+            and event["verb"] in ("list", "watch")
+        ):
+            query = parse_qs(urlsplit(event["requestURI"]).query)
+            selectors.add(f"labelSelector={','.join(query.get('labelSelector', []))}")
+    return selectors
 
 
 def failing_topic_with_a_ca(
@@ -438,6 +458,11 @@ def test_samples_reconcile_and_deliver_under_the_chart_rbac_and_use_every_rule(
         "every grant of the chart used by a successful request",
     )
     assert not unused
+    # The operator's Secret listing and watch asked for its labelled Secrets only, and the
+    # broker credentials of the AMQP sample (made without the label) got it.
+    assert operator_secret_reads(kube, release) == {"labelSelector=bucketnotify.io/watched=true"}
+    credentials = kubectl.get("secret", "amqp-credentials", namespace)
+    assert credentials["metadata"]["labels"]["bucketnotify.io/watched"] == "true"
     for program in (operator, delivery):
         assert program.process.poll() is None, program.log()[-3000:]
         assert not forbidden_lines(program), forbidden_lines(program)

@@ -375,6 +375,60 @@ def test_missing_secret_then_created_resyncs_without_waiting(
     assert gateway_topic(gateway, arn).endpoint_address == "http://127.0.0.1:9/r"
 
 
+def test_a_secret_created_after_its_topic_is_read_labelled_and_then_watched(
+    kubectl: Kubectl,
+    namespace: str,
+    start_operator: StartOperator,
+    rgw: LocalService,
+    gateway: TopicClient,
+) -> None:
+    """The operator watches only Secrets labelled bucketnotify.io/watched=true. A Secret made
+    after its Topic carries no label: the Topic's retry reads it and labels it, and from
+    then on its changes re-sync the Topic at once (the drift check is 10 minutes away)."""
+    start_operator(drift_interval_seconds="600")
+    name = f"{namespace}-late"
+    spec = {
+        "endpoint": {"http": {"url": "http://127.0.0.1:9/late"}},
+        "gatewayRef": {"secretName": "gw-late"},
+    }
+    kubectl.apply({**topic(name, spec), "metadata": {"name": name, "namespace": namespace}})
+    status = ready(kubectl, namespace, name, status="False")
+    assert status["conditions"][0]["reason"] == "SecretNotFound"
+
+    gateway_secret(
+        kubectl,
+        namespace,
+        "gw-late",
+        rgw["RGW_ENDPOINT"],
+        rgw["RGW_ACCESS_KEY"],
+        rgw["RGW_SECRET_KEY"],
+    )
+    arn = ready(kubectl, namespace, name)["arn"]  # within the 15 s retry
+    labels = kubectl.get("secret", "gw-late", namespace)["metadata"]["labels"]
+    assert labels == {"bucketnotify.io/watched": "true"}
+
+    kubectl.run(
+        "patch",
+        "secret",
+        "gw-late",
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        json.dumps({"stringData": {"region": "default"}}),
+    )
+    version = kubectl.get("secret", "gw-late", namespace)["metadata"]["resourceVersion"]
+    wait_until(
+        lambda: kubectl.get("topic", name, namespace)["metadata"].get("annotations") or {},
+        lambda annotations: (
+            annotations.get("bucketnotify.io/secret-resync") == f"gw-late@{version}"
+        ),
+        30,
+        "the labelled Secret's change re-syncs the Topic",
+    )
+    assert gateway_topic(gateway, arn).endpoint_address == "http://127.0.0.1:9/late"
+
+
 def test_the_gateway_kind_of_a_gateway_secret_decides_whether_topics_can_be_made(
     kubectl: Kubectl,
     namespace: str,

@@ -373,7 +373,10 @@ async def secret_changed(
     memo: kopf.Memo,
     **kwargs: Any,
 ) -> None:
-    """A created or rotated Secret re-syncs every Topic that references it."""
+    """A created or rotated Secret re-syncs every Topic that references it.
+
+    Only Secrets labelled ``bucketnotify.io/watched=true`` arrive here (a server-side
+    selector, see ``cli._configure_kopf``): the operator labels every Secret it reads."""
     topics_by_secret: kopf.Index[Any, str] = kwargs["topics_by_secret"]
     if event.get("type") not in {"ADDED", "MODIFIED"}:
         return  # the initial listing: resume handlers sync everything anyway

@@ -186,7 +186,9 @@ async def _desired(
         connection = await gateway_connection(kube, namespace, spec.gateway_ref, settings)
         credentials = await endpoint_credentials(kube, namespace, spec)
     except SecretMissing as exc:
-        raise NotReconcilable("SecretNotFound", str(exc)) from None
+        # Retried: the operator watches only the Secrets it labelled, so a Secret created
+        # after its Topic (unlabelled) reaches no handler; the retry reads it.
+        raise NotReconcilable("SecretNotFound", str(exc), retry=True) from None
     if connection.kind == "obs":
         raise NotReconcilable("Unsupported", TOPICS_NEED_SNS)
     ingest = None
