@@ -28,6 +28,7 @@ from bucketnotify.delivery.service import DeliveryService, ServiceTimings
 from bucketnotify.delivery.stores.open import StoreConfigError
 from bucketnotify.delivery.stores.open import open_store as _store
 from bucketnotify.delivery.stores.s3 import S3Store
+from bucketnotify.event_recorder import EventRecorder
 from bucketnotify.gateway.pool import GatewayPool
 from bucketnotify.kube import WATCHED_LABEL, Kube, connect
 from bucketnotify.leadership import lead
@@ -39,11 +40,16 @@ __all__ = ["main"]
 
 log = logging.getLogger("bucketnotify")
 
+OPERATOR_COMPONENT = "bucketnotify-operator"
+"""The operator's Events' source (the delivery service's: ``bucketnotify-delivery``)."""
+
 
 def _configure_kopf(settings: kopf.OperatorSettings, **_: Any) -> None:
     # Leader election (a Lease) decides who acts, so kopf's own peering objects are not used.
     settings.peering.standalone = True
-    settings.posting.level = logging.INFO
+    # Our Events go through EventRecorder, which counts a repeated one up instead of posting
+    # another (kopf's posting makes a new Event object per call).
+    settings.posting.enabled = False
     # Progress annotations keep handler state while status belongs to our handlers. Their own
     # domain: kopf leaves its annotations out of diffs, and our bucketnotify.io/ resync
     # markers must trigger update handlers.
@@ -86,10 +92,12 @@ async def run_operator(settings: OperatorSettings) -> None:
             settings.webhook_port, settings.webhook_cert_dir, Kube(api).exists
         )
         log.info("admission webhook on :%d%s (HTTPS)", settings.webhook_port, ADMISSION_PATH)
+    events = EventRecorder(api, component=OPERATOR_COMPONENT, instance=identity)
     operator = kopf.operator(
         registry=registry,
         memo=kopf.Memo(
             settings=settings,
+            events=events,
             kube=Kube(api, label_secrets=True),
             # A drift check may use a bucket read of the last drift interval.
             bucket_locks=BucketLocks(metrics, reuse_s=settings.drift_interval_seconds),
@@ -110,6 +118,7 @@ async def run_operator(settings: OperatorSettings) -> None:
         else:
             await operator
     finally:
+        await events.aclose()
         if webhook is not None:
             await webhook.stop()
         if probes is not None:

@@ -267,6 +267,7 @@ FEATURES: dict[Grant, str] = {
     ("operator", "", "secrets", "create"): "the ingest token of a persistent Topic",
     ("operator", "", "secrets", "patch"): "the watched label on the Secrets Topics use",
     ("operator", "", "events", "create"): "Events on Topics and notifications",
+    ("operator", "", "events", "patch"): "the count of a repeated Event (Updated twice)",
     ("operator", "apiextensions.k8s.io", "customresourcedefinitions", "list"): "kopf discovery",
     ("operator", "apiextensions.k8s.io", "customresourcedefinitions", "watch"): "kopf discovery",
     ("operator", "", "namespaces", "list"): "watchNamespaces",
@@ -450,7 +451,27 @@ def test_samples_reconcile_and_deliver_under_the_chart_rbac_and_use_every_rule(
         if e["involvedObject"]["kind"] == "Topic" and e["type"] == "Normal"
     }
     assert noted == {"webhook", "orders-amqp", "audit-kafka", "unreachable"}
-    # The failing Topic's Event is created at once and its count patched 30 s later.
+    # A Topic edited twice is Updated twice: one Event, its count patched (as the failing
+    # Topic's delivery Event: created at once, its count patched up to 30 s later).
+    for opaque in ("first", "second"):
+        kubectl.run(
+            "patch",
+            "topic",
+            "webhook",
+            "-n",
+            namespace,
+            "--type=merge",
+            "-p",
+            json.dumps({"spec": {"opaqueData": opaque}}),
+        )
+        wait_until(
+            lambda: kubectl.get("topic", "webhook", namespace),
+            lambda obj: (
+                obj.get("status", {}).get("observedGeneration") == obj["metadata"]["generation"]
+            ),
+            READY_TIMEOUT_S,
+            "the edited Topic synced",
+        )
     unused = wait_until(
         lambda: {g: FEATURES[g] for g in set(FEATURES) - audited_grants(kube, release)},
         lambda missing: not missing,

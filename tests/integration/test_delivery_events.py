@@ -19,9 +19,10 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client, config
 
-from bucketnotify.delivery.events import COMPONENT, EventRecorder
+from bucketnotify.delivery.events import COMPONENT
 from bucketnotify.delivery.queue import QueueName
 from bucketnotify.delivery.stores.localdir import LocalDirStore
+from bucketnotify.event_recorder import EventRecorder, ObjectRef
 from tests.delivery import push_records
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
@@ -326,11 +327,12 @@ async def test_a_series_of_occurrences_is_one_event_whose_count_rises(
     """200 occurrences become one Event with count 200, written at most once per update
     interval, not 200 Events; a message with a credential in a URL is redacted."""
     apply(kubectl, namespace, "Topic", "t", {"endpoint": {"http": {"url": "http://127.0.0.1:9/"}}})
-    recorder = EventRecorder(api, instance="test", update_interval_s=0.5, flush_interval_s=0.1)
+    recorder = EventRecorder(
+        api, component=COMPONENT, instance="test", update_interval_s=0.5, flush_interval_s=0.1
+    )
     for i in range(200):
         recorder.record(
-            namespace,
-            "t",
+            ObjectRef("Topic", namespace, "t"),
             "Warning",
             "EndpointFailing",
             "push to amqp://u:hunter2-secret@h failed",

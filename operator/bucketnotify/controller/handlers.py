@@ -43,9 +43,9 @@ from bucketnotify.controller.topics import (
     reconcile_topic,
 )
 from bucketnotify.delivery.endpoints.http import EndpointError
+from bucketnotify.event_recorder import EventRecorder, EventType, ObjectRef
 from bucketnotify.gateway.errors import GatewayError
 from bucketnotify.metrics import OperatorMetrics
-from bucketnotify.settings import OperatorSettings
 
 __all__ = ["register_drift_timer"]
 
@@ -113,7 +113,18 @@ def _ns(namespace: str | None) -> str:
     return namespace
 
 
+def _post(memo: kopf.Memo, body: kopf.Body, type: EventType, reason: str, message: str) -> None:
+    """An Event on the object, counted into the Event of its series if one is recent (a
+    resume of 2,000 objects after each restart, a drift fought every interval, a spec
+    edited many times: one Event per object and reason, its count rising)."""
+    meta = body.metadata
+    obj = ObjectRef(str(body["kind"]), _ns(meta.namespace), str(meta.name), meta.uid)
+    events: EventRecorder = memo.events
+    events.record(obj, type, reason, message)
+
+
 def _post_change(
+    memo: kopf.Memo,
     body: kopf.Body,
     kind: Literal["topic", "notification"],
     cause: str,
@@ -133,7 +144,7 @@ def _post_change(
         message=outcome.message,
         retry=int(kwargs.get("retry") or 0),
     ):
-        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+        _post(memo, body, event.type, event.reason, event.message)
 
 
 def _write(patch: kopf.Patch, current: kopf.Status, status: dict[str, Any]) -> None:
@@ -206,7 +217,7 @@ async def topic_changed(
         claims_of=_claims_of(kwargs, _ns(namespace), spec),
     )
     _write(patch, status, outcome.status)
-    _post_change(body, "topic", reason, status, bool(status.get("arn")), outcome, kwargs)
+    _post_change(memo, body, "topic", reason, status, bool(status.get("arn")), outcome, kwargs)
     if outcome.ready:
         if reason != "resume":
             # A rotated Secret changes the gateway topic without a new generation.
@@ -244,7 +255,7 @@ async def topic_drift(
         only_if_drifted=True,
         claims_of=_claims_of(kwargs, _ns(namespace), spec),
     )
-    _report_drift(body, "topic", patch, status, bool(status.get("arn")), outcome)
+    _report_drift(memo, body, "topic", patch, status, bool(status.get("arn")), outcome)
     if outcome.ready and outcome.repaired:
         marker = f"{outcome.status.get('arn')}@repaired@{time.time():.3f}"
         await _resync_notifications(memo, _ns(namespace), name, marker, kwargs)
@@ -264,6 +275,7 @@ async def _resync_notifications(
 
 
 def _report_drift(
+    memo: kopf.Memo,
     body: kopf.Body,
     kind: Literal["topic", "notification"],
     patch: kopf.Patch,
@@ -283,7 +295,7 @@ def _report_drift(
         message=outcome.message,
         repaired=outcome.repaired,
     ):
-        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+        _post(memo, body, event.type, event.reason, event.message)
 
 
 def register_drift_timer(registry: kopf.OperatorRegistry, interval: float) -> None:
@@ -295,8 +307,8 @@ def register_drift_timer(registry: kopf.OperatorRegistry, interval: float) -> No
 
 
 async def _bounded_delete(
+    memo: kopf.Memo,
     body: kopf.Body,
-    settings: OperatorSettings,
     started: dt.datetime,
     *,
     what: str,
@@ -309,16 +321,18 @@ async def _bounded_delete(
         await delete
     except (GatewayError, NotReconcilable) as exc:
         waited = (dt.datetime.now(dt.UTC) - started.replace(tzinfo=dt.UTC)).total_seconds()
-        if waited < settings.delete_give_up_after_seconds:
+        if waited < memo.settings.delete_give_up_after_seconds:
             raise kopf.TemporaryError(f"cannot delete the {what} yet: {exc}", delay=5) from None
-        kopf.warn(
+        _post(
+            memo,
             body,
-            reason="OrphanedOnGateway",
-            message=f"gave up deleting the {what} after {waited:.0f}s ({exc}); {escape}"
+            "Warning",
+            "OrphanedOnGateway",
+            f"gave up deleting the {what} after {waited:.0f}s ({exc}); {escape}"
             " if the gateway returns",
         )
         return
-    kopf.info(body, reason="Deleted", message=f"{what} deleted")
+    _post(memo, body, "Normal", "Deleted", f"{what} deleted")
 
 
 @kopf.on.delete(*TOPICS)
@@ -333,8 +347,8 @@ async def topic_deleted(
     **_: Any,
 ) -> None:
     await _bounded_delete(
+        memo,
         body,
-        memo.settings,
         started,
         what=f"gateway topic {status.get('arn')}",
         escape="remove it with `radosgw-admin topic rm`",
@@ -475,15 +489,17 @@ async def notification_changed(
         rivals=rivals,
     )
     new_status = dict(outcome.status)
-    _post_change(body, "notification", reason, status, bool(status.get("applied")), outcome, kwargs)
+    _post_change(
+        memo, body, "notification", reason, status, bool(status.get("applied")), outcome, kwargs
+    )
     if test_event is not None:  # only ever there when Ready
         try:
             sent = await send_test_event(memo.kube, _ns(namespace), dict(spec), test_event)
         except EndpointError as exc:
-            kopf.warn(body, reason="TestEventNotSent", message=str(exc))
+            _post(memo, body, "Warning", "TestEventNotSent", str(exc))
             new_status["testEventSent"] = False
         else:
-            kopf.info(body, reason="TestEventSent", message=sent)
+            _post(memo, body, "Normal", "TestEventSent", sent)
             new_status["testEventSent"] = True
     _write(patch, status, new_status)
     if not outcome.ready:
@@ -519,7 +535,7 @@ async def notification_drift(
         claim=claim,
         rivals=rivals,
     )
-    _report_drift(body, "notification", patch, status, bool(status.get("applied")), outcome)
+    _report_drift(memo, body, "notification", patch, status, bool(status.get("applied")), outcome)
 
 
 @kopf.on.delete(*NOTIFICATIONS)
@@ -537,8 +553,8 @@ async def notification_deleted(
 ) -> None:
     claim, rivals = _rivals(kwargs, _ns(namespace), name, spec, status, meta)
     await _bounded_delete(
+        memo,
         body,
-        memo.settings,
         started,
         what=f"notification Id {(status.get('applied') or {}).get('id') or spec.get('id') or name}"
         f" on bucket {spec.get('bucket')}",

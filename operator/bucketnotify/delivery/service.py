@@ -76,7 +76,7 @@ from bucketnotify.controller.topic_builder import (
 from bucketnotify.delivery.endpoints.base import Delivery, Endpoint, PushOutcome, object_of
 from bucketnotify.delivery.endpoints.errors import ConfigurationError
 from bucketnotify.delivery.endpoints.factory import open_endpoint
-from bucketnotify.delivery.events import EventRecorder, TopicEvents
+from bucketnotify.delivery.events import COMPONENT, TopicEvents
 from bucketnotify.delivery.ingest import Ingest, IngestTopic, build_app
 from bucketnotify.delivery.ownership import Ownership, partition_of
 from bucketnotify.delivery.queue import Entry, QueueLimits, QueueName, QueueStore, shard_of
@@ -90,6 +90,7 @@ from bucketnotify.delivery.worker import (
     RoundResult,
     process_shard,
 )
+from bucketnotify.event_recorder import EventRecorder
 from bucketnotify.gateway.errors import GatewayServerError, GatewayUnreachable
 from bucketnotify.kube import Kube, SecretMissing
 from bucketnotify.metrics import DeliveryMetrics
@@ -271,7 +272,9 @@ class DeliveryService:
         self._stop: asyncio.Event | None = None
         self._stored: set[QueueName] = set()
         """Queues the store held at the last sweep (finds queues to drain after a restart)."""
-        self.events = events or TopicEvents(EventRecorder(api, instance=ownership.identity))
+        self.events = events or TopicEvents(
+            EventRecorder(api, component=COMPONENT, instance=ownership.identity)
+        )
         """Kubernetes Events on the Topics (delivery.events)."""
         self._wakeups = WakeUps(ownership.owner_address, self.metrics)
         self._surveys = 0
