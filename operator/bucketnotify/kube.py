@@ -68,6 +68,9 @@ async def connect() -> client.ApiClient:
     else:
         await config.load_kube_config(config_file=path)
     configuration = client.Configuration.get_default_copy()
+    # Not the library's 100: each connection keeps a 256 KiB TLS buffer, and a burst of
+    # writes (a Topic's notifications re-synced at once) would open them all and keep them.
+    configuration.connection_pool_maxsize = 16
     _proxy_from_env(configuration)
     api = client.ApiClient(configuration)
     _without_env_lookups(api)
