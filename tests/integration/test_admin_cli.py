@@ -19,13 +19,14 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client
 
 from bucketnotify.delivery.ownership import LeaseSettings, Ownership, partition_of
 from bucketnotify.delivery.queue import Entry, QueueLimits, QueueName, QueueStore
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from bucketnotify.delivery.stores.s3 import S3Store
 from devstack.gateway import gateway_settings
+from tests.kubeapi import api_client
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.processes import Result, run_cli
@@ -54,12 +55,8 @@ def cli(kube: LocalService, crds: None) -> Cli:
 
 @pytest.fixture()
 async def api(kube: LocalService) -> AsyncIterator[client.ApiClient]:
-    configuration = client.Configuration()
-    await config.load_kube_config(
-        config_file=kube["KUBECONFIG_ADMIN"], client_configuration=configuration
-    )
-    async with client.ApiClient(configuration) as api_client:
-        yield api_client
+    async with api_client(kube["KUBECONFIG_ADMIN"]) as api:
+        yield api
 
 
 @dataclass(frozen=True)

@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client
 
 from bucketnotify.delivery.events import COMPONENT
 from bucketnotify.delivery.queue import QueueName
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from bucketnotify.event_recorder import EventRecorder, ObjectRef
 from tests.delivery import push_records
+from tests.kubeapi import api_client
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.processes import Program, free_port
@@ -313,12 +314,8 @@ def test_failure_recovery_loss_full_queue_and_missing_secret_are_topic_events_wi
 
 @pytest.fixture()
 async def api(kube: LocalService) -> AsyncIterator[client.ApiClient]:
-    configuration = client.Configuration()
-    await config.load_kube_config(
-        config_file=kube["KUBECONFIG_ADMIN"], client_configuration=configuration
-    )
-    async with client.ApiClient(configuration) as api_client:
-        yield api_client
+    async with api_client(kube["KUBECONFIG_ADMIN"]) as api:
+        yield api
 
 
 async def test_a_series_of_occurrences_is_one_event_whose_count_rises(

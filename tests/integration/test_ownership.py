@@ -8,9 +8,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client
 
 from bucketnotify.delivery.ownership import LeaseSettings, Ownership
+from tests.kubeapi import api_client
 from tests.localservices import LocalService
 
 FAST = dict(partitions=12, lease_duration_s=4, renew_interval_s=1.0, renew_deadline_s=2.5)
@@ -18,12 +19,8 @@ FAST = dict(partitions=12, lease_duration_s=4, renew_interval_s=1.0, renew_deadl
 
 @pytest.fixture()
 async def api(kube: LocalService) -> AsyncIterator[client.ApiClient]:
-    configuration = client.Configuration()
-    await config.load_kube_config(
-        config_file=kube["KUBECONFIG_ADMIN"], client_configuration=configuration
-    )
-    async with client.ApiClient(configuration) as api_client:
-        yield api_client
+    async with api_client(kube["KUBECONFIG_ADMIN"]) as api:
+        yield api
 
 
 async def settle(replicas: list[Ownership], rounds: int = 4) -> None:
