@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import secrets
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,9 @@ __all__ = ["WATCHED_LABEL", "Kube", "SecretMissing", "connect", "current_namespa
 log = logging.getLogger(__name__)
 
 POD_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+LABELLED_REMEMBERED = 4096
+"""Secrets whose label version ``Kube`` remembers (the watch event follows within a second)."""
 
 WATCHED_LABEL = f"{GROUP}/watched"
 """On the Secrets the operator watches: only these reach it, not every Secret of the cluster
@@ -126,6 +130,8 @@ class Kube:
         self._custom = client.CustomObjectsApi(api)
         self._label_secrets = label_secrets
         self._label_refused = False
+        self._labelled: OrderedDict[tuple[str, str], str] = OrderedDict()
+        """(namespace, name) -> the resourceVersion our label patch made, the latest ones."""
 
     async def secret_data(self, namespace: str, name: str) -> dict[str, str]:
         try:
@@ -135,27 +141,43 @@ class Kube:
                 raise SecretMissing(f"Secret {namespace}/{name} does not exist") from None
             raise
         if self._label_secrets and WATCHED_LABEL not in (secret.metadata.labels or {}):
-            await self._label_secret(namespace, name)
+            await self._label_secret(namespace, name, secret.metadata.resource_version)
         raw: dict[str, str] = secret.data or {}
         data = {k: base64.b64decode(v).decode() for k, v in raw.items()}
         # Whatever a driver or a URL later echoes of these, the logs will not show it.
         logs.remember_secrets(v for k, v in data.items() if logs.secret_key_name(k))
         return data
 
-    async def _label_secret(self, namespace: str, name: str) -> None:
+    def labelled_by_us(self, namespace: str, name: str, resource_version: str | None) -> bool:
+        """Whether this version of the Secret is the one our label made: its data is what
+        the reader just had, so its watch event asks for no re-sync (a Secret shared by a
+        thousand Topics would otherwise re-sync them all once, at its first read)."""
+        return resource_version is not None and self._labelled.get((namespace, name)) == (
+            resource_version
+        )
+
+    async def _label_secret(self, namespace: str, name: str, read_version: str) -> None:
         """Label a Secret the operator reads, so that its changes reach the operator's watch.
 
         Its data is left alone (a merge patch of one label), so the writer that owns the
         Secret (a GitOps tool, a secrets controller) keeps it; one that replaces the Secret
         wholesale drops the label, and the next read (the drift check) puts it back."""
-        body = {"metadata": {"labels": {WATCHED_LABEL: "true"}}}
+        labels = {WATCHED_LABEL: "true"}
         try:
-            await self._core.patch_namespaced_secret(
-                name,
-                namespace,
-                body,
-                _content_type="application/merge-patch+json",  # type: ignore[call-arg]
-            )
+            try:
+                # Only the version read: a change since then must reach the watch as one.
+                patched = await self._patch_secret(
+                    namespace, name, {"labels": labels, "resourceVersion": read_version}
+                )
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+                await self._patch_secret(namespace, name, {"labels": labels})
+                return
+            self._labelled[(namespace, name)] = str(patched.metadata.resource_version)
+            self._labelled.move_to_end((namespace, name))
+            while len(self._labelled) > LABELLED_REMEMBERED:
+                self._labelled.popitem(last=False)
         except ApiException as exc:
             if exc.status == 404:
                 return  # deleted since the read: its re-creation is another story
@@ -171,6 +193,14 @@ class Kube:
                     name,
                     WATCHED_LABEL,
                 )
+
+    async def _patch_secret(self, namespace: str, name: str, metadata: dict[str, Any]) -> Any:
+        return await self._core.patch_namespaced_secret(
+            name,
+            namespace,
+            {"metadata": metadata},
+            _content_type="application/merge-patch+json",  # type: ignore[call-arg]
+        )
 
     async def secret_key(self, namespace: str, name: str, key: str) -> str:
         data = await self.secret_data(namespace, name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit
@@ -406,6 +407,11 @@ def test_a_secret_created_after_its_topic_is_read_labelled_and_then_watched(
     arn = ready(kubectl, namespace, name)["arn"]  # within the 15 s retry
     labels = kubectl.get("secret", "gw-late", namespace)["metadata"]["labels"]
     assert labels == {"bucketnotify.io/watched": "true"}
+    # The label's own watch event (within a second) re-syncs nothing: the Topic just read
+    # that very data.
+    time.sleep(3)
+    annotations = kubectl.get("topic", name, namespace)["metadata"].get("annotations") or {}
+    assert "bucketnotify.io/secret-resync" not in annotations
 
     kubectl.run(
         "patch",
