@@ -122,6 +122,8 @@ class EventRecorder:
         now = time.time()
         key = (obj.kind, obj.namespace, obj.name, reason)
         if obj.uid is not None:
+            if self._uids.get(key[:3], obj.uid) != obj.uid:
+                self.forget(*key[:3])  # deleted and made again: its Events are its own
             self._uids[key[:3]] = obj.uid
         series = self._series.get(key)
         if series is None or now - series.last > self._series_gap_s:
@@ -143,7 +145,7 @@ class EventRecorder:
 
     def _start(self) -> None:
         if self._task is None and not self._closing:
-            self._task = asyncio.create_task(self._run(), name="topic events")
+            self._task = asyncio.create_task(self._run(), name="kubernetes events")
 
     async def aclose(self) -> None:
         """Write what is pending (bounded by the API client's timeouts), then stop."""
