@@ -347,42 +347,6 @@ async def test_a_series_of_occurrences_is_one_event_whose_count_rises(
     assert event["involvedObject"]["uid"] == kubectl.get("topic", "t", namespace)["metadata"]["uid"]
 
 
-async def test_a_quiet_series_ends_and_an_object_made_again_gets_its_own_events(
-    api: client.ApiClient, kubectl: Kubectl, namespace: str
-) -> None:
-    """An occurrence after the series gap starts a new Event (and the ended series is
-    forgotten); a Topic deleted and applied again under its name gets Events of its own,
-    the old object's Event keeps its count."""
-    spec = {"endpoint": {"http": {"url": "http://127.0.0.1:9/"}}}
-    apply(kubectl, namespace, "Topic", "t", spec)
-    first_uid = kubectl.get("topic", "t", namespace)["metadata"]["uid"]
-    recorder = EventRecorder(
-        api,
-        component=COMPONENT,
-        instance="test",
-        update_interval_s=0.2,
-        series_gap_s=1.0,
-        flush_interval_s=0.1,
-    )
-    recorder.record(ObjectRef("Topic", namespace, "t", first_uid), "Warning", "Odd", "one")
-    await asyncio.sleep(1.5)
-    recorder.record(ObjectRef("Topic", namespace, "t", first_uid), "Warning", "Odd", "two")
-    await asyncio.sleep(0.5)
-    kubectl.run("delete", "topic", "t", "-n", namespace, "--timeout=60s")
-    apply(kubectl, namespace, "Topic", "t", spec)
-    second_uid = kubectl.get("topic", "t", namespace)["metadata"]["uid"]
-    assert second_uid != first_uid
-    recorder.record(ObjectRef("Topic", namespace, "t", second_uid), "Warning", "Odd", "three")
-    await recorder.aclose()
-    events = await asyncio.to_thread(topic_events, kubectl, namespace, "t")
-    seen = sorted(
-        (e["message"], e["count"], e["involvedObject"]["uid"])
-        for e in events
-        if e["reason"] == "Odd"
-    )
-    assert seen == [("one", 1, first_uid), ("three", 1, second_uid), ("two", 1, first_uid)]
-
-
 def test_an_endpoint_that_cannot_be_opened_as_specified_is_endpoint_invalid_until_fixed(
     kube: LocalService,
     kubectl: Kubectl,
