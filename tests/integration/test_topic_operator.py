@@ -86,6 +86,12 @@ SASL_KAFKA: dict[str, Any] = {
 ``kafka-creds``)."""
 
 
+def patch_secret_data(kubectl: Kubectl, namespace: str, name: str, **data: str) -> None:
+    """Change keys of a Secret's data, as a user rotating it would."""
+    patch = json.dumps({"stringData": data})
+    kubectl.run("patch", "secret", name, "-n", namespace, "--type=merge", "-p", patch)
+
+
 def events(kubectl: Kubectl, namespace: str) -> str:
     return kubectl.run("get", "events", "-n", namespace, "-o", "json").stdout
 
@@ -362,16 +368,7 @@ def test_missing_secret_then_created_resyncs_without_waiting(
     assert status["conditions"][0]["reason"] == "SecretNotFound"
     assert "lacks secretKey" in status["conditions"][0]["message"]
 
-    kubectl.run(
-        "patch",
-        "secret",
-        "gw",
-        "-n",
-        namespace,
-        "--type=merge",
-        "-p",
-        json.dumps({"stringData": {"secretKey": rgw["RGW_SECRET_KEY"]}}),
-    )
+    patch_secret_data(kubectl, namespace, "gw", secretKey=rgw["RGW_SECRET_KEY"])
     arn = ready(kubectl, namespace, name)["arn"]
     assert gateway_topic(gateway, arn).endpoint_address == "http://127.0.0.1:9/r"
 
@@ -413,16 +410,7 @@ def test_a_secret_created_after_its_topic_is_read_labelled_and_then_watched(
     annotations = kubectl.get("topic", name, namespace)["metadata"].get("annotations") or {}
     assert "bucketnotify.io/secret-resync" not in annotations
 
-    kubectl.run(
-        "patch",
-        "secret",
-        "gw-late",
-        "-n",
-        namespace,
-        "--type=merge",
-        "-p",
-        json.dumps({"stringData": {"region": "default"}}),
-    )
+    patch_secret_data(kubectl, namespace, "gw-late", region="default")
     version = kubectl.get("secret", "gw-late", namespace)["metadata"]["resourceVersion"]
     wait_until(
         lambda: kubectl.get("topic", name, namespace)["metadata"].get("annotations") or {},
