@@ -130,7 +130,8 @@ async def run_operator(settings: OperatorSettings) -> None:
             kube=Kube(api, label_secrets=True),
             # A drift check may use a bucket read of the last drift interval.
             bucket_locks=BucketLocks(metrics, reuse_s=settings.drift_interval_seconds),
-            gateways=GatewayPool(),
+            # A drift check of a Topic may use a topic listing of the last drift interval.
+            gateways=GatewayPool(listing_reuse_s=settings.drift_interval_seconds),
             metrics=metrics,
         ),
         clusterwide=not settings.namespaces,

@@ -234,7 +234,8 @@ async def reconcile_topic(
     gateway topic name, which settles who of them gets it).
 
     With ``only_if_drifted`` (the drift timer) the gateway is read first and written only
-    when it differs, so a quiet cluster costs one read per Topic and interval.
+    when it differs, so a quiet cluster costs one read per Topic and interval, most of them
+    answered by the gateway's last topic listing (``TopicListing``).
     """
     arn = status.get("arn")
     endpoint_kind: str | None = None
@@ -271,7 +272,10 @@ async def reconcile_topic(
         probe = (
             arn if arn is not None and held else f"arn:aws:sns:{connection.region}::{topic_name}"
         )
-        current = await gateway.read(gateway.topics.get, probe)
+        if only_if_drifted:
+            current = await gateway.listing.find(arn_topic_name(probe), probe)
+        else:
+            current = await gateway.read(gateway.topics.get, probe)
         marked_by = current.endpoint_args.get(OWNER) if current is not None else None
         if marked_by and marked_by != settings.owner_id:
             # Another cluster's operator on the same gateway: the two would overwrite each
@@ -298,6 +302,9 @@ async def reconcile_topic(
             raise GatewayInvalidArgument(
                 str(exc) + _credentials_hint(attributes, connection.endpoint)
             ) from None
+        finally:
+            # Even a failed write may have changed it.
+            gateway.listing.forget(topic_name)
     except NotReconcilable as exc:
         refused = outcome(False, exc.reason, str(exc), retry=exc.retry)
         if exc.reason == "NameConflict" and status.get("arn"):
@@ -345,4 +352,7 @@ async def delete_topic(
     except SecretMissing as exc:
         raise NotReconcilable("SecretNotFound", str(exc)) from None
     gateway = await gateways.get(connection)
-    await gateway.write(gateway.topics.delete, arn)
+    try:
+        await gateway.write(gateway.topics.delete, arn)
+    finally:
+        gateway.listing.forget(arn_topic_name(arn))

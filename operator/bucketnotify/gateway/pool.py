@@ -28,6 +28,7 @@ from typing import ParamSpec, TypeVar
 from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.gateway.errors import GatewayServerError
 from bucketnotify.gateway.notifications import NotificationClient
+from bucketnotify.gateway.topic_listing import TopicListing
 from bucketnotify.gateway.topics import TopicClient
 
 __all__ = ["Gateway", "GatewayPool", "WriteRetry"]
@@ -63,12 +64,24 @@ class Gateway:
 
     ``read`` and ``write`` run a blocking client call in a worker thread; ``write`` holds the
     lock for the call and tries a 5xx again as ``retry`` says, without the lock in between.
+    ``listing`` serves drift checks of topics (a listing younger than ``listing_reuse_s``).
     """
 
-    def __init__(self, connection: GatewayConnection, lock: asyncio.Lock, retry: WriteRetry):
+    def __init__(
+        self,
+        connection: GatewayConnection,
+        lock: asyncio.Lock,
+        retry: WriteRetry,
+        listing_reuse_s: float = 0.0,
+    ):
         self.connection = connection
         self.topics = TopicClient(connection)
         self.notifications = NotificationClient(connection, topics=self.topics)
+        self.listing = TopicListing(
+            lambda: self.read(self.topics.list_all),
+            lambda arn: self.read(self.topics.get, arn),
+            listing_reuse_s,
+        )
         self._lock = lock
         self._retry = retry
 
@@ -101,11 +114,15 @@ class Gateway:
 
 class GatewayPool:
     """The ``Gateway`` of each connection in use. Holds the ``size`` most recently used;
-    the write locks, one per endpoint, are kept for good (one per gateway is few)."""
+    the write locks, one per endpoint, are kept for good (one per gateway is few).
+    ``listing_reuse_s``: how old a topic listing a drift check may use (0: none)."""
 
-    def __init__(self, retry: WriteRetry | None = None, size: int = 32) -> None:
+    def __init__(
+        self, retry: WriteRetry | None = None, size: int = 32, listing_reuse_s: float = 0.0
+    ) -> None:
         self._retry = retry or WriteRetry()
         self._size = size
+        self._listing_reuse_s = listing_reuse_s
         self._gateways: OrderedDict[GatewayConnection, Gateway] = OrderedDict()
         self._locks: dict[str, asyncio.Lock] = {}
         self._building = asyncio.Lock()
@@ -118,7 +135,9 @@ class GatewayPool:
                 if gateway is None:
                     lock = self._locks.setdefault(connection.endpoint, asyncio.Lock())
                     # Off the event loop: a TLS context and a boto3 client take a while.
-                    gateway = await asyncio.to_thread(Gateway, connection, lock, self._retry)
+                    gateway = await asyncio.to_thread(
+                        Gateway, connection, lock, self._retry, self._listing_reuse_s
+                    )
                     self._gateways[connection] = gateway
         self._gateways.move_to_end(connection)
         while len(self._gateways) > self._size:

@@ -7,8 +7,10 @@ Attribute names are exactly the reference's (``push-endpoint``, ``amqp-exchange`
 from __future__ import annotations
 
 import json
+import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import parse_qsl
 
 from bucketnotify.gateway.connection import GatewayConnection
@@ -33,7 +35,12 @@ class GatewayTopic:
 
     @classmethod
     def from_attributes(cls, attributes: Mapping[str, str]) -> GatewayTopic:
-        endpoint = json.loads(attributes.get("EndPoint") or "{}")
+        """From GetTopicAttributes: the endpoint is a JSON document in ``EndPoint``."""
+        return cls.from_parts(attributes, json.loads(attributes.get("EndPoint") or "{}"))
+
+    @classmethod
+    def from_parts(cls, attributes: Mapping[str, str], endpoint: Mapping[str, Any]) -> GatewayTopic:
+        """From the topic's fields and its endpoint's (ListTopics nests them as elements)."""
         # Ceph echoes the raw form fields (Attributes.entry.N.key/value) beside the flattened
         # attributes; only the flattened ones say what the topic is.
         args = {
@@ -63,6 +70,7 @@ class TopicClient:
 
     def __init__(self, connection: GatewayConnection) -> None:
         self._sns = connection.sns()
+        self._sns.meta.events.register("after-call.sns.ListTopics", _keep_body)
 
     def close(self) -> None:
         self._sns.close()
@@ -90,8 +98,62 @@ class TopicClient:
         except GatewayNotFound:
             pass
 
+    def list_all(self) -> dict[str, GatewayTopic]:
+        """Every topic of the user by name, attributes included: one request where ``get``
+        of each costs one per topic (and Ceph 16 reads its whole topics object for each).
+
+        Ceph lists a topic once more for every notification holding a copy of it (named
+        ``<id>_<topic>``, the same ARN); only the topic itself, whose name is the ARN's, is
+        kept. Over plain HTTP Ceph refuses the whole list (an error) as soon as one topic
+        holds a secret.
+        """
+        topics: dict[str, GatewayTopic] = {}
+        token = None
+        while True:
+            with mapped_errors("ListTopics"):
+                response: Any = (
+                    self._sns.list_topics(NextToken=token) if token else self._sns.list_topics()
+                )
+            for topic in parse_listing(response[RAW_BODY]):
+                if topic.arn.rpartition(":")[2] == topic.name:
+                    topics[topic.name] = topic
+            token = response.get("NextToken")
+            if not token:
+                return topics
+
     def list_arns(self) -> list[str]:
         with mapped_errors("ListTopics"):
             response = self._sns.list_topics()
         # Ceph lists a topic once more for every notification holding a copy of it.
         return list(dict.fromkeys(t["TopicArn"] for t in response.get("Topics", [])))
+
+
+RAW_BODY = "bucketnotify:body"
+
+
+def _keep_body(http_response: Any, parsed: dict[str, Any], **_: Any) -> None:
+    # boto3's SNS model keeps only TopicArn of each listed topic; Ceph sends it all.
+    parsed[RAW_BODY] = http_response.content
+
+
+def _local(tag: str) -> str:
+    return tag.rpartition("}")[2]
+
+
+def _fields(element: ET.Element) -> dict[str, str]:
+    return {_local(child.tag): child.text or "" for child in element if len(child) == 0}
+
+
+def parse_listing(body: bytes) -> list[GatewayTopic]:
+    """The topics of a ListTopics answer, in its order (copies included)."""
+    root = ET.fromstring(body)  # noqa: S314 - the gateway's own answer
+    topics = []
+    for member in root.iter():
+        if _local(member.tag) != "member":
+            continue
+        endpoint = next((c for c in member if _local(c.tag) == "EndPoint"), None)
+        attributes = _fields(member)
+        if "TopicArn" in attributes:
+            endpoint_fields = _fields(endpoint) if endpoint is not None else {}
+            topics.append(GatewayTopic.from_parts(attributes, endpoint_fields))
+    return topics
