@@ -115,6 +115,8 @@ class Gateway:
             timeout=120,
             check=False,
         )
+        if result.returncode != 0 and "(2) No such file" in result.stderr:
+            return []  # a tenant that never had a topic has no topics object yet
         if result.returncode != 0:
             raise SetupError(f"radosgw-admin topic list failed: {result.stderr.strip()}")
         listed: list[dict[str, Any]] = json.loads(result.stdout)["topics"]

@@ -21,6 +21,7 @@ from bucketnotify import admin, logs
 from bucketnotify.admission import PATH as ADMISSION_PATH
 from bucketnotify.admission import serve_admission
 from bucketnotify.controller import handlers
+from bucketnotify.controller.drift_loop import ObjectLocks
 from bucketnotify.controller.notifications import BucketLocks
 from bucketnotify.delivery.ownership import LeaseSettings, Ownership
 from bucketnotify.delivery.record_targets import records_target_for
@@ -102,7 +103,7 @@ async def run_operator(settings: OperatorSettings) -> None:
     registry = kopf.get_default_registry()
     kopf.on.startup(registry=registry)(_configure_kopf)
     kopf.on.login(registry=registry)(_login)
-    handlers.register_drift_timer(registry, settings.drift_interval_seconds)
+    handlers.register_drift_loop(registry, settings.drift_interval_seconds)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -132,6 +133,7 @@ async def run_operator(settings: OperatorSettings) -> None:
             bucket_locks=BucketLocks(metrics, reuse_s=settings.drift_interval_seconds),
             # A drift check of a Topic may use a topic listing of the last drift interval.
             gateways=GatewayPool(listing_reuse_s=settings.drift_interval_seconds),
+            object_locks=ObjectLocks(),
             metrics=metrics,
         ),
         clusterwide=not settings.namespaces,

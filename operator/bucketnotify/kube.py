@@ -256,6 +256,36 @@ class Kube:
             raise
         return obj
 
+    async def patch_status(
+        self,
+        plural: str,
+        namespace: str,
+        name: str,
+        status: dict[str, Any],
+        resource_version: str | None,
+    ) -> bool:
+        """Merge ``status`` into one of our custom objects if it is still at
+        ``resource_version``; False when it changed since (or is gone): what was decided on
+        the old version is not written over the new."""
+        body: dict[str, Any] = {"status": status}
+        if resource_version is not None:
+            body["metadata"] = {"resourceVersion": resource_version}
+        try:
+            await self._custom.patch_namespaced_custom_object_status(
+                GROUP,
+                VERSION,
+                namespace,
+                plural,
+                name,
+                body,
+                _content_type="application/merge-patch+json",  # type: ignore[call-arg]
+            )
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
+        return True
+
     async def exists(self, kind: str, namespace: str, name: str) -> bool:
         """Whether a Topic, Secret or ConfigMap of this name exists (its content unread)."""
         reads: dict[str, Callable[[], Awaitable[Any]]] = {

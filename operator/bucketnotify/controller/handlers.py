@@ -2,24 +2,27 @@
 
 The operator's memo holds ``settings`` (OperatorSettings), ``kube`` (Kube),
 ``bucket_locks`` (BucketLocks), ``gateways`` (GatewayPool: the gateway clients, shared by
-every handler) and ``metrics`` (OperatorMetrics); ``cli`` creates them
-before kopf starts. Every reconciling handler is ``@_measured``: its count, result and
-duration go to the metrics.
+every handler), ``object_locks`` (ObjectLocks), ``events`` (EventRecorder) and ``metrics``
+(OperatorMetrics); ``cli`` creates them before kopf starts. Every reconciling handler is
+``@_measured``: its count, result and duration go to the metrics. The drift checks are not
+kopf timers but one ``DriftLoop`` (see there why), started and stopped with the operator.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import datetime as dt
 import functools
 import time
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, Literal, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine, Hashable, Iterator
+from typing import Any, Literal, TypeVar, cast
 
 import kopf
 
 from bucketnotify.api.common import GROUP, VERSION
 from bucketnotify.controller.conditions import ready_condition
+from bucketnotify.controller.drift_loop import DriftLoop
 from bucketnotify.controller.events import change_events, drift_events
 from bucketnotify.controller.id_ownership import IdClaim
 from bucketnotify.controller.notifications import (
@@ -47,12 +50,16 @@ from bucketnotify.event_recorder import EventRecorder, EventType, ObjectRef
 from bucketnotify.gateway.errors import GatewayError
 from bucketnotify.metrics import OperatorMetrics
 
-__all__ = ["register_drift_timer"]
+__all__ = ["register_drift_loop"]
 
 TOPICS = (GROUP, VERSION, "topics")
 SECRET_RESYNC = f"{GROUP}/secret-resync"
 TOPIC_RESYNC = f"{GROUP}/topic-resync"
 NOTIFICATIONS = (GROUP, VERSION, "bucketnotifications")
+# kopf's progress of a handler still to finish (a retry due): that retry reconciles the
+# object, a drift check meanwhile would only duplicate it.
+PROGRESS_PREFIX = "kopf.bucketnotify.io/"
+DIFF_BASE = f"{PROGRESS_PREFIX}last-handled-configuration"
 # Backoff for a Topic whose gateway failed: a flapping gateway is not hammered, and a gateway
 # that comes back is noticed within a minute even between drift checks.
 RETRY_DELAY_S = 15
@@ -105,6 +112,25 @@ def _measured(kind: str, action: str) -> Callable[[Handler], Handler]:
 def _report_not_ready(reason: str) -> None:
     """The handler ends without the object Ready: count it under ``reason``."""
     _not_ready.set(reason)
+
+
+def _exclusive(plural: str) -> Callable[[Handler], Handler]:
+    """The handler runs holding its object's lock (``memo.object_locks``), as drift checks
+    of the object do: never two reconciles of one object at once."""
+
+    def decorate(handler: Handler) -> Handler:
+        @functools.wraps(handler)
+        async def exclusive(*args: Any, **kwargs: Any) -> None:
+            locks = getattr(kwargs.get("memo"), "object_locks", None)
+            if locks is None:
+                await handler(*args, **kwargs)
+                return
+            async with locks((plural, kwargs.get("namespace"), kwargs.get("name"))):
+                await handler(*args, **kwargs)
+
+        return exclusive  # type: ignore[return-value]
+
+    return decorate
 
 
 def _ns(namespace: str | None) -> str:
@@ -191,6 +217,7 @@ def _claims_of(
 @kopf.on.create(*TOPICS)
 @kopf.on.update(*TOPICS)
 @kopf.on.resume(*TOPICS)
+@_exclusive("topics")
 @_measured("topic", "change")
 async def topic_changed(
     body: kopf.Body,
@@ -298,12 +325,94 @@ def _report_drift(
         _post(memo, body, event.type, event.reason, event.message)
 
 
-def register_drift_timer(registry: kopf.OperatorRegistry, interval: float) -> None:
-    """The drift checks, at the configured interval (known only once settings are read)."""
-    for resource, handler in ((TOPICS, topic_drift), (NOTIFICATIONS, notification_drift)):
-        kopf.timer(*resource, interval=interval, idle=min(5.0, interval), registry=registry)(
-            handler
+@kopf.index(*TOPICS)
+def topics_by_namespace(namespace: str | None, name: str, **_: Any) -> dict[Any, str]:
+    """namespace → names of its Topics: what the drift loop checks."""
+    return {namespace: name}
+
+
+@kopf.index(*NOTIFICATIONS)
+def notifications_by_bucket(
+    namespace: str | None, name: str, spec: kopf.Spec, **_: Any
+) -> dict[Any, tuple[str, str]]:
+    """bucket → (namespace, name) of its BucketNotifications: what the drift loop checks,
+    one bucket's together (their checks share one read of the bucket)."""
+    return {str(spec.get("bucket") or ""): (_ns(namespace), name)}
+
+
+DRIFT_INDICES = (
+    "topics_by_gateway_name",
+    "topics_by_namespace",
+    "notifications_by_topic",
+    "notifications_by_bucket",
+    "notifications_by_bucket_id",
+)
+
+
+def _drift_targets(indices: dict[str, Any]) -> Iterator[tuple[str, str, str]]:
+    topics: kopf.Index[Any, str] = indices["topics_by_namespace"]
+    for namespace, names in topics.items():
+        for name in names:
+            yield "topics", namespace, name
+    notifications: kopf.Index[Any, tuple[str, str]] = indices["notifications_by_bucket"]
+    for refs in notifications.values():
+        for namespace, name in refs:
+            yield "bucketnotifications", namespace, name
+
+
+async def _drift_check(memo: kopf.Memo, indices: dict[str, Any], key: Hashable) -> None:
+    """Read the object and check it for drift, as kopf would call a timer with it; its
+    status is written only if the object did not change meanwhile."""
+    plural, namespace, name = cast(tuple[str, str, str], key)
+    async with memo.object_locks(key):
+        raw = await memo.kube.get_object(plural, namespace, name)
+        if raw is None:
+            return  # deleted; the index drops it
+        body = kopf.Body(raw)
+        annotations = body.metadata.annotations
+        if body.metadata.get("deletionTimestamp") or any(
+            note.startswith(PROGRESS_PREFIX) and note != DIFF_BASE for note in annotations
+        ):
+            return
+        patch = kopf.Patch()
+        check = topic_drift if plural == "topics" else notification_drift
+        await check(
+            body=body,
+            spec=body.spec,
+            status=body.status,
+            name=name,
+            namespace=namespace,
+            meta=body.metadata,
+            patch=patch,
+            memo=memo,
+            **indices,
         )
+        if patch.get("status"):
+            await memo.kube.patch_status(
+                plural, namespace, name, dict(patch["status"]), body.metadata.get("resourceVersion")
+            )
+
+
+def register_drift_loop(registry: kopf.OperatorRegistry, interval: float) -> None:
+    """The drift checks, at the configured interval (known only once settings are read)."""
+
+    async def start(memo: kopf.Memo, **kwargs: Any) -> None:
+        indices = {name: kwargs[name] for name in DRIFT_INDICES}
+        loop = DriftLoop(
+            interval,
+            lambda: list(_drift_targets(indices)),
+            lambda key: _drift_check(memo, indices, key),
+        )
+        memo.drift_loop = asyncio.create_task(loop.run(), name="drift loop")
+
+    async def stop(memo: kopf.Memo, **_: Any) -> None:
+        task: asyncio.Task[None] | None = getattr(memo, "drift_loop", None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    kopf.on.startup(registry=registry, id="start_drift_loop")(start)
+    kopf.on.cleanup(registry=registry, id="stop_drift_loop")(stop)
 
 
 async def _bounded_delete(
@@ -336,6 +445,7 @@ async def _bounded_delete(
 
 
 @kopf.on.delete(*TOPICS)
+@_exclusive("topics")
 @_measured("topic", "delete")
 async def topic_deleted(
     body: kopf.Body,
@@ -463,6 +573,7 @@ def _rivals(
 @kopf.on.create(*NOTIFICATIONS)
 @kopf.on.update(*NOTIFICATIONS)
 @kopf.on.resume(*NOTIFICATIONS)
+@_exclusive("bucketnotifications")
 @_measured("notification", "change")
 async def notification_changed(
     body: kopf.Body,
@@ -541,6 +652,7 @@ async def notification_drift(
 
 
 @kopf.on.delete(*NOTIFICATIONS)
+@_exclusive("bucketnotifications")
 @_measured("notification", "delete")
 async def notification_deleted(
     body: kopf.Body,

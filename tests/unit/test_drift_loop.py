@@ -1,0 +1,113 @@
+"""The drift loop: every object once per interval, spread over it, never two reconciles of
+one object at once (issue: kopf's per-object timers kept every body in memory)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Hashable
+
+import pytest
+
+from bucketnotify.controller.drift_loop import DriftLoop, ObjectLocks
+
+INTERVAL = 0.4
+
+
+async def run_for(loop: DriftLoop, seconds: float) -> None:
+    task = asyncio.create_task(loop.run())
+    await asyncio.sleep(seconds)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_each_target_is_checked_once_per_interval_spread_over_it() -> None:
+    clock = asyncio.get_running_loop().time
+    started = clock()
+    seen: list[tuple[Hashable, float]] = []
+
+    async def check(key: Hashable) -> None:
+        seen.append((key, clock() - started))
+
+    keys = ["a", "b", "c", "d"]
+    # Two full rounds (the first one interval after the start) and part of a third.
+    await run_for(DriftLoop(INTERVAL, lambda: keys, check), 3.5 * INTERVAL)
+    first, second = seen[:4], seen[4:8]
+    assert [k for k, _ in first] == keys and [k for k, _ in second] == keys
+    offsets = [t for _, t in first]
+    assert offsets[0] >= INTERVAL
+    gaps = [b - a for a, b in itertools.pairwise(offsets)]
+    # A check every interval / 4, not all at once.
+    assert all(gap >= INTERVAL / 4 * 0.8 for gap in gaps), gaps
+    assert second[0][1] - first[0][1] == pytest.approx(INTERVAL, abs=0.1)
+
+
+async def test_targets_are_read_anew_each_round() -> None:
+    keys: list[str] = ["a"]
+    seen: list[Hashable] = []
+
+    async def check(key: Hashable) -> None:
+        seen.append(key)
+        if key == "a" and "b" not in keys:
+            keys.append("b")
+            keys.remove("a")
+
+    await run_for(DriftLoop(INTERVAL, lambda: list(keys), check), 2.5 * INTERVAL)
+    assert seen == ["a", "b"]
+
+
+async def test_a_failing_check_is_logged_and_the_others_still_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    seen: list[Hashable] = []
+
+    async def check(key: Hashable) -> None:
+        seen.append(key)
+        if key == "bad":
+            raise RuntimeError("gateway exploded")
+
+    await run_for(DriftLoop(INTERVAL, lambda: ["bad", "good"], check), 2.8 * INTERVAL)
+    assert seen == ["bad", "good", "bad", "good"]
+    assert "drift check of bad failed" in caplog.text
+    assert "gateway exploded" in caplog.text
+
+
+async def test_slow_checks_overlap_up_to_the_bound_and_are_cancelled_with_the_loop() -> None:
+    inside, most, cancelled = 0, 0, 0
+
+    async def check(_key: Hashable) -> None:
+        nonlocal inside, most, cancelled
+        inside += 1
+        most = max(most, inside)
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled += 1
+            raise
+        finally:
+            inside -= 1
+
+    keys = [str(i) for i in range(10)]
+    await run_for(DriftLoop(INTERVAL, lambda: keys, check, concurrency=3), 2.5 * INTERVAL)
+    assert most == 3
+    assert cancelled == 3 and inside == 0
+
+
+async def test_one_lock_per_object_while_anyone_holds_it() -> None:
+    locks = ObjectLocks()
+    first = locks(("topics", "ns", "a"))
+    assert locks(("topics", "ns", "a")) is first
+    assert locks(("topics", "ns", "b")) is not first
+    order: list[str] = []
+
+    async def reconcile(what: str) -> None:
+        async with locks(("topics", "ns", "a")):
+            order.append(f"{what} in")
+            await asyncio.sleep(0.05)
+            order.append(f"{what} out")
+
+    await asyncio.gather(reconcile("change"), reconcile("drift"))
+    assert order == ["change in", "change out", "drift in", "drift out"]
+    del first
+    # Nobody holds or waits for it: dropped, the map does not grow with every object.
+    assert len(locks._locks) == 0
