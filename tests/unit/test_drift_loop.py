@@ -7,9 +7,11 @@ import asyncio
 import itertools
 from collections.abc import Hashable
 
+import kopf
 import pytest
 
 from bucketnotify.controller.drift_loop import DriftLoop, ObjectLocks
+from bucketnotify.controller.handlers import PENDING, _snapshot
 
 INTERVAL = 0.4
 
@@ -111,3 +113,44 @@ async def test_one_lock_per_object_while_anyone_holds_it() -> None:
     del first
     # Nobody holds or waits for it: dropped, the map does not grow with every object.
     assert len(locks._locks) == 0
+
+
+def body(annotations: dict[str, str]) -> kopf.Body:
+    return kopf.Body(
+        {
+            "apiVersion": "bucketnotify.io/v1alpha1",
+            "kind": "Topic",
+            "metadata": {
+                "name": "t",
+                "namespace": "ns",
+                "uid": "u-1",
+                "generation": 3,
+                "resourceVersion": "42",
+                "creationTimestamp": "2026-11-26T10:00:00Z",
+                "annotations": annotations,
+                "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}],
+            },
+            "spec": {"endpoint": {"http": {"url": "http://127.0.0.1:9/x"}}},
+            "status": {"arn": "arn:aws:sns:default::ns.t"},
+        }
+    )
+
+
+def test_a_snapshot_keeps_what_a_check_needs_and_not_kopfs_bookkeeping() -> None:
+    last_handled = {"kopf.bucketnotify.io/last-handled-configuration": "{" + "x" * 4000 + "}"}
+    snapshot = _snapshot(body(last_handled))
+    assert snapshot["metadata"] == {
+        "name": "t",
+        "namespace": "ns",
+        "uid": "u-1",
+        "generation": 3,
+        "resourceVersion": "42",
+        "creationTimestamp": "2026-11-26T10:00:00Z",
+    }
+    assert snapshot["spec"] == {"endpoint": {"http": {"url": "http://127.0.0.1:9/x"}}}
+    assert snapshot["status"] == {"arn": "arn:aws:sns:default::ns.t"}
+    assert snapshot["kind"] == "Topic" and not snapshot[PENDING]
+    # A change handler with a retry due (kopf's progress annotation): no drift check.
+    retrying = {**last_handled, "kopf.bucketnotify.io/topic_changed": '{"retries": 1}'}
+    assert _snapshot(body(retrying))[PENDING]
+    assert not _snapshot(body({"bucketnotify.io/secret-resync": "s@1"}))[PENDING]

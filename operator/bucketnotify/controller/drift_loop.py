@@ -3,9 +3,8 @@
 kopf's timers are one task per object, each keeping the object's last body (a few KiB to
 tens of KiB with managedFields and kopf's annotations) and its timer state for as long as
 the object lives: at 2,000 objects that was about 38 MiB of the operator's memory. This loop
-keeps only the objects' keys (from kopf indices), reads an object from the API server when
-its turn comes, and starts one check every ``interval / objects`` seconds, so a thousand
-objects never fire together.
+takes the objects from kopf indices that keep only what a check needs of each, and starts
+one check every ``interval / objects`` seconds, so a thousand objects never fire together.
 
 A check and a change handler of the same object never run at once (``ObjectLocks``): a check
 that read the old spec must not write the gateway after the change handler wrote the new.

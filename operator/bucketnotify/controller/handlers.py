@@ -15,7 +15,7 @@ import contextvars
 import datetime as dt
 import functools
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Hashable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from typing import Any, Literal, TypeVar, cast
 
 import kopf
@@ -56,10 +56,10 @@ TOPICS = (GROUP, VERSION, "topics")
 SECRET_RESYNC = f"{GROUP}/secret-resync"
 TOPIC_RESYNC = f"{GROUP}/topic-resync"
 NOTIFICATIONS = (GROUP, VERSION, "bucketnotifications")
-# kopf's progress of a handler still to finish (a retry due): that retry reconciles the
-# object, a drift check meanwhile would only duplicate it.
+# kopf's annotations: a handler's progress, and the last spec handled.
 PROGRESS_PREFIX = "kopf.bucketnotify.io/"
 DIFF_BASE = f"{PROGRESS_PREFIX}last-handled-configuration"
+PENDING = "bucketnotify:pending"
 # Backoff for a Topic whose gateway failed: a flapping gateway is not hammered, and a gateway
 # that comes back is noticed within a minute even between drift checks.
 RETRY_DELAY_S = 15
@@ -325,55 +325,81 @@ def _report_drift(
         _post(memo, body, event.type, event.reason, event.message)
 
 
+def _snapshot(body: kopf.Body) -> dict[str, Any]:
+    """What a drift check needs of an object, without what makes kopf's bodies large
+    (managedFields, kopf's last-handled-configuration): the top-level fields of spec and
+    status are shared with the watch event's body, its metadata is not kept."""
+    meta = body.metadata
+    return {
+        "apiVersion": body.get("apiVersion"),
+        "kind": body.get("kind"),
+        "metadata": {
+            key: meta[key]
+            for key in (
+                "name",
+                "namespace",
+                "uid",
+                "generation",
+                "resourceVersion",
+                "creationTimestamp",
+                "deletionTimestamp",
+            )
+            if key in meta
+        },
+        "spec": dict(body.spec),
+        "status": dict(body.status),
+        # A change handler has a retry due (kopf's progress): that retry reconciles the
+        # object, a drift check meanwhile would only duplicate it.
+        PENDING: any(a.startswith(PROGRESS_PREFIX) and a != DIFF_BASE for a in meta.annotations),
+    }
+
+
 @kopf.index(*TOPICS)
-def topics_by_namespace(namespace: str | None, name: str, **_: Any) -> dict[Any, str]:
-    """namespace → names of its Topics: what the drift loop checks."""
-    return {namespace: name}
+def topic_snapshots(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> dict[Any, Any]:
+    """(namespace, name) → the Topic as the drift loop checks it."""
+    return {(namespace, name): _snapshot(body)}
 
 
 @kopf.index(*NOTIFICATIONS)
-def notifications_by_bucket(
-    namespace: str | None, name: str, spec: kopf.Spec, **_: Any
-) -> dict[Any, tuple[str, str]]:
-    """bucket → (namespace, name) of its BucketNotifications: what the drift loop checks,
-    one bucket's together (their checks share one read of the bucket)."""
-    return {str(spec.get("bucket") or ""): (_ns(namespace), name)}
+def notification_snapshots(
+    body: kopf.Body, namespace: str | None, name: str, spec: kopf.Spec, **_: Any
+) -> dict[Any, Any]:
+    """(bucket, namespace, name) → the BucketNotification as the drift loop checks it (one
+    bucket's one after another: their checks share one read of the bucket)."""
+    return {(str(spec.get("bucket") or ""), namespace, name): _snapshot(body)}
 
 
 DRIFT_INDICES = (
     "topics_by_gateway_name",
-    "topics_by_namespace",
+    "topic_snapshots",
     "notifications_by_topic",
-    "notifications_by_bucket",
+    "notification_snapshots",
     "notifications_by_bucket_id",
 )
 
 
-def _drift_targets(indices: dict[str, Any]) -> Iterator[tuple[str, str, str]]:
-    topics: kopf.Index[Any, str] = indices["topics_by_namespace"]
-    for namespace, names in topics.items():
-        for name in names:
-            yield "topics", namespace, name
-    notifications: kopf.Index[Any, tuple[str, str]] = indices["notifications_by_bucket"]
-    for refs in notifications.values():
-        for namespace, name in refs:
-            yield "bucketnotifications", namespace, name
+def _drift_targets(indices: dict[str, Any]) -> list[tuple[str, Any]]:
+    topics: kopf.Index[Any, Any] = indices["topic_snapshots"]
+    notifications: kopf.Index[Any, Any] = indices["notification_snapshots"]
+    return [("topics", key) for key in topics] + [
+        ("bucketnotifications", key) for key in sorted(notifications)
+    ]
 
 
-async def _drift_check(memo: kopf.Memo, indices: dict[str, Any], key: Hashable) -> None:
-    """Read the object and check it for drift, as kopf would call a timer with it; its
-    status is written only if the object did not change meanwhile."""
-    plural, namespace, name = cast(tuple[str, str, str], key)
-    async with memo.object_locks(key):
-        raw = await memo.kube.get_object(plural, namespace, name)
-        if raw is None:
-            return  # deleted; the index drops it
-        body = kopf.Body(raw)
-        annotations = body.metadata.annotations
-        if body.metadata.get("deletionTimestamp") or any(
-            note.startswith(PROGRESS_PREFIX) and note != DIFF_BASE for note in annotations
-        ):
+async def _drift_check(memo: kopf.Memo, indices: dict[str, Any], target: Hashable) -> None:
+    """Check one object for drift, as kopf would call a timer with it: its latest watch
+    event's snapshot, under its lock; the status is written only onto that version."""
+    plural, key = cast(tuple[str, Any], target)
+    snapshots: kopf.Index[Any, Any] = indices[
+        "topic_snapshots" if plural == "topics" else "notification_snapshots"
+    ]
+    namespace, name = key[-2], key[-1]
+    async with memo.object_locks((plural, namespace, name)):
+        # The latest one, taken under the lock: a change handler that ran meanwhile is seen.
+        raw = next(iter(snapshots.get(key, [])), None)
+        if raw is None or raw["metadata"].get("deletionTimestamp") or raw[PENDING]:
             return
+        body = kopf.Body(raw)
         patch = kopf.Patch()
         check = topic_drift if plural == "topics" else notification_drift
         await check(
@@ -400,7 +426,7 @@ def register_drift_loop(registry: kopf.OperatorRegistry, interval: float) -> Non
         indices = {name: kwargs[name] for name in DRIFT_INDICES}
         loop = DriftLoop(
             interval,
-            lambda: list(_drift_targets(indices)),
+            lambda: _drift_targets(indices),
             lambda key: _drift_check(memo, indices, key),
         )
         memo.drift_loop = asyncio.create_task(loop.run(), name="drift loop")
