@@ -138,6 +138,8 @@ async def test_a_refused_listing_falls_back_to_reading_each_topic(
     secret: the checks then read their topics one by one, without asking for a listing
     again within the interval."""
     plain = topics.upsert(unique("lt"), {"push-endpoint": DEAD_ENDPOINT})
+    earlier = Counted(topics, reuse_s=1.0)
+    assert await earlier.find(plain) is not None and earlier.lists == 1
     monkeypatch.setenv("AWS_CA_BUNDLE", rgw["RGW_CA_PEM"])
     over_tls = TopicClient(replace(connection(rgw), endpoint=rgw["RGW_TLS_ENDPOINT"]))
     secret = over_tls.upsert(
@@ -151,6 +153,13 @@ async def test_a_refused_listing_falls_back_to_reading_each_topic(
             got = await counted.find(plain)
             assert got is not None and got.arn == plain
         assert (counted.lists, counted.gets) == (1, [plain] * 3)
+        # A listing taken before the refusal is out of date: it answers nothing any more.
+        await asyncio.sleep(1.1)
+        topics.upsert(plain.rpartition(":")[2], {"push-endpoint": DEAD_ENDPOINT, "OpaqueData": "x"})
+        for _ in range(2):
+            got = await earlier.find(plain)
+            assert got is not None and got.opaque_data == "x"
+        assert (earlier.lists, earlier.gets) == (2, [plain] * 2)
         # Over HTTPS the same tenant's listing is answered, the secret-holding topic in it.
         assert secret.rpartition(":")[2] in over_tls.list_all()
     finally:

@@ -72,6 +72,7 @@ class TopicListing:
                 # Read one by one for a while; a real outage fails those reads too.
                 log.info("listing the gateway's topics failed (%s): reading them one by one", exc)
                 self._refused_until = time.monotonic() + self._reuse_s
+                self._topics = None  # an older listing must not answer meanwhile
                 return None
             for name in self._written:
                 topics.pop(name, None)
