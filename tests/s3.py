@@ -3,13 +3,22 @@ topics with, and the ``GatewayConnection`` our gateway adapters are given."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from bucketnotify.gateway.connection import GatewayConnection
 from devstack.gateway import gateway_client
 from tests.localservices import LocalService
 
-__all__ = ["connection", "s3_client", "sns_client"]
+__all__ = ["DEAD_ENDPOINT", "connection", "s3_client", "sns_client", "unique"]
+
+# Nothing listens on port 9 (discard): pushes to it fail at once.
+DEAD_ENDPOINT = "http://127.0.0.1:9/x"
+
+
+def unique(kind: str) -> str:
+    """A bucket or topic name of its own for one test."""
+    return f"{kind}-{uuid.uuid4().hex[:10]}"
 
 
 def s3_client(rgw: LocalService, **config: Any) -> Any:

@@ -271,15 +271,7 @@ class Kube:
         if resource_version is not None:
             body["metadata"] = {"resourceVersion": resource_version}
         try:
-            await self._custom.patch_namespaced_custom_object_status(
-                GROUP,
-                VERSION,
-                namespace,
-                plural,
-                name,
-                body,
-                _content_type="application/merge-patch+json",  # type: ignore[call-arg]
-            )
+            await self._merge_patch(plural, namespace, name, body, status=True)
         except ApiException as exc:
             if exc.status in (404, 409):
                 return False
@@ -320,8 +312,18 @@ class Kube:
     async def annotate(
         self, plural: str, namespace: str, name: str, annotations: dict[str, Any]
     ) -> None:
-        body = {"metadata": {"annotations": annotations}}
-        await self._custom.patch_namespaced_custom_object(
+        await self._merge_patch(plural, namespace, name, {"metadata": {"annotations": annotations}})
+
+    async def _merge_patch(
+        self, plural: str, namespace: str, name: str, body: dict[str, Any], *, status: bool = False
+    ) -> None:
+        """A JSON merge patch of one of our custom objects (``status``: of its status)."""
+        patch = (
+            self._custom.patch_namespaced_custom_object_status
+            if status
+            else self._custom.patch_namespaced_custom_object
+        )
+        await patch(
             GROUP,
             VERSION,
             namespace,

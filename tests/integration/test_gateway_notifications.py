@@ -26,14 +26,7 @@ from bucketnotify.gateway.notifications import (
 from bucketnotify.gateway.topics import TopicClient
 from tests.localservices import LocalService
 from tests.receivers import HttpReceiver
-from tests.s3 import connection
-
-# Nothing listens on port 9 (discard): pushes fail at once, which no test here looks at.
-DEAD_ENDPOINT = "http://127.0.0.1:9/x"
-
-
-def unique(kind: str) -> str:
-    return f"{kind}-{uuid.uuid4().hex[:10]}"
+from tests.s3 import DEAD_ENDPOINT, connection, unique
 
 
 @pytest.fixture()

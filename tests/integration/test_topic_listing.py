@@ -8,7 +8,6 @@ GetTopicAttributes would have, and what it cannot know must still be read.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -19,13 +18,7 @@ from bucketnotify.gateway.notifications import NotificationClient, NotificationC
 from bucketnotify.gateway.topic_listing import TopicListing
 from bucketnotify.gateway.topics import GatewayTopic, TopicClient
 from tests.localservices import LocalService
-from tests.s3 import connection
-
-DEAD_ENDPOINT = "http://127.0.0.1:9/x"
-
-
-def unique(kind: str) -> str:
-    return f"{kind}-{uuid.uuid4().hex[:10]}"
+from tests.s3 import DEAD_ENDPOINT, connection, unique
 
 
 @pytest.fixture()

@@ -115,18 +115,23 @@ async def test_one_lock_per_object_while_anyone_holds_it() -> None:
     assert len(locks._locks) == 0
 
 
+KEPT_METADATA = {
+    "name": "t",
+    "namespace": "ns",
+    "uid": "u-1",
+    "generation": 3,
+    "resourceVersion": "42",
+    "creationTimestamp": "2026-11-26T10:00:00Z",
+}
+
+
 def body(annotations: dict[str, str]) -> kopf.Body:
     return kopf.Body(
         {
             "apiVersion": "bucketnotify.io/v1alpha1",
             "kind": "Topic",
             "metadata": {
-                "name": "t",
-                "namespace": "ns",
-                "uid": "u-1",
-                "generation": 3,
-                "resourceVersion": "42",
-                "creationTimestamp": "2026-11-26T10:00:00Z",
+                **KEPT_METADATA,
                 "annotations": annotations,
                 "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}],
             },
@@ -139,14 +144,7 @@ def body(annotations: dict[str, str]) -> kopf.Body:
 def test_a_snapshot_keeps_what_a_check_needs_and_not_kopfs_bookkeeping() -> None:
     last_handled = {"kopf.bucketnotify.io/last-handled-configuration": "{" + "x" * 4000 + "}"}
     snapshot = _snapshot(body(last_handled))
-    assert snapshot["metadata"] == {
-        "name": "t",
-        "namespace": "ns",
-        "uid": "u-1",
-        "generation": 3,
-        "resourceVersion": "42",
-        "creationTimestamp": "2026-11-26T10:00:00Z",
-    }
+    assert snapshot["metadata"] == KEPT_METADATA
     assert snapshot["spec"] == {"endpoint": {"http": {"url": "http://127.0.0.1:9/x"}}}
     assert snapshot["status"] == {"arn": "arn:aws:sns:default::ns.t"}
     assert snapshot["kind"] == "Topic" and not snapshot[PENDING]

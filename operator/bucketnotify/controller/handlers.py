@@ -121,11 +121,8 @@ def _exclusive(plural: str) -> Callable[[Handler], Handler]:
     def decorate(handler: Handler) -> Handler:
         @functools.wraps(handler)
         async def exclusive(*args: Any, **kwargs: Any) -> None:
-            locks = getattr(kwargs.get("memo"), "object_locks", None)
-            if locks is None:
-                await handler(*args, **kwargs)
-                return
-            async with locks((plural, kwargs.get("namespace"), kwargs.get("name"))):
+            locks = kwargs["memo"].object_locks
+            async with locks((plural, kwargs["namespace"], kwargs["name"])):
                 await handler(*args, **kwargs)
 
         return exclusive  # type: ignore[return-value]
