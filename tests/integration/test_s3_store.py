@@ -150,8 +150,9 @@ async def test_reserves_waiting_for_their_turn_share_one_scan_and_keep_the_limit
     granted = [r for r in results if isinstance(r, Reservation)]
     assert [r.shard for r in granted] == [1, 2, 3]  # 1 committed + 3 reserved = 4 of 4
     assert all(isinstance(r, QueueFull) for r in results[3:])
-    # The first alone (the others were not waiting yet), then the other five together.
-    assert calls.count("ListObjectsV2") == 4
+    # The first alone (the others were not waiting yet), then the other five together;
+    # each turn scans twice (two LISTs each): before its markers and after them.
+    assert calls.count("ListObjectsV2") == 8
     assert calls.count("PutObject") == 3
     assert (await store.stats(QUEUE, NOW)).reservations == 3
 
@@ -222,7 +223,9 @@ async def test_reserves_from_the_headroom_never_take_two_writers_past_the_limit(
     rgw: LocalService, bucket: str
 ) -> None:
     """Two replicas writing one queue of 40 entries as fast as they can: together they
-    commit exactly 40, then both are refused, though most reserves skipped the scan."""
+    commit exactly 40, then both are refused, though most reserves skipped the scan.
+    Reserves of the two that collide on the last entries may both step back: a replica
+    refused while the queue still has room tries again (the gateway would)."""
     prefix = f"t-{uuid.uuid4().hex[:10]}/"
     replicas = [S3Store(connection(rgw), bucket, prefix, writers=lambda: 2) for _ in range(2)]
     await replicas[0].create(QUEUE, 4, QueueLimits(max_entries=40, max_bytes=10_000))
@@ -234,7 +237,9 @@ async def test_reserves_from_the_headroom_never_take_two_writers_past_the_limit(
             try:
                 await put(store, n % 4, f"r{index}-{n}".encode())
             except QueueFull:
-                return
+                if (await store.stats(QUEUE, NOW)).entries >= 40:
+                    return
+                continue
             committed[index] += 1
 
     await asyncio.gather(fill(0), fill(1))
@@ -243,3 +248,70 @@ async def test_reserves_from_the_headroom_never_take_two_writers_past_the_limit(
     for store in replicas:
         with pytest.raises(QueueFull):
             await put(store, 0, b"one more")
+
+
+async def test_two_replicas_reserving_the_last_room_at_the_same_instant_do_not_both_get_it(
+    rgw: LocalService, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both scan before either has PUT its marker, so both first see room for one more:
+    the scan after the PUTs shows each the other's marker, and the limit holds."""
+    prefix = f"t-{uuid.uuid4().hex[:10]}/"
+    replicas = [S3Store(connection(rgw), bucket, prefix) for _ in range(2)]
+    await replicas[0].create(QUEUE, 2, QueueLimits(max_entries=2, max_bytes=1000))
+    await put(replicas[0], 0, b"committed")
+    both_scanned = asyncio.Barrier(2)
+    for store in replicas:
+        real = store._put_marker
+
+        async def after_both_scans(
+            reservation: Reservation, real: Any = real, **kwargs: Any
+        ) -> None:
+            await both_scanned.wait()
+            await real(reservation, **kwargs)
+
+        monkeypatch.setattr(store, "_put_marker", after_both_scans)
+    results = await asyncio.gather(
+        *(store.reserve(QUEUE, 1, 1, 1, NOW) for store in replicas), return_exceptions=True
+    )
+    granted = [r for r in results if isinstance(r, Reservation)]
+    assert len(granted) <= 1, results
+    assert all(isinstance(r, QueueFull) for r in results if not isinstance(r, Reservation))
+    stats = await replicas[0].stats(QUEUE, NOW)
+    assert stats.entries + stats.reservations <= 2
+    monkeypatch.undo()
+    # Stepping back left no marker behind: what the limit allows can still be reserved.
+    if not granted:
+        await put(replicas[1], 1, b"2")
+    else:
+        await replicas[0].commit(granted[0], [("e2", b"2")], NOW)
+    assert (await replicas[0].stats(QUEUE, NOW)).entries == 2
+    with pytest.raises(QueueFull):
+        await put(replicas[1], 1, b"third")
+
+
+async def test_a_headroom_counts_for_the_other_replicas_until_it_is_used_up(
+    rgw: LocalService, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A's headroom (limit / (2 x 2) = 10 minus the 1 committed) is granted without any
+    request, so B must count it before A uses it; A itself does not count it twice."""
+    prefix = f"t-{uuid.uuid4().hex[:10]}/"
+    a, b = (S3Store(connection(rgw), bucket, prefix, writers=lambda: 2) for _ in range(2))
+    await a.create(QUEUE, 2, QueueLimits(max_entries=40, max_bytes=10_000))
+    await put(a, 0, b"first")  # scans; headroom and its cover: 9 entries
+    with pytest.raises(QueueFull):
+        await b.reserve(QUEUE, 1, 31, 31, NOW)  # 1 + 9 + 31 > 40
+    mine = await b.reserve(QUEUE, 1, 20, 20, NOW)
+    await b.commit(mine, [(f"b{n}", b"x") for n in range(20)], NOW)
+    calls = count_calls(a, monkeypatch)
+    for n in range(9):
+        await put(a, 0, f"a{n}".encode())
+    assert calls == ["PutObject"] * 9, "all nine from the headroom"
+    # 30 held: the next reserve scans, and the used-up cover must not count again.
+    await put(a, 0, *(f"c{n}".encode() for n in range(10)))
+    assert (await a.stats(QUEUE, NOW)).entries == 40
+    for store in (a, b):
+        with pytest.raises(QueueFull):
+            await put(store, 0, b"one more")
+    s3 = connection(rgw).s3()
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}data/")
+    assert [o["Key"] for o in listed["Contents"] if "/reservations/" in o["Key"]] == []

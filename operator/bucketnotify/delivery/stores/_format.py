@@ -212,6 +212,18 @@ def parse_reservation(queue: QueueName, name: str) -> Reservation | None:
     )
 
 
+COVER_SUFFIX = ".cover"
+"""Marks a reservation marker that covers a replica's headroom (the S3 store's docstring):
+it counts against the bounds like any reservation, but is not one in a queue's stats."""
+
+
+def parse_marker(queue: QueueName, name: str) -> tuple[Reservation, bool] | None:
+    """A marker's reservation and whether it is a cover; None for a foreign name."""
+    cover = name.endswith(COVER_SUFFIX)
+    reservation = parse_reservation(queue, name.removesuffix(COVER_SUFFIX))
+    return None if reservation is None else (reservation, cover)
+
+
 def new_reservation(
     queue: QueueName,
     shard: int,

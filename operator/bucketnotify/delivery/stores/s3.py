@@ -5,6 +5,8 @@ a bucket. Layout (names as in ``_format``: a LIST answers ``stats`` and ``reserv
 
     <prefix>meta/<namespace>/<topic>                          shards and limits (JSON)
     <prefix>data/<namespace>/<topic>/reservations/<name>      one marker per reservation
+    <prefix>data/<namespace>/<topic>/reservations/<name>.cover
+                                                              one per replica's headroom
     <prefix>data/<namespace>/<topic>/shard-<n>/<batch name>   one object per commit,
                                                               JSON lines
     <prefix>data/<namespace>/<topic>/delivered/shard-<n>      identities recently
@@ -16,12 +18,13 @@ hold, and no namespace name can collide with it.
 Requests:
 
 - ``reserve``: LIST of the reservations, LIST of the shards (one per 1000 batch objects in
-  the queue), PUT of the marker; the meta object is cached for ``meta_cache_s``. Reserves
-  of one queue that wait for each other share the two LISTs: the first in turn checks
-  every waiting one against one scan, counting those it granted before, and PUTs their
-  markers together. So a group commit touching K shards costs 2 + 3K requests (2 LISTs, K
-  marker PUTs, K batch PUTs, K marker DELETEs), not 5K, plus a LIST per 1000 objects of
-  backlog.
+  the queue), PUT of the marker, then the same two LISTs again (see "Reservations across
+  replicas"); the meta object is cached for ``meta_cache_s``. Reserves of one queue that
+  wait for each other share the scans: the first in turn checks every waiting one against
+  one scan, counting those it granted before, and PUTs their markers together. So a group
+  commit touching K shards costs 4 + 3K requests (4 LISTs, K marker PUTs, K batch PUTs, K
+  marker DELETEs), not 7K, plus two LISTs per 1000 objects of backlog. Far below the
+  limits most reserves skip all of it ("Reserving without a scan").
 - ``commit`` of N events: one PUT of the batch and one DELETE of the marker, whatever N is,
   so the ingest's group commit makes the cost per event small.
 - ``list``: one LIST per 1000 batch objects up to ``max_entries``, and a GET per batch object,
@@ -47,17 +50,17 @@ replica changed a batch while this one still cached it, a rewrite from the cache
 entries the other removed: duplicates, never losses.
 
 Reservations across replicas: ``reserve`` LISTs the markers, then the batches, checks,
-and PUTs its marker. Within a process the reserves of one queue take turns (a turn may
-serve several, counting each against the ones before it), so a replica alone never
-overshoots. A check misses only the markers other replicas PUT while its own
-LISTs run; each of them reserves one at a time too, and needs the same LISTs for it, so
-that is about one reservation per other replica (strictly: the reserves they complete
-during this one's LISTs). The queue can thus exceed its limits by about (replicas - 1)
-reservations, each at most one ingest group commit of one shard. A commit cannot hide
-from a check either: it PUTs its batch before it deletes its marker, and the markers are
-listed first (in a LIST of their own: one LIST of both would not do, since the gateway
-reads its bucket index shards one after another). A commit after its reservation expired
-is still written (the events matter more than the bound); that overshoots by its size.
+PUTs its marker, and LISTs both again; if the queue is then over a limit, another writer
+reserved in the same instant, and this one deletes its marker and steps back (tries again
+after a short random pause, at most ``COLLISION_ATTEMPTS`` times, then refuses). Every
+writer PUTs before its second scan, so of two that overlap at least the later one sees
+both: the limits hold exactly, at the price of both stepping back now and then when they
+collide on the last room. Within a process the reserves of one queue take turns (a turn
+may serve several, counting each against the ones before it). A commit cannot hide from a
+check either: it PUTs its batch before it deletes its marker, and the markers are listed
+first (in a LIST of their own: one LIST of both would not do, since the gateway reads its
+bucket index shards one after another). A commit after its reservation expired is still
+written (the events matter more than the bound); that overshoots by its size.
 
 ``list`` orders by batch id, which is the commit's start time: commits that overlap may
 appear out of that order (one with an earlier id lands later). Events of one object are
@@ -68,16 +71,18 @@ Reserving without a scan: while a queue is far below its limits, a reserve needs
 the LISTs nor a marker, so a commit is one PUT. With ``writers`` set (an upper bound of the
 replicas that write to the store), each scan also gives this replica a *headroom*: what it
 may still reserve without another scan, ``limit / (2 * writers)`` minus everything the scan
-found held, for entries and bytes alike. Reserves within the headroom take from it and are
-granted at once, without a marker; one that does not fit takes the usual turn (scan,
-marker), which sets a new headroom. Why the bound still holds: each replica's unscanned
-reservations since its own last scan add up to at most ``limit / (2 * writers)`` minus what
-that scan saw held, so all replicas' together stay below half the limit on top of what any
-scan saw; a reserve that scans sees every committed batch. A queue of default limits (a
-million entries, 128 MiB) is thus scanned about once per ``limit / (2 * writers)`` of
-commits, a small one (``maxQueueEntries: 2``) on every reserve, as before. The headroom
-lives as long as the cached meta's limits: a change of limits (seen within
-``meta_cache_s``) drops it.
+found held, for entries and bytes alike. The headroom is itself a marker, a *cover*
+(``<name>.cover``), PUT and re-checked with the turn's markers: every other writer counts
+it in full until it goes, so what is granted from it never needs a marker of its own.
+Reserves within the headroom take from it and are granted at once; one that does not fit
+takes the usual turn, which replaces the headroom and its cover (the old cover is deleted
+once the last reserve granted from it has committed or aborted). A replica counts its own
+covers by the grants still in flight instead, as its committed grants are in the batches.
+Grants stop half a reservation timeout before the cover expires, so their commits land
+while it still counts. A queue of default limits (a million entries, 128 MiB) is thus
+scanned about once per ``limit / (2 * writers)`` of commits, a small one
+(``maxQueueEntries: 2``) on every reserve, as before. The headroom lives as long as the
+cached meta's limits: a change of limits (seen within ``meta_cache_s``) drops it.
 
 The bucket must never get a notification configuration: Ceph 16 aborts radosgw on a
 multi-object delete in a bucket with one, and our own writes would notify themselves.
@@ -88,6 +93,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -106,6 +113,7 @@ from bucketnotify.delivery.queue import (
     Reservation,
 )
 from bucketnotify.delivery.stores._format import (
+    COVER_SUFFIX,
     Batch,
     BatchName,
     batch_of,
@@ -122,6 +130,7 @@ from bucketnotify.delivery.stores._format import (
     new_batch_id,
     new_entries,
     new_reservation,
+    parse_marker,
     parse_reservation,
     reservation_name,
     updated,
@@ -129,7 +138,7 @@ from bucketnotify.delivery.stores._format import (
 )
 from bucketnotify.delivery.stores._threads import IOThreads
 from bucketnotify.gateway.connection import GatewayConnection
-from bucketnotify.gateway.errors import mapped_errors
+from bucketnotify.gateway.errors import GatewayError, mapped_errors
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -138,7 +147,11 @@ __all__ = ["S3Store"]
 
 T = TypeVar("T")
 
+_log = logging.getLogger(__name__)
+
 LIST_PAGE = 1000
+COLLISION_ATTEMPTS = 3
+"""How often a turn that collided with another writer's reserves tries again."""
 
 
 @dataclass
@@ -151,11 +164,19 @@ class _Cached:
 
 @dataclass
 class _Headroom:
-    """What this replica may still reserve in a queue without a scan (module docstring)."""
+    """What this replica may still reserve in a queue without a scan, and the cover marker
+    that makes it count for every other replica's check (module docstring)."""
 
     limits: QueueLimits
     entries: int
     bytes: int
+    cover: Reservation
+    usable_until: float
+    """Epoch seconds: grants stop half a reservation timeout before the cover expires, so
+    their commits land while it still counts."""
+    outstanding: int = 0
+    """Grants neither committed nor aborted: the cover stays until they are."""
+    superseded: bool = False
 
 
 @dataclass
@@ -187,8 +208,9 @@ class S3Store:
         """``meta_cache_s``: how long a queue's shards and limits are reused, so a change
         made through another replica applies here that much later. ``max_requests``: at
         most this many requests in flight (botocore's connection pool holds 10).
-        ``writers``: at least how many replicas write to these queues now (0 while unknown);
-        without it, every reserve scans (see "Reserving without a scan")."""
+        ``writers``: how many replicas may write to these queues now, at most (0 while
+        unknown); it sizes the headroom, and without it every reserve scans (see
+        "Reserving without a scan")."""
         if prefix and not prefix.endswith("/"):
             prefix += "/"
         self.bucket = bucket
@@ -204,8 +226,8 @@ class S3Store:
         self._cache: dict[tuple[QueueName, int], dict[str, _Cached]] = {}
         self.writers = writers
         self._headroom: dict[QueueName, _Headroom] = {}
-        self._unmarked: set[str] = set()
-        """Reservations granted from the headroom: no marker to delete."""
+        self._unmarked: dict[str, tuple[Reservation, _Headroom]] = {}
+        """Reservations granted from a headroom, by id: no marker of their own."""
 
     async def ensure_bucket(self) -> None:
         """Create the bucket unless it exists; idempotent."""
@@ -235,8 +257,9 @@ class S3Store:
         check_queue_name(queue)
         return f"{self.prefix}data/{queue.namespace}/{queue.topic}/"
 
-    def _marker(self, reservation: Reservation) -> str:
-        return f"{self._data(reservation.queue)}reservations/{reservation_name(reservation)}"
+    def _marker(self, reservation: Reservation, *, cover: bool = False) -> str:
+        name = reservation_name(reservation) + (COVER_SUFFIX if cover else "")
+        return f"{self._data(reservation.queue)}reservations/{name}"
 
     def _shard(self, queue: QueueName, shard: int) -> str:
         return f"{self._data(queue)}shard-{shard}/"
@@ -251,7 +274,8 @@ class S3Store:
             raise ValueError(f"a queue needs at least one shard, not {shards}")
         await self._put(self._meta_key(queue), encode_meta(shards, limits), "application/json")
         self._meta[queue] = (time.monotonic(), shards, limits)
-        self._headroom.pop(queue, None)
+        if (room := self._headroom.pop(queue, None)) is not None:
+            await self._retire(room)
 
     async def delete(self, queue: QueueName) -> None:
         # The meta object first: from then on the queue is not listed and takes no
@@ -330,70 +354,64 @@ class S3Store:
     ) -> Reservation | None:
         """A reservation without scan or marker, or None when it takes the usual turn."""
         room = self._headroom.get(queue)
-        if room is None or entries > room.entries or size > room.bytes:
+        if room is None or entries > room.entries or size > room.bytes or now > room.usable_until:
             return None
         # The cached meta: a deleted queue is refused as in a turn, new limits end the room.
         shards, limits = await self._get_meta(queue)
         if limits != room.limits or not 0 <= shard < shards or entries < 1 or size < 0:
-            self._headroom.pop(queue, None)
+            if limits != room.limits and self._headroom.get(queue) is room:
+                del self._headroom[queue]
+                await self._retire(room)
             return None
         room = self._headroom.get(queue)  # another reserve may have taken it meanwhile
         if room is None or entries > room.entries or size > room.bytes:
             return None
         room.entries -= entries
         room.bytes -= size
+        room.outstanding += 1
         reservation = new_reservation(queue, shard, entries, size, now, limits)
-        self._unmarked.add(reservation.id)
+        self._unmarked[reservation.id] = (reservation, room)
         return reservation
 
-    def _set_headroom(
-        self, queue: QueueName, limits: QueueLimits, held_entries: int, held_bytes: int
-    ) -> None:
-        writers = self.writers() if self.writers is not None else 0
+    def _writers(self) -> int:
+        return self.writers() if self.writers is not None else 0
+
+    def _new_cover(
+        self, queue: QueueName, limits: QueueLimits, held_entries: int, held_bytes: int, now: float
+    ) -> Reservation | None:
+        """The cover of a new headroom, or None when the queue is too full for one."""
+        writers = self._writers()
         if writers < 1:
-            self._headroom.pop(queue, None)
-            return
-        self._headroom[queue] = _Headroom(
-            limits,
-            max(0, limits.max_entries // (2 * writers) - held_entries),
-            max(0, limits.max_bytes // (2 * writers) - held_bytes),
-        )
+            return None
+        entries = limits.max_entries // (2 * writers) - held_entries
+        size = limits.max_bytes // (2 * writers) - held_bytes
+        if entries < 1 or size < 1:
+            return None
+        return new_reservation(queue, 0, entries, size, now, limits)
+
+    async def _retire(self, room: _Headroom) -> None:
+        """A headroom replaced or dropped: its cover goes once its last grant is done."""
+        room.superseded = True
+        room.entries = room.bytes = 0
+        if room.outstanding == 0:
+            await self._drop_cover(room)
+
+    async def _drop_cover(self, room: _Headroom) -> None:
+        try:
+            await self._delete_key(self._marker(room.cover, cover=True))
+        except GatewayError as exc:
+            # It only counts for longer than needed, until it expires and is reclaimed.
+            _log.info("could not delete a headroom cover of %s: %s", room.cover.queue, exc)
 
     async def _reserve_waiting(self, queue: QueueName) -> None:
         """One turn: every reserve of ``queue`` waiting now, checked against one scan."""
         waiting = self._wanted.pop(queue, [])
         try:
-            shards, limits = await self._get_meta(queue)
-            if any(w.shard >= shards for w in waiting):  # more shards since it was cached?
-                shards, limits = await self._get_meta(queue, fresh=True)
-            found, reservations = await self._scan(queue)
-            granted: list[tuple[_Wanted, Reservation]] = []
-            for w in waiting:
-                if w.granted.done():
-                    continue
-                try:
-                    check_request(shards, w.shard, w.entries, w.size)
-                    stats = usage(shards, found, reservations, w.now)
-                    check_room(stats, reservations, limits, w.entries, w.size, w.now)
-                except (ValueError, QueueFull) as exc:
-                    w.granted.set_exception(exc)
-                    continue
-                reservation = new_reservation(queue, w.shard, w.entries, w.size, w.now, limits)
-                reservations = [*reservations, reservation]
-                granted.append((w, reservation))
-            now = max(w.now for w in waiting)
-            stats = usage(shards, found, reservations, now)
-            self._set_headroom(queue, limits, *held(stats, reservations, now))
-            written = await asyncio.gather(
-                *(self._put_marker(r) for _, r in granted), return_exceptions=True
-            )
-            for (w, reservation), error in zip(granted, written, strict=True):
-                if w.granted.done():
-                    continue  # its caller went away; the marker expires unused
-                if isinstance(error, BaseException):
-                    w.granted.set_exception(error)
-                else:
-                    w.granted.set_result(reservation)
+            for attempt in range(COLLISION_ATTEMPTS):
+                if not await self._attempt(queue, waiting, last=attempt == COLLISION_ATTEMPTS - 1):
+                    return
+                # Two writers that collide both step back: wait apart, then try again.
+                await asyncio.sleep(random.uniform(0.005, 0.05) * (attempt + 1))  # noqa: S311
         except asyncio.CancelledError:
             # The turn's own caller went away: the next in turn serves the rest (a marker
             # already PUT for one of them expires unused).
@@ -404,7 +422,102 @@ class S3Store:
                 if not w.granted.done():
                     w.granted.set_exception(exc)
 
-    async def _put_marker(self, reservation: Reservation) -> None:
+    async def _attempt(self, queue: QueueName, waiting: list[_Wanted], *, last: bool) -> bool:
+        """Checks, places and re-checks the reserves still waiting; True when it collided
+        with another writer and stepped back (on the ``last`` attempt it refuses them)."""
+        shards, limits = await self._get_meta(queue)
+        if any(w.shard >= shards for w in waiting):  # more shards since it was cached?
+            shards, limits = await self._get_meta(queue, fresh=True)
+        found, reservations, covers = await self._scan(queue)
+        granted: list[tuple[_Wanted, Reservation]] = []
+        for w in waiting:
+            if w.granted.done():
+                continue
+            try:
+                check_request(shards, w.shard, w.entries, w.size)
+                counted = self._counted(queue, reservations, covers)
+                stats = usage(shards, found, counted, w.now)
+                check_room(stats, counted, limits, w.entries, w.size, w.now)
+            except (ValueError, QueueFull) as exc:
+                w.granted.set_exception(exc)
+                continue
+            reservation = new_reservation(queue, w.shard, w.entries, w.size, w.now, limits)
+            reservations = [*reservations, reservation]
+            granted.append((w, reservation))
+        now = max(w.now for w in waiting)
+        current = self._headroom.get(queue)
+        counted = self._counted(queue, reservations, covers)
+        cover = self._new_cover(
+            queue, limits, *held(usage(shards, found, counted, now), counted, now), now
+        )
+        markers = [self._put_marker(r) for _, r in granted]
+        if cover is not None:
+            markers.append(self._put_marker(cover, cover=True))
+        written = await asyncio.gather(*markers, return_exceptions=True)
+        cover_error = written.pop() if cover is not None else None
+        if isinstance(cover_error, BaseException):
+            cover = None  # no headroom this time; a failed PUT may still have landed
+        placed = [(w, r) for (w, r), error in zip(granted, written, strict=True) if error is None]
+        for (w, _), error in zip(granted, written, strict=True):
+            if isinstance(error, BaseException) and not w.granted.done():
+                w.granted.set_exception(error)
+        if (placed or cover is not None) and not await self._fits_after(queue, shards, limits, now):
+            # Another writer reserved in the same instant. Each PUT its markers before its
+            # second scan, so at least the later of the two sees both; this one steps back.
+            await _all(
+                *(self._delete_key(self._marker(r)) for _, r in placed),
+                *([self._delete_key(self._marker(cover, cover=True))] if cover else []),
+            )
+            if last:
+                for w, _ in placed:
+                    if not w.granted.done():
+                        w.granted.set_exception(
+                            QueueFull("no room: other replicas reserved the rest meanwhile")
+                        )
+            return True
+        if cover is not None:
+            if current is not None:
+                await self._retire(current)
+            self._headroom[queue] = _Headroom(
+                limits,
+                cover.entries,
+                cover.bytes,
+                cover,
+                cover.expires_at - limits.reservation_timeout_s / 2,
+            )
+        elif current is not None and self._headroom.get(queue) is current:
+            del self._headroom[queue]
+            await self._retire(current)
+        for w, reservation in placed:
+            if not w.granted.done():  # else its caller went away; the marker expires
+                w.granted.set_result(reservation)
+        return False
+
+    async def _fits_after(
+        self, queue: QueueName, shards: int, limits: QueueLimits, now: float
+    ) -> bool:
+        """Whether the queue is within its limits once this turn's markers are in place.
+
+        Each writer PUTs its markers before it scans again, so of two writers reserving at
+        once at least the later scan sees both."""
+        found, reservations, covers = await self._scan(queue)
+        counted = self._counted(queue, reservations, covers)
+        entries, size = held(usage(shards, found, counted, now), counted, now)
+        return entries <= limits.max_entries and size <= limits.max_bytes
+
+    def _counted(
+        self, queue: QueueName, reservations: list[Reservation], covers: list[Reservation]
+    ) -> list[Reservation]:
+        """What a check counts besides the batches: every marker but this replica's own
+        covers, which would count its committed grants twice; its grants still in flight
+        stand in for them."""
+        own = {room.cover.id for _, room in self._unmarked.values()}
+        if (current := self._headroom.get(queue)) is not None:
+            own.add(current.cover.id)
+        in_flight = [r for r, _ in self._unmarked.values() if r.queue == queue]
+        return [*reservations, *(c for c in covers if c.id not in own), *in_flight]
+
+    async def _put_marker(self, reservation: Reservation, *, cover: bool = False) -> None:
         # The name says it all; the body is for people looking at the bucket.
         body = json.dumps(
             {
@@ -414,7 +527,7 @@ class S3Store:
                 "expires_at": reservation.expires_at,
             }
         )
-        await self._put(self._marker(reservation), body.encode(), "application/json")
+        await self._put(self._marker(reservation, cover=cover), body.encode(), "application/json")
 
     async def commit(
         self, reservation: Reservation, events: Sequence[tuple[str, bytes]], now: float
@@ -431,7 +544,7 @@ class S3Store:
             entries = []
         # After the batch, never before: see "Reservations across replicas" above.
         if reservation.id in self._unmarked:
-            self._unmarked.discard(reservation.id)
+            await self._granted_done(reservation)
         else:
             await self._delete_key(self._marker(reservation))
         return entries
@@ -439,14 +552,24 @@ class S3Store:
     async def abort(self, reservation: Reservation) -> None:
         if reservation.id in self._unmarked:
             # Its room is not given back: the headroom only ever errs on the safe side.
-            self._unmarked.discard(reservation.id)
+            await self._granted_done(reservation)
             return
         await self._delete_key(self._marker(reservation))
 
+    async def _granted_done(self, reservation: Reservation) -> None:
+        _, room = self._unmarked.pop(reservation.id)
+        room.outstanding -= 1
+        if room.superseded and room.outstanding == 0:
+            await self._drop_cover(room)
+
     async def reclaim(self, queue: QueueName, now: float) -> int:
         # Counts what it found expired: two replicas reclaiming at once both count a marker.
-        expired = [r for r in await self._reservations(queue) if r.expires_at <= now]
-        await _all(*(self._delete_key(self._marker(r)) for r in expired))
+        reservations, covers = await self._reservations(queue)
+        expired = [r for r in reservations if r.expires_at <= now]
+        await _all(
+            *(self._delete_key(self._marker(r)) for r in expired),
+            *(self._delete_key(self._marker(c, cover=True)) for c in covers if c.expires_at <= now),
+        )
         return len(expired)
 
     async def stats(self, queue: QueueName, now: float) -> QueueStats:
@@ -471,29 +594,37 @@ class S3Store:
         found = {shard: list(batches(sorted(n))) for shard, n in names.items()}
         return usage(cached[1] if cached else 0, found, reservations, now)
 
-    async def _reservations(self, queue: QueueName) -> list[Reservation]:
+    async def _reservations(self, queue: QueueName) -> tuple[list[Reservation], list[Reservation]]:
+        """The reservation markers and the headroom covers."""
         start = f"{self._data(queue)}reservations/"
-        found = (parse_reservation(queue, k[len(start) :]) for k in await self._list_keys(start))
-        return [r for r in found if r is not None]
+        reservations: list[Reservation] = []
+        covers: list[Reservation] = []
+        for key in await self._list_keys(start):
+            if (marker := parse_marker(queue, key[len(start) :])) is not None:
+                (covers if marker[1] else reservations).append(marker[0])
+        return reservations, covers
 
     async def _usage(
         self, queue: QueueName, shards: int, now: float
     ) -> tuple[QueueStats, list[Reservation]]:
-        found, reservations = await self._scan(queue)
+        found, reservations, _ = await self._scan(queue)
         return usage(shards, found, reservations, now), reservations
 
-    async def _scan(self, queue: QueueName) -> tuple[dict[int, list[Batch]], list[Reservation]]:
-        """The batches of every shard and the reservation markers, as two LISTs."""
+    async def _scan(
+        self, queue: QueueName
+    ) -> tuple[dict[int, list[Batch]], list[Reservation], list[Reservation]]:
+        """The batches of every shard, the reservation markers and the covers: two LISTs."""
         # Markers first, in a LIST of their own: a commit PUTs its batch before it deletes
         # its marker, so a marker missing here means the batch is in the LIST that follows.
-        reservations = await self._reservations(queue)
+        reservations, covers = await self._reservations(queue)
         start = f"{self._data(queue)}shard-"
         names: dict[int, list[str]] = {}
         for key in await self._list_keys(start):
             shard, _, name = key[len(start) :].partition("/")
             if shard.isdigit():
                 names.setdefault(int(shard), []).append(name)
-        return {shard: list(batches(sorted(n))) for shard, n in names.items()}, reservations
+        found = {shard: list(batches(sorted(n))) for shard, n in names.items()}
+        return found, reservations, covers
 
     # Reading, by the shard's owner
 
