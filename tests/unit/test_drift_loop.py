@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Hashable
+from typing import Any
 
 import kopf
 import pytest
@@ -125,7 +126,10 @@ KEPT_METADATA = {
 }
 
 
-def body(annotations: dict[str, str]) -> kopf.Body:
+TOPIC_STATUS = {"arn": "arn:aws:sns:default::ns.t", "observedGeneration": 3}
+
+
+def body(annotations: dict[str, str], status: dict[str, Any] = TOPIC_STATUS) -> kopf.Body:
     return kopf.Body(
         {
             "apiVersion": "bucketnotify.io/v1alpha1",
@@ -136,7 +140,7 @@ def body(annotations: dict[str, str]) -> kopf.Body:
                 "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}],
             },
             "spec": {"endpoint": {"http": {"url": "http://127.0.0.1:9/x"}}},
-            "status": {"arn": "arn:aws:sns:default::ns.t"},
+            "status": status,
         }
     )
 
@@ -146,9 +150,12 @@ def test_a_snapshot_keeps_what_a_check_needs_and_not_kopfs_bookkeeping() -> None
     snapshot = _snapshot(body(last_handled))
     assert snapshot["metadata"] == KEPT_METADATA
     assert snapshot["spec"] == {"endpoint": {"http": {"url": "http://127.0.0.1:9/x"}}}
-    assert snapshot["status"] == {"arn": "arn:aws:sns:default::ns.t"}
+    assert snapshot["status"] == TOPIC_STATUS
     assert snapshot["kind"] == "Topic" and not snapshot[PENDING]
     # A change handler with a retry due (kopf's progress annotation): no drift check.
     retrying = {**last_handled, "kopf.bucketnotify.io/topic_changed": '{"retries": 1}'}
     assert _snapshot(body(retrying))[PENDING]
     assert not _snapshot(body({"bucketnotify.io/secret-resync": "s@1"}))[PENDING]
+    # A generation its change handler has not handled yet (no status at all when new).
+    for status in ({}, {**TOPIC_STATUS, "observedGeneration": 2}):
+        assert _snapshot(body(last_handled, status))[PENDING]

@@ -345,9 +345,11 @@ def _snapshot(body: kopf.Body) -> dict[str, Any]:
         },
         "spec": dict(body.spec),
         "status": dict(body.status),
-        # A change handler has a retry due (kopf's progress): that retry reconciles the
-        # object, a drift check meanwhile would only duplicate it.
-        PENDING: any(a.startswith(PROGRESS_PREFIX) and a != DIFF_BASE for a in meta.annotations),
+        # A change handler has a retry due (kopf's progress), or has not yet handled this
+        # generation (a new object whose creation waits for its worker): that handler
+        # reconciles the object, a drift check meanwhile would only duplicate it.
+        PENDING: any(a.startswith(PROGRESS_PREFIX) and a != DIFF_BASE for a in meta.annotations)
+        or body.status.get("observedGeneration") != meta.get("generation"),
     }
 
 
