@@ -241,3 +241,35 @@ async def test_post_json_for_the_operators_test_event(http_server: RecordingHttp
     http_server.status = 500
     with pytest.raises(EndpointError, match="answered 500"):
         await post_json(http_server.url, {"Records": []})
+
+
+async def test_an_idle_connection_the_endpoint_closed_is_not_reused() -> None:
+    """An endpoint that closes kept-alive connections after each answer (as a keep-alive
+    timeout does): the next push must notice and connect anew, not fail on the dead one."""
+    connections = 0
+
+    async def answer_once_then_close(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        nonlocal connections
+        connections += 1
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":", 1)[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )
+        await reader.readexactly(length)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.close()
+
+    server = await asyncio.start_server(answer_once_then_close, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server, http_endpoint(f"http://127.0.0.1:{port}/") as endpoint:
+        for n in range(3):
+            [outcome] = await endpoint.send([Delivery(f"e{n}", s3_record())])
+            assert outcome.ok, outcome
+            await asyncio.sleep(0.2)  # the endpoint has closed it by now
+    assert connections == 3
