@@ -4,7 +4,12 @@ Before every request httpcore's pool asks each idle connection whether its socke
 readable (a server that closed a kept-alive connection leaves it readable at EOF), and the
 anyio stream answers that by building its whole attribute map, a ``getpeername`` system
 call included: with a pool of many idle connections that was about 40 % of a delivery
-replica's event-loop time. The streams here keep their socket and answer with one poll.
+replica's event-loop time. The streams here keep their socket and answer with one poll,
+and repeat a "still open" answer for ``RECHECK_S`` instead of polling again: the pool asks
+every idle connection twice per request, so under load each one was polled thousands of
+times a second. A server that closes a connection in that window makes one push fail
+(retryable, retried as any failed push); that race exists without the window as well,
+between the poll and the request's first write, only narrower.
 """
 
 # The ``timeout`` parameters are httpcore's interface, not ours to replace.
@@ -15,17 +20,22 @@ from __future__ import annotations
 import select
 import socket
 import ssl
+import time
 import typing
 
 import httpcore
 
-__all__ = ["ReadableCheckBackend"]
+__all__ = ["RECHECK_S", "ReadableCheckBackend"]
+
+RECHECK_S = 0.02
 
 
 class _Stream(httpcore.AsyncNetworkStream):
     def __init__(self, stream: httpcore.AsyncNetworkStream) -> None:
         self._stream = stream
         self._socket: socket.socket | None = stream.get_extra_info("socket")
+        self._open_at = -RECHECK_S
+        """When a poll last found the socket open (monotonic seconds)."""
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         return await self._stream.read(max_bytes, timeout)
@@ -47,7 +57,13 @@ class _Stream(httpcore.AsyncNetworkStream):
 
     def get_extra_info(self, info: str) -> typing.Any:
         if info == "is_readable":
-            return _readable(self._socket)
+            now = time.monotonic()
+            if now - self._open_at < RECHECK_S:
+                return False
+            readable = _readable(self._socket)
+            if not readable:
+                self._open_at = now
+            return readable
         return self._stream.get_extra_info(info)
 
 
