@@ -30,7 +30,6 @@ from bucketnotify.delivery.endpoints.errors import (
     RequestNotFormed,
     UndeliverableError,
 )
-from bucketnotify.delivery.endpoints.http_backend import ReadableCheckBackend
 from bucketnotify.delivery.endpoints.tls import client_context, describe_tls_failure
 
 __all__ = ["EndpointError", "HttpPusher", "cloud_event_headers", "header_value", "post_json"]
@@ -93,18 +92,14 @@ class HttpPusher(BaseEndpoint):
         verify: ssl.SSLContext | bool = True
         if self._url.scheme == "https":
             verify = client_context(verify=spec.verify_ssl, ca_pem=ca_pem)
-        transport = httpx.AsyncHTTPTransport(
+        self._client = httpx.AsyncClient(
             verify=verify,
+            timeout=httpx.Timeout(settings.message_timeout_s, connect=settings.connect_timeout_s),
             limits=httpx.Limits(
                 max_connections=settings.max_in_flight,
                 max_keepalive_connections=settings.max_in_flight,
                 keepalive_expiry=settings.keepalive_expiry_s,
             ),
-        )
-        _use_backend(transport, ReadableCheckBackend())
-        self._client = httpx.AsyncClient(
-            transport=transport,
-            timeout=httpx.Timeout(settings.message_timeout_s, connect=settings.connect_timeout_s),
             follow_redirects=False,
         )
 
@@ -122,14 +117,6 @@ class HttpPusher(BaseEndpoint):
 
     async def _close(self) -> None:
         await self._client.aclose()
-
-
-def _use_backend(transport: httpx.AsyncHTTPTransport, backend: ReadableCheckBackend) -> None:
-    # httpx takes no network backend; its pool (httpcore's) does, as this attribute.
-    pool = transport._pool
-    if not hasattr(pool, "_network_backend"):
-        raise RuntimeError(f"httpx's pool {type(pool).__name__} has no network backend to set")
-    pool._network_backend = backend
 
 
 async def post_json(
