@@ -373,14 +373,11 @@ class S3Store:
         self._unmarked[reservation.id] = (reservation, room)
         return reservation
 
-    def _writers(self) -> int:
-        return self.writers() if self.writers is not None else 0
-
     def _new_cover(
         self, queue: QueueName, limits: QueueLimits, held_entries: int, held_bytes: int, now: float
     ) -> Reservation | None:
         """The cover of a new headroom, or None when the queue is too full for one."""
-        writers = self._writers()
+        writers = self.writers() if self.writers is not None else 0
         if writers < 1:
             return None
         entries = limits.max_entries // (2 * writers) - held_entries
@@ -429,24 +426,24 @@ class S3Store:
         if any(w.shard >= shards for w in waiting):  # more shards since it was cached?
             shards, limits = await self._get_meta(queue, fresh=True)
         found, reservations, covers = await self._scan(queue)
+        # Each one granted is counted against the ones after it.
+        counted = self._counted(queue, reservations, covers)
         granted: list[tuple[_Wanted, Reservation]] = []
         for w in waiting:
             if w.granted.done():
                 continue
             try:
                 check_request(shards, w.shard, w.entries, w.size)
-                counted = self._counted(queue, reservations, covers)
                 stats = usage(shards, found, counted, w.now)
                 check_room(stats, counted, limits, w.entries, w.size, w.now)
             except (ValueError, QueueFull) as exc:
                 w.granted.set_exception(exc)
                 continue
             reservation = new_reservation(queue, w.shard, w.entries, w.size, w.now, limits)
-            reservations = [*reservations, reservation]
+            counted = [*counted, reservation]
             granted.append((w, reservation))
         now = max(w.now for w in waiting)
         current = self._headroom.get(queue)
-        counted = self._counted(queue, reservations, covers)
         cover = self._new_cover(
             queue, limits, *held(usage(shards, found, counted, now), counted, now), now
         )
