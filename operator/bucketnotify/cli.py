@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import dataclasses
 import logging
 import os
 import signal
@@ -15,11 +15,11 @@ from typing import Any
 import aiohttp
 import kopf
 from aiohttp import web
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from bucketnotify import admin, logs
 from bucketnotify.admission import PATH as ADMISSION_PATH
 from bucketnotify.admission import serve_admission
+from bucketnotify.apiserver import ApiError, ConfigError, connection_info, proxy_for
 from bucketnotify.controller import handlers
 from bucketnotify.controller.drift_loop import ObjectLocks
 from bucketnotify.controller.notifications import BucketLocks
@@ -71,18 +71,16 @@ def _configure_kopf(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.label_selectors["v1", "secrets"] = f"{WATCHED_LABEL}=true"
 
 
-async def _login(**kwargs: Any) -> kopf.AiohttpSession | None:
-    """kopf's login through kubernetes_asyncio (as its default), in a session of at most
+async def _login(**_: Any) -> kopf.AiohttpSession:
+    """kopf's login with the credentials our own API client uses, in a session of at most
     ``API_CONNECTIONS`` connections."""
-    info = await kopf.login_via_async_client(**kwargs)
-    if info is None:
-        return None
+    # No expiration: kopf logs in again on a 401, which a rotated token comes to.
+    info = dataclasses.replace(await asyncio.to_thread(connection_info), expiration=None)
     session = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=API_CONNECTIONS, ssl=info.as_ssl_context()),
         headers=info.as_http_headers(),
-        auth=info.as_aiohttp_basic_auth(),
-        proxy=info.proxy_url,
-        trust_env=info.trust_env,
+        proxy=proxy_for(info),
+        trust_env=False,
     )
     return kopf.AiohttpSession(
         aiohttp_session=session,
@@ -294,7 +292,10 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(run_operator(operator))
         elif args.command == "delivery":
             asyncio.run(run_delivery(DeliveryServiceSettings(), operator))
-    except ApiException as exc:
+    except ConfigError as exc:
+        log.error("cannot connect to the Kubernetes API server: %s", exc)
+        return 1
+    except ApiError as exc:
         if exc.status not in (401, 403):
             raise
         # In a pod a traceback here only feeds a crash loop; what to fix is the RBAC or the
@@ -305,18 +306,10 @@ def main(argv: list[str] | None = None) -> int:
             " each part needs)",
             exc.status,
             exc.reason,
-            _refusal_message(exc),
+            exc.message,
         )
         return 1
     return 0
-
-
-def _refusal_message(exc: ApiException) -> str:
-    try:
-        message = json.loads(exc.body or "{}").get("message")
-    except (ValueError, AttributeError):
-        message = None
-    return str(message or exc.reason)
 
 
 if __name__ == "__main__":

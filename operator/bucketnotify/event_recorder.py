@@ -24,11 +24,9 @@ import time
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
-from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
-
 from bucketnotify import logs
 from bucketnotify.api.common import GROUP, VERSION
+from bucketnotify.apiserver import ApiClient, ApiError, object_path
 
 __all__ = ["EventRecorder", "EventType", "ObjectRef"]
 
@@ -84,7 +82,7 @@ class EventRecorder:
 
     def __init__(
         self,
-        api: client.ApiClient,
+        api: ApiClient,
         *,
         component: str,
         instance: str,
@@ -92,8 +90,7 @@ class EventRecorder:
         series_gap_s: float = 600.0,
         flush_interval_s: float = 1.0,
     ) -> None:
-        self._core = client.CoreV1Api(api)
-        self._custom = client.CustomObjectsApi(api)
+        self._api = api
         self._component = component
         self._instance = instance
         self._update_interval_s = update_interval_s
@@ -185,7 +182,7 @@ class EventRecorder:
                     key[0],
                     key[1],
                     key[2],
-                    exc.reason if isinstance(exc, ApiException) else exc,
+                    exc.reason if isinstance(exc, ApiError) else exc,
                 )
                 series.posted_count = series.count  # do not retry this occurrence forever
             series.written = time.monotonic()
@@ -195,24 +192,22 @@ class EventRecorder:
         count, last = series.count, _timestamp(series.last)
         if series.name is not None:
             try:
-                await self._core.patch_namespaced_event(
-                    series.name,
-                    namespace,
+                await self._api.merge_patch(
+                    object_path("", "v1", "events", namespace, series.name),
                     {"count": count, "lastTimestamp": last, "message": series.text()},
-                    _content_type="application/merge-patch+json",  # type: ignore[call-arg]
                 )
                 series.posted_count = count
                 return
-            except ApiException as exc:
+            except ApiError as exc:
                 if exc.status != 404:  # 404: the API server's Event TTL removed it
                     raise
         uid = await self._uid(kind, namespace, name)
         if uid is None:
             series.posted_count = count  # the object is gone
             return
-        created = await self._core.create_namespaced_event(
-            namespace,
-            {  # type: ignore[arg-type]
+        created = await self._api.create(
+            object_path("", "v1", "events", namespace),
+            {
                 "metadata": {"generateName": f"{name}.", "namespace": namespace},
                 "involvedObject": {
                     "apiVersion": f"{GROUP}/{VERSION}",
@@ -232,17 +227,17 @@ class EventRecorder:
                 "reportingInstance": self._instance,
             },
         )
-        series.name = created.metadata.name
+        series.name = str(created["metadata"]["name"])
         series.posted_count = count
 
     async def _uid(self, kind: str, namespace: str, name: str) -> str | None:
         uid = self._uids.get((kind, namespace, name))
         if uid is None:
             try:
-                obj = await self._custom.get_namespaced_custom_object(
-                    GROUP, VERSION, namespace, PLURALS[kind], name
+                obj = await self._api.get(
+                    object_path(GROUP, VERSION, PLURALS[kind], namespace, name)
                 )
-            except ApiException as exc:
+            except ApiError as exc:
                 if exc.status == 404:
                     return None
                 raise

@@ -1,35 +1,30 @@
 """Kubernetes reads and writes the operator makes besides kopf's own: Secrets, annotations.
 
-An adapter (kubernetes_asyncio): the only module of the operator that calls the API server
-directly.
+An adapter over ``apiserver``: besides kopf, the only module of the operator that calls the
+API server.
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import logging
-import os
 import secrets
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
-
-import aiohttp
-from aiohttp.helpers import get_env_proxy_for_url
-from kubernetes_asyncio import client, config
-from kubernetes_asyncio.client.exceptions import ApiException
-from yarl import URL
 
 from bucketnotify import logs
 from bucketnotify.api.common import GROUP, VERSION, CARef
+from bucketnotify.apiserver import (
+    ApiClient,
+    ApiError,
+    connect,
+    current_namespace,
+    object_path,
+)
 
 __all__ = ["WATCHED_LABEL", "Kube", "SecretMissing", "connect", "current_namespace"]
 
 log = logging.getLogger(__name__)
-
-POD_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 LABELLED_REMEMBERED = 4096
 """Secrets whose label version ``Kube`` remembers (the watch event follows within a second)."""
@@ -40,94 +35,26 @@ WATCHED_LABEL = f"{GROUP}/watched"
 it on the Secrets it creates and on every Secret a Topic makes it read."""
 
 
+METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+"""Asks the API server for an object's metadata alone (its data never leaves the server)."""
+
+
+def _path(plural: str, namespace: str, name: str, subresource: str | None = None) -> str:
+    return object_path(GROUP, VERSION, plural, namespace, name, subresource)
+
+
+def _core_path(plural: str, namespace: str, name: str | None = None) -> str:
+    return object_path("", "v1", plural, namespace, name)
+
+
 class SecretMissing(Exception):
     """A referenced Secret or key does not exist (message names which, never a value)."""
 
 
-def _kubeconfig() -> str | None:
-    """The kubeconfig file to use; None in a pod without $KUBECONFIG (its service account).
-
-    Outside a pod ~/.kube/config, as kubectl does, so the CLI works on a workstation.
-    """
-    # The library only logs a missing file and then fails on an empty configuration, with
-    # a message about a missing key that sends people looking in the wrong place.
-    if os.environ.get("KUBECONFIG"):
-        path = os.environ["KUBECONFIG"]
-        if not any(Path(p).is_file() for p in path.split(os.pathsep)):
-            raise config.ConfigException("no file of $KUBECONFIG exists")
-        return path
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        return None
-    home = Path.home() / ".kube" / "config"
-    if not home.is_file():
-        raise config.ConfigException(f"no $KUBECONFIG, no {home}, and not in a pod")
-    return str(home)
-
-
-async def connect() -> client.ApiClient:
-    """An API client from $KUBECONFIG when set, otherwise the pod's service account."""
-    path = _kubeconfig()
-    if path is None:
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-    else:
-        await config.load_kube_config(config_file=path)
-    configuration = client.Configuration.get_default_copy()
-    # Not the library's 100: each connection keeps a 256 KiB TLS buffer, and a burst of
-    # writes (a Topic's notifications re-synced at once) would open them all and keep them.
-    configuration.connection_pool_maxsize = 16
-    _proxy_from_env(configuration)
-    api = client.ApiClient(configuration)
-    _without_env_lookups(api)
-    return api
-
-
-def _proxy_from_env(configuration: client.Configuration) -> None:
-    """$HTTPS_PROXY / $NO_PROXY for the API server, read once here instead of per request."""
-    if configuration.proxy or not configuration.host:
-        return
-    with contextlib.suppress(LookupError):
-        proxy, auth = get_env_proxy_for_url(URL(configuration.host))
-        configuration.proxy = str(proxy)
-        if auth is not None:
-            configuration.proxy_headers = {"Proxy-Authorization": auth.encode()}
-
-
-def _without_env_lookups(api: client.ApiClient) -> None:
-    """The library's session looks up the proxy and ~/.netrc again for every request
-    (``trust_env=True``), each in a thread of the loop's shared default executor: two
-    queued jobs per API call, which queued Lease renewals behind store I/O. The proxy is
-    set once by ``_proxy_from_env``; the API server takes certificates or tokens, never
-    netrc. So the same connection pool goes on in a session that does neither."""
-    rest = api.rest_client
-    session: aiohttp.ClientSession = rest.pool_manager
-    connector = session.connector
-    session.detach()  # hands the pool over without closing it
-    rest.pool_manager = aiohttp.ClientSession(
-        connector=connector,
-        trust_env=False,
-        # As the library's own: a watch event of a large object fits (etcd's bound 1.5 MiB).
-        read_bufsize=2**21,
-    )
-
-
-def current_namespace() -> str:
-    """The namespace kubectl would use: the kubeconfig context's, the pod's, else default."""
-    path = _kubeconfig()
-    if path is None:
-        try:
-            return POD_NAMESPACE_FILE.read_text().strip() or "default"
-        except OSError:
-            return "default"
-    _, current = config.list_kube_config_contexts(config_file=path)
-    namespace = ((current or {}).get("context") or {}).get("namespace")
-    return str(namespace) if namespace else "default"
-
-
 class Kube:
-    def __init__(self, api: client.ApiClient, *, label_secrets: bool = False) -> None:
+    def __init__(self, api: ApiClient, *, label_secrets: bool = False) -> None:
         """``label_secrets``: put ``WATCHED_LABEL`` on every Secret read (the operator's)."""
-        self._core = client.CoreV1Api(api)
-        self._custom = client.CustomObjectsApi(api)
+        self._api = api
         self._label_secrets = label_secrets
         self._label_refused = False
         self._labelled: OrderedDict[tuple[str, str], str] = OrderedDict()
@@ -135,14 +62,15 @@ class Kube:
 
     async def secret_data(self, namespace: str, name: str) -> dict[str, str]:
         try:
-            secret = await self._core.read_namespaced_secret(name, namespace)
-        except ApiException as exc:
+            secret = await self._api.get(_core_path("secrets", namespace, name))
+        except ApiError as exc:
             if exc.status == 404:
                 raise SecretMissing(f"Secret {namespace}/{name} does not exist") from None
             raise
-        if self._label_secrets and WATCHED_LABEL not in (secret.metadata.labels or {}):
-            await self._label_secret(namespace, name, secret.metadata.resource_version)
-        raw: dict[str, str] = secret.data or {}
+        metadata = secret["metadata"]
+        if self._label_secrets and WATCHED_LABEL not in (metadata.get("labels") or {}):
+            await self._label_secret(namespace, name, metadata["resourceVersion"])
+        raw: dict[str, str] = secret.get("data") or {}
         data = {k: base64.b64decode(v).decode() for k, v in raw.items()}
         # Whatever a driver or a URL later echoes of these, the logs will not show it.
         logs.remember_secrets(v for k, v in data.items() if logs.secret_key_name(k))
@@ -169,16 +97,16 @@ class Kube:
                 patched = await self._patch_secret(
                     namespace, name, {"labels": labels, "resourceVersion": read_version}
                 )
-            except ApiException as exc:
+            except ApiError as exc:
                 if exc.status != 409:
                     raise
                 await self._patch_secret(namespace, name, {"labels": labels})
                 return
-            self._labelled[(namespace, name)] = str(patched.metadata.resource_version)
+            self._labelled[(namespace, name)] = str(patched["metadata"]["resourceVersion"])
             self._labelled.move_to_end((namespace, name))
             while len(self._labelled) > LABELLED_REMEMBERED:
                 self._labelled.popitem(last=False)
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status == 404:
                 return  # deleted since the read: its re-creation is another story
             if exc.status != 403:
@@ -195,11 +123,8 @@ class Kube:
                 )
 
     async def _patch_secret(self, namespace: str, name: str, metadata: dict[str, Any]) -> Any:
-        return await self._core.patch_namespaced_secret(
-            name,
-            namespace,
-            {"metadata": metadata},
-            _content_type="application/merge-patch+json",  # type: ignore[call-arg]
+        return await self._api.merge_patch(
+            _core_path("secrets", namespace, name), {"metadata": metadata}
         )
 
     async def secret_key(self, namespace: str, name: str, key: str) -> str:
@@ -216,24 +141,26 @@ class Kube:
             return await self.secret_key(namespace, name, key)
         except SecretMissing:
             pass
-        body = client.V1Secret(
-            metadata=client.V1ObjectMeta(
-                name=name,
-                labels={"app.kubernetes.io/managed-by": "bucketnotify", WATCHED_LABEL: "true"},
-                owner_references=[
-                    client.V1OwnerReference(
-                        api_version=owner["apiVersion"],
-                        kind=owner["kind"],
-                        name=owner["metadata"]["name"],
-                        uid=owner["metadata"]["uid"],
-                    )
+        body = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {
+                "name": name,
+                "labels": {"app.kubernetes.io/managed-by": "bucketnotify", WATCHED_LABEL: "true"},
+                "ownerReferences": [
+                    {
+                        "apiVersion": owner["apiVersion"],
+                        "kind": owner["kind"],
+                        "name": owner["metadata"]["name"],
+                        "uid": owner["metadata"]["uid"],
+                    }
                 ],
-            ),
-            string_data={key: secrets.token_urlsafe(32)},
-        )
+            },
+            "stringData": {key: secrets.token_urlsafe(32)},
+        }
         try:
-            await self._core.create_namespaced_secret(namespace, body)
-        except ApiException as exc:
+            await self._api.create(_core_path("secrets", namespace), body)
+        except ApiError as exc:
             if exc.status != 409:  # another writer was first: use theirs
                 raise
         return await self.secret_key(namespace, name, key)
@@ -241,16 +168,14 @@ class Kube:
     async def cluster_uid(self) -> str:
         """The UID of the kube-system namespace: made once per cluster and never changed, the
         usual identity of a cluster."""
-        namespace = await self._core.read_namespace("kube-system")
-        return str(namespace.metadata.uid)
+        namespace = await self._api.get(object_path("", "v1", "namespaces", name="kube-system"))
+        return str(namespace["metadata"]["uid"])
 
     async def get_object(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         """One of our custom objects, or None when it does not exist."""
         try:
-            obj: dict[str, Any] = await self._custom.get_namespaced_custom_object(
-                GROUP, VERSION, namespace, plural, name
-            )
-        except ApiException as exc:
+            obj: dict[str, Any] = await self._api.get(_path(plural, namespace, name))
+        except ApiError as exc:
             if exc.status == 404:
                 return None
             raise
@@ -272,7 +197,7 @@ class Kube:
             body["metadata"] = {"resourceVersion": resource_version}
         try:
             await self._merge_patch(plural, namespace, name, body, status=True)
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status in (404, 409):
                 return False
             raise
@@ -280,33 +205,18 @@ class Kube:
 
     async def exists(self, kind: str, namespace: str, name: str) -> bool:
         """Whether a Topic, Secret or ConfigMap of this name exists (its content unread)."""
-        reads: dict[str, Callable[[], Awaitable[Any]]] = {
-            "Topic": lambda: self._custom.get_namespaced_custom_object(
-                GROUP, VERSION, namespace, "topics", name
-            ),
-            # Only the metadata: the webhook has no business with a Secret's data.
-            "Secret": lambda: self._core.read_namespaced_secret(
-                name, namespace, _preload_content=False
-            ),
-            "ConfigMap": lambda: self._core.read_namespaced_config_map(
-                name, namespace, _preload_content=False
-            ),
+        paths = {
+            "Topic": _path("topics", namespace, name),
+            "Secret": _core_path("secrets", namespace, name),
+            "ConfigMap": _core_path("configmaps", namespace, name),
         }
         try:
-            response = await reads[kind]()
-        except ApiException as exc:
+            # Only the metadata: the webhook has no business with a Secret's data.
+            await self._api.get(paths[kind], accept=METADATA_ONLY)
+        except ApiError as exc:
             if exc.status == 404:
                 return False
             raise
-        # Unread (_preload_content=False), the answer is the raw response: its status was
-        # not checked for us.
-        status = getattr(response, "status", 200)
-        if hasattr(response, "release"):
-            response.release()
-        if status == 404:
-            return False
-        if status >= 400:
-            raise ApiException(status=status, reason=f"reading {kind} {namespace}/{name}")
         return True
 
     async def annotate(
@@ -318,29 +228,18 @@ class Kube:
         self, plural: str, namespace: str, name: str, body: dict[str, Any], *, status: bool = False
     ) -> None:
         """A JSON merge patch of one of our custom objects (``status``: of its status)."""
-        patch = (
-            self._custom.patch_namespaced_custom_object_status
-            if status
-            else self._custom.patch_namespaced_custom_object
-        )
-        await patch(
-            GROUP,
-            VERSION,
-            namespace,
-            plural,
-            name,
-            body,
-            _content_type="application/merge-patch+json",  # type: ignore[call-arg]
+        await self._api.merge_patch(
+            _path(plural, namespace, name, "status" if status else None), body
         )
 
     async def config_map_key(self, namespace: str, name: str, key: str) -> str:
         try:
-            config_map = await self._core.read_namespaced_config_map(name, namespace)
-        except ApiException as exc:
+            config_map = await self._api.get(_core_path("configmaps", namespace, name))
+        except ApiError as exc:
             if exc.status == 404:
                 raise SecretMissing(f"ConfigMap {namespace}/{name} does not exist") from None
             raise
-        data: dict[str, str] = config_map.data or {}
+        data: dict[str, str] = config_map.get("data") or {}
         if key not in data:
             raise SecretMissing(f"ConfigMap {namespace}/{name} has no key {key!r}")
         return data[key]

@@ -1,68 +1,116 @@
 """Leader election for the operator: only the holder of a Lease runs kopf.
 
-kubernetes_asyncio's ``LeaderElection`` runs the leading coroutine as a task nobody awaits
-and ends its loop on the first unreachable API server; this module keeps both from turning
-into silent exits: a leader renews until its renew deadline as client-go's would, a failure
-of kopf ends the process with status 1, and a follower that lost the API server tries again.
+As client-go's leader election: a candidate takes the Lease when it is free, released, or
+its record (holder and renewTime) has not changed for the lease duration by the local
+clock (so clocks need not agree); the leader renews every retry period and stops once it
+could not renew for the renew deadline, which is shorter than the lease duration, so two
+leaders never act at once. Writes replace the Lease at the resourceVersion read, so of two
+candidates only one gets it. An unreachable API server is a failed attempt: a follower
+tries again, a leader until its renew deadline. A failure of kopf ends the process with
+status 1; a graceful stop hands the Lease back so a follower takes over at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
+import inspect
 import logging
+import time
 from typing import Any
 
 import aiohttp
-from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
-from kubernetes_asyncio.leaderelection import electionconfig, leaderelection
-from kubernetes_asyncio.leaderelection.leaderelectionrecord import LeaderElectionRecord
-from kubernetes_asyncio.leaderelection.resourcelock.leaselock import LeaseLock
 
+from bucketnotify.apiserver import ApiClient, ApiError, lease_path, micro_time
 from bucketnotify.settings import OperatorSettings
 
 __all__ = ["lead", "release"]
 
 log = logging.getLogger("bucketnotify")
 
-# What an unreachable or hanging API server raises instead of an ApiException.
+# What an unreachable or hanging API server raises instead of an ApiError.
 _UNREACHABLE = (aiohttp.ClientError, TimeoutError)
 
 
-class _PatientLeaseLock(LeaseLock):
-    """A LeaseLock for which an unreachable API server is a failed attempt, as a refusal
-    is: the election then retries until the renew deadline instead of ending at once."""
+class _LeaderLease:
+    def __init__(self, api: ApiClient, settings: OperatorSettings, identity: str) -> None:
+        self._api = api
+        self._settings = settings
+        self._identity = identity
+        self._path = lease_path(settings.leader_election_namespace, settings.leader_election_lease)
+        self._observed: tuple[str, str] | None = None
+        self._observed_at = 0.0
+        """The other holder's record as last seen, and the monotonic time it last changed."""
 
-    async def get(self, name: str, namespace: str) -> Any:
+    async def attempt(self) -> bool:
+        """One try to take or renew the Lease; True when this replica holds it now."""
         try:
-            return await super().get(name, namespace)
+            return await self._attempt()
+        except ApiError as exc:
+            log.warning("the leader Lease: the API server answered %s: %s", exc.status, exc.message)
         except _UNREACHABLE as exc:
-            log.warning("reading the leader Lease failed: %s", exc)
-            refusal = ApiException(status=503, reason=str(exc))
-            # The election reads the status code from the body of what get() returns.
-            refusal.body = b'{"code": 503}'
-            return False, refusal
+            log.warning("the leader Lease: the API server is unreachable: %s", exc or type(exc))
+        return False
 
-    async def create(
-        self, name: str, namespace: str, election_record: LeaderElectionRecord
-    ) -> bool:
+    async def _attempt(self) -> bool:
+        settings = self._settings
+        # One attempt must leave time to act on its answer before the renew deadline.
+        timeout = settings.retry_period_seconds
+        now = micro_time(dt.datetime.now(dt.UTC))
         try:
-            return bool(await super().create(name, namespace, election_record))
-        except _UNREACHABLE as exc:
-            log.warning("creating the leader Lease failed: %s", exc)
-            return False
+            lease = await self._api.get(self._path, request_timeout=timeout)
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {
+                    "name": settings.leader_election_lease,
+                    "namespace": settings.leader_election_namespace,
+                },
+                "spec": {
+                    "holderIdentity": self._identity,
+                    "leaseDurationSeconds": settings.lease_duration_seconds,
+                    "acquireTime": now,
+                    "renewTime": now,
+                    "leaseTransitions": 0,
+                },
+            }
+            return await self._write("POST", lease_path(settings.leader_election_namespace), body)
+        spec: dict[str, Any] = lease.setdefault("spec", {})
+        holder = spec.get("holderIdentity") or ""
+        record = (holder, str(spec.get("renewTime") or ""))
+        if record != self._observed:
+            self._observed, self._observed_at = record, time.monotonic()
+        duration = spec.get("leaseDurationSeconds") or settings.lease_duration_seconds
+        if holder and holder != self._identity and time.monotonic() - self._observed_at < duration:
+            return False  # another replica leads and renews
+        if holder != self._identity:
+            spec["acquireTime"] = now
+            spec["leaseTransitions"] = (spec.get("leaseTransitions") or 0) + 1
+        spec.update(
+            holderIdentity=self._identity,
+            leaseDurationSeconds=settings.lease_duration_seconds,
+            renewTime=now,
+        )
+        return await self._write("PUT", self._path, lease)
 
-    async def update(self, name: str, namespace: str, updated_record: LeaderElectionRecord) -> bool:
+    async def _write(self, method: str, path: str, body: dict[str, Any]) -> bool:
         try:
-            return bool(await super().update(name, namespace, updated_record))
-        except _UNREACHABLE as exc:
-            log.warning("renewing the leader Lease failed: %s", exc)
-            return False
+            await self._api.request(
+                method, path, body=body, request_timeout=self._settings.retry_period_seconds
+            )
+        except ApiError as exc:
+            if exc.status == 409:  # another candidate wrote first
+                return False
+            raise
+        return True
 
 
 async def lead(
-    api: client.ApiClient,
+    api: ApiClient,
     settings: OperatorSettings,
     identity: str,
     operator: Any,
@@ -70,99 +118,66 @@ async def lead(
 ) -> None:
     """Run ``operator`` (kopf's coroutine) while this replica holds the leader Lease; return
     once ``stop`` is set and the Lease is handed back. SystemExit(1) when the Lease was
-    lost, the election broke while leading, or the operator failed."""
-    lost = asyncio.Event()
-    led = asyncio.Event()
-    finished = asyncio.Event()
-    failed: list[BaseException] = []
-
-    async def leading() -> None:
-        led.set()
-        try:
-            await operator
-        except Exception as exc:
-            # The election runs this as a task whose result nobody reads: kept here, the
-            # failure ends the process with a non-zero status instead of vanishing.
-            log.exception("the operator failed")
-            failed.append(exc)
-        finally:
-            # kopf replaces our signal handlers once it runs; its end is our cue to stop.
-            finished.set()
-            stop.set()
-
-    async def stopped() -> None:
-        # A leader that could not renew stops before its Lease can expire (renew deadline <
-        # lease duration), so a new leader never overlaps with it.
-        log.error("lost the leader Lease %s; stopping", settings.leader_election_lease)
-        lost.set()
-
-    lock = _PatientLeaseLock(
-        settings.leader_election_lease, settings.leader_election_namespace, identity, api
-    )
-    config = electionconfig.Config(
-        lock,
-        lease_duration=settings.lease_duration_seconds,
-        renew_deadline=settings.renew_deadline_seconds,
-        retry_period=settings.retry_period_seconds,
-        onstarted_leading=leading,
-        onstopped_leading=stopped,
-    )
+    lost or the operator failed."""
+    lease = _LeaderLease(api, settings, identity)
     log.info("waiting for the leader Lease %s as %s", settings.leader_election_lease, identity)
-    stopping = asyncio.create_task(stop.wait())
-    broken: BaseException | None = None
-    while True:
-        election = asyncio.create_task(leaderelection.LeaderElection(config).run())
-        await asyncio.wait({election, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        if lost.is_set():
-            stopping.cancel()
-            raise SystemExit(1)
-        broken = election.exception() if election.done() and not election.cancelled() else None
-        if broken is None or led.is_set():
-            break
-        # kubernetes_asyncio's election ends on an unreachable API server instead of trying
-        # again. A follower leads nothing, so it just tries again; a leader stops below.
-        log.warning(
-            "the leader election failed (%s); trying again in %d s",
-            broken,
-            settings.retry_period_seconds,
-        )
+    while not await lease.attempt():
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(stopping), settings.retry_period_seconds)
+            await asyncio.wait_for(stop.wait(), settings.retry_period_seconds)
         if stop.is_set():
+            if inspect.iscoroutine(operator):
+                operator.close()  # never started
+            return
+    log.info("leading as %s (Lease %s)", identity, settings.leader_election_lease)
+    renewed = time.monotonic()
+    running: asyncio.Future[Any] = asyncio.ensure_future(operator)
+    stopping_since: float | None = None
+    while not running.done():
+        # kopf stops on ``stop`` (its stop flag); it may finish its handlers meanwhile, as
+        # long as the Lease is still ours, up to the renew deadline.
+        if stop.is_set():
+            stopping_since = stopping_since or time.monotonic()
+            if time.monotonic() - stopping_since > settings.renew_deadline_seconds:
+                break
+        await asyncio.wait({running}, timeout=settings.retry_period_seconds)
+        if running.done():
             break
-    if broken is not None and led.is_set():
-        # The leader cannot renew any more: kopf stops before the Lease can expire.
-        log.error("the leader election failed (%s); stopping", broken)
-        stop.set()
-    # Graceful stop: kopf finishes its handlers (stop flag), then the Lease is handed back so
-    # another replica takes over at once instead of after the lease duration.
-    if led.is_set():
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(finished.wait(), timeout=settings.renew_deadline_seconds)
-    election.cancel()
-    stopping.cancel()
+        sent = time.monotonic()
+        if await lease.attempt():
+            renewed = sent
+        elif time.monotonic() - renewed >= settings.renew_deadline_seconds:
+            # Stops before the Lease can expire (renew deadline < lease duration), so a new
+            # leader never overlaps with it.
+            log.error("lost the leader Lease %s; stopping", settings.leader_election_lease)
+            stop.set()
+            running.cancel()
+            raise SystemExit(1)
+    failed = False
+    if running.done() and not running.cancelled() and running.exception() is not None:
+        log.error("the operator failed", exc_info=running.exception())
+        failed = True
+    # kopf replaces our signal handlers once it runs; its end is our cue to stop.
+    stop.set()
     await release(api, settings, identity)
-    if failed or (broken is not None and led.is_set()):
+    if failed:
         raise SystemExit(1)
 
 
-async def release(api: client.ApiClient, settings: OperatorSettings, identity: str) -> None:
+async def release(api: ApiClient, settings: OperatorSettings, identity: str) -> None:
     """Hand the leader Lease back if ``identity`` holds it, so a follower takes over at once
     instead of after the lease duration; a failure only costs that wait."""
-    leases = client.CoordinationV1Api(api)
+    path = lease_path(settings.leader_election_namespace, settings.leader_election_lease)
     try:
-        lease = await leases.read_namespaced_lease(
-            settings.leader_election_lease, settings.leader_election_namespace
-        )
-        if lease.spec.holder_identity != identity:
+        lease = await api.get(path, request_timeout=settings.retry_period_seconds)
+        spec = lease.get("spec") or {}
+        if spec.get("holderIdentity") != identity:
             return
-        lease.spec.holder_identity = ""
-        lease.spec.lease_duration_seconds = 1
-        await leases.replace_namespaced_lease(
-            settings.leader_election_lease, settings.leader_election_namespace, lease
-        )
+        spec["holderIdentity"] = ""
+        spec["leaseDurationSeconds"] = 1
+        lease["spec"] = spec
+        await api.replace(path, lease, request_timeout=settings.retry_period_seconds)
         log.info("released the leader Lease %s", settings.leader_election_lease)
-    except ApiException as exc:
+    except ApiError as exc:
         log.warning("could not release the leader Lease: %s", exc.reason)
     except _UNREACHABLE as exc:
         # The API server is away: the Lease expires on its own.

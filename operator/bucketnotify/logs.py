@@ -76,7 +76,7 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"(/v1/topics/[^/\s]+/[^/\s]+/)[^/\s?#'\"]+"), rf"\1{MASK}"),
 )
 
-# Secret objects as the API server sends them (kubernetes_asyncio logs response bodies at
+# Secret objects as the API server sends them (an HTTP client may log response bodies at
 # DEBUG): the values of "data" and "stringData" are the secrets, base64 or not.
 _SECRET_OBJECT = re.compile(r'"kind":\s*"Secret(?:List)?"')
 _SECRET_DATA = re.compile(r'("(?:data|stringData)":\s*\{)[^{}]*(\})')

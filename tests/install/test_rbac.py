@@ -237,8 +237,9 @@ def samples(
 
 
 def forbidden_lines(program: Program) -> list[str]:
-    """Log lines of an apiserver refusal (ApiException "(403)\\nReason: Forbidden", kopf's
-    "Not enough permissions"); a bare 403 would match timestamps and uids."""
+    """Log lines of an apiserver refusal (an ApiError "403 Forbidden" or the apiserver's
+    message "... is forbidden: ...", kopf's "Not enough permissions"); a bare 403 would
+    match timestamps and uids."""
     refusal = re.compile(r"forbidden|\(403\)|not enough permissions", re.IGNORECASE)
     return [line for line in program.log().splitlines() if refusal.search(line)]
 

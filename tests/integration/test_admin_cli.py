@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes_asyncio import client
 
+from bucketnotify.apiserver import ApiClient, lease_path, micro_time
 from bucketnotify.delivery.ownership import LeaseSettings, Ownership, partition_of
 from bucketnotify.delivery.queue import Entry, QueueLimits, QueueName, QueueStore
 from bucketnotify.delivery.stores.localdir import LocalDirStore
@@ -54,7 +54,7 @@ def cli(kube: LocalService, crds: None) -> Cli:
 
 
 @pytest.fixture()
-async def api(kube: LocalService) -> AsyncIterator[client.ApiClient]:
+async def api(kube: LocalService) -> AsyncIterator[ApiClient]:
     async with api_client(kube["KUBECONFIG_ADMIN"]) as api:
         yield api
 
@@ -137,7 +137,7 @@ def parse_time(text: str) -> float:
 
 
 async def test_stats_show_each_shards_entries_bytes_reservations_and_owner(
-    cli: Cli, kubectl: Kubectl, namespace: str, queues: Queues, api: client.ApiClient
+    cli: Cli, kubectl: Kubectl, namespace: str, queues: Queues, api: ApiClient
 ) -> None:
     """Done when the CLI's stats match the queue: every shard's numbers, and as owner the
     live holder of its partition Lease, an expired holder as none, a released one as -."""
@@ -231,12 +231,10 @@ async def test_stats_show_each_shards_entries_bytes_reservations_and_owner(
     # clean stop).
     await b.stop(release=False)
     await a.stop(release=True)
-    coordination = client.CoordinationV1Api(api)
-    lease = await coordination.read_namespaced_lease(
-        f"bucketnotify-delivery-partition-{b_partition}", namespace
-    )
-    lease.spec.renew_time = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
-    await coordination.replace_namespaced_lease(lease.metadata.name, namespace, lease)
+    path = lease_path(namespace, f"bucketnotify-delivery-partition-{b_partition}")
+    lease = await api.get(path)
+    lease["spec"]["renewTime"] = micro_time(dt.datetime.now(dt.UTC) - dt.timedelta(hours=1))
+    await api.replace(path, lease)
 
     def after(partition: int) -> tuple[str | None, dict[str, Any] | None]:
         if partition == b_partition:

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes_asyncio import client
 
+from bucketnotify.apiserver import ApiClient
 from bucketnotify.delivery.events import COMPONENT
 from bucketnotify.delivery.queue import QueueName
 from bucketnotify.delivery.stores.localdir import LocalDirStore
@@ -313,13 +313,13 @@ def test_failure_recovery_loss_full_queue_and_missing_secret_are_topic_events_wi
 
 
 @pytest.fixture()
-async def api(kube: LocalService) -> AsyncIterator[client.ApiClient]:
+async def api(kube: LocalService) -> AsyncIterator[ApiClient]:
     async with api_client(kube["KUBECONFIG_ADMIN"]) as api:
         yield api
 
 
 async def test_a_series_of_occurrences_is_one_event_whose_count_rises(
-    api: client.ApiClient, kubectl: Kubectl, namespace: str
+    api: ApiClient, kubectl: Kubectl, namespace: str
 ) -> None:
     """200 occurrences become one Event with count 200, written at most once per update
     interval, not 200 Events; a message with a credential in a URL is redacted."""

@@ -6,13 +6,12 @@ import uuid
 from pathlib import Path
 from typing import cast
 
-from kubernetes_asyncio import client, config
-
 from bucketnotify.delivery.ownership import Ownership
 from bucketnotify.delivery.service import DeliveryService
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from bucketnotify.metrics import DeliveryMetrics
 from tests.delivery import OwnsEverything
+from tests.kubeapi import api_client
 from tests.localservices import LocalService
 
 
@@ -23,11 +22,7 @@ async def test_names_of_topics_that_do_not_exist_are_remembered_within_a_bound(
     answer is kept for a second, so a stray sender cannot turn each request into an API
     call), and however many names a sender invents, the replica remembers at most
     MAX_MISSES of them."""
-    configuration = client.Configuration()
-    await config.load_kube_config(
-        config_file=kube["KUBECONFIG_ADMIN"], client_configuration=configuration
-    )
-    async with client.ApiClient(configuration) as api:
+    async with api_client(kube["KUBECONFIG_ADMIN"]) as api:
         service = DeliveryService(
             api=api,
             store=LocalDirStore(tmp_path),

@@ -6,19 +6,23 @@ import asyncio
 import datetime as dt
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
-from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
 
-from tests.kubeapi import api_client
+from bucketnotify.apiserver import ApiClient, ApiError, lease_path, micro_time, object_path
+from tests.kubeapi import api_client, parse_micro_time
 from tests.localservices import LocalService
 
 GROUP = "smoke.bucketnotify.io"
+CRDS = object_path("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+WIDGET_CRD = object_path(
+    "apiextensions.k8s.io", "v1", "customresourcedefinitions", name=f"widgets.{GROUP}"
+)
 
 
 @pytest.fixture()
-async def admin(kube: LocalService) -> AsyncIterator[client.ApiClient]:
+async def admin(kube: LocalService) -> AsyncIterator[ApiClient]:
     async with api_client(kube["KUBECONFIG_ADMIN"]) as api:
         yield api
 
@@ -65,144 +69,130 @@ def widget_crd() -> dict[str, object]:
     }
 
 
-async def install_crd(admin: client.ApiClient) -> None:
-    ext = client.ApiextensionsV1Api(admin)
+async def install_crd(admin: ApiClient) -> None:
     try:
-        await ext.create_custom_resource_definition(widget_crd())  # type: ignore[arg-type]
-    except ApiException as exc:
+        await admin.create(CRDS, widget_crd())
+    except ApiError as exc:
         if exc.status != 409:
             raise
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        crd = await ext.read_custom_resource_definition(f"widgets.{GROUP}")
-        conditions = crd.status.conditions or []
-        if any(c.type == "Established" and c.status == "True" for c in conditions):
+        crd = await admin.get(WIDGET_CRD)
+        conditions = (crd.get("status") or {}).get("conditions") or []
+        if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
             return
         await asyncio.sleep(0.2)
     pytest.fail("the Widget CRD never became Established")
 
 
 async def test_custom_resource_round_trip_and_schema_validation(
-    admin: client.ApiClient, namespace: str
+    admin: ApiClient, namespace: str
 ) -> None:
     """A CRD with OpenAPI and CEL rules is served; good objects persist, bad ones are refused."""
     await install_crd(admin)
-    custom = client.CustomObjectsApi(admin)
+    widgets = object_path(GROUP, "v1", "widgets", namespace)
+    w1 = object_path(GROUP, "v1", "widgets", namespace, "w1")
     body = {"apiVersion": f"{GROUP}/v1", "kind": "Widget", "metadata": {"name": "w1"}}
-    await custom.create_namespaced_custom_object(
-        GROUP, "v1", namespace, "widgets", {**body, "spec": {"size": 3}}
-    )
-    got = await custom.get_namespaced_custom_object(GROUP, "v1", namespace, "widgets", "w1")
+    await admin.create(widgets, {**body, "spec": {"size": 3}})
+    got = await admin.get(w1)
     assert got["spec"] == {"size": 3}
     assert got["metadata"]["generation"] == 1
 
-    await custom.patch_namespaced_custom_object_status(
-        GROUP,
-        "v1",
-        namespace,
-        "widgets",
-        "w1",
-        {"status": {"observedGeneration": 1}},
-        _content_type="application/merge-patch+json",
-    )
-    got = await custom.get_namespaced_custom_object(GROUP, "v1", namespace, "widgets", "w1")
+    await admin.merge_patch(f"{w1}/status", {"status": {"observedGeneration": 1}})
+    got = await admin.get(w1)
     assert got["status"] == {"observedGeneration": 1}
 
-    with pytest.raises(ApiException) as refused:
-        await custom.create_namespaced_custom_object(
-            GROUP, "v1", namespace, "widgets", {**body, "spec": {"size": 11}}
-        )
+    with pytest.raises(ApiError) as refused:
+        await admin.create(widgets, {**body, "spec": {"size": 11}})
     assert refused.value.status == 422
     assert "size is at most 10" in refused.value.body
 
 
-async def test_lease_create_renew_and_conflict(admin: client.ApiClient, namespace: str) -> None:
+def lease(metadata: dict[str, str], holder: str, **spec: object) -> dict[str, Any]:
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": metadata,
+        "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15, **spec},
+    }
+
+
+async def test_lease_create_renew_and_conflict(admin: ApiClient, namespace: str) -> None:
     """Leases renew with optimistic concurrency: a stale writer gets 409, never a silent win."""
-    coordination = client.CoordinationV1Api(admin)
     now = dt.datetime.now(dt.UTC)
-    lease = await coordination.create_namespaced_lease(
-        namespace,
-        client.V1Lease(
-            metadata=client.V1ObjectMeta(name="shard-0"),
-            spec=client.V1LeaseSpec(
-                holder_identity="replica-a",
-                lease_duration_seconds=15,
-                acquire_time=now,
-                renew_time=now,
-            ),
+    created = await admin.create(
+        lease_path(namespace),
+        lease(
+            {"name": "shard-0"},
+            "replica-a",
+            acquireTime=micro_time(now),
+            renewTime=micro_time(now),
         ),
     )
-    stale_version = lease.metadata.resource_version
+    stale_version = created["metadata"]["resourceVersion"]
 
-    lease.spec.renew_time = now + dt.timedelta(seconds=5)
-    renewed = await coordination.replace_namespaced_lease("shard-0", namespace, lease)
-    assert renewed.spec.holder_identity == "replica-a"
-    assert renewed.spec.renew_time > now
-    assert renewed.metadata.resource_version != stale_version
+    created["spec"]["renewTime"] = micro_time(now + dt.timedelta(seconds=5))
+    renewed = await admin.replace(lease_path(namespace, "shard-0"), created)
+    assert renewed["spec"]["holderIdentity"] == "replica-a"
+    assert parse_micro_time(renewed["spec"]["renewTime"]) > now
+    assert renewed["metadata"]["resourceVersion"] != stale_version
 
-    takeover = client.V1Lease(
-        metadata=client.V1ObjectMeta(name="shard-0", resource_version=stale_version),
-        spec=client.V1LeaseSpec(holder_identity="replica-b", lease_duration_seconds=15),
-    )
-    with pytest.raises(ApiException) as conflict:
-        await coordination.replace_namespaced_lease("shard-0", namespace, takeover)
+    takeover = lease({"name": "shard-0", "resourceVersion": stale_version}, "replica-b")
+    with pytest.raises(ApiError) as conflict:
+        await admin.replace(lease_path(namespace, "shard-0"), takeover)
     assert conflict.value.status == 409
-    current = await coordination.read_namespaced_lease("shard-0", namespace)
-    assert current.spec.holder_identity == "replica-a"
+    current = await admin.get(lease_path(namespace, "shard-0"))
+    assert current["spec"]["holderIdentity"] == "replica-a"
 
 
 async def test_rbac_refuses_a_user_without_rights_until_granted(
-    kube: LocalService, admin: client.ApiClient, namespace: str
+    kube: LocalService, admin: ApiClient, namespace: str
 ) -> None:
     """RBAC is really enforced: a user without a binding is refused, a Role grants exactly that."""
+    rbac = "rbac.authorization.k8s.io"
     async with api_client(kube["KUBECONFIG_NOBODY"]) as nobody:
-        with pytest.raises(ApiException) as refused:
-            await client.CoordinationV1Api(nobody).list_namespaced_lease(namespace)
+        with pytest.raises(ApiError) as refused:
+            await nobody.get(lease_path(namespace))
         assert refused.value.status == 403
         assert "bucketnotify-nobody" in refused.value.body
 
-        rbac = client.RbacAuthorizationV1Api(admin)
-        await rbac.create_namespaced_role(
-            namespace,
-            client.V1Role(
-                metadata=client.V1ObjectMeta(name="lease-reader"),
-                rules=[
-                    client.V1PolicyRule(
-                        api_groups=["coordination.k8s.io"], resources=["leases"], verbs=["list"]
-                    )
+        await admin.create(
+            object_path(rbac, "v1", "roles", namespace),
+            {
+                "apiVersion": f"{rbac}/v1",
+                "kind": "Role",
+                "metadata": {"name": "lease-reader"},
+                "rules": [
+                    {
+                        "apiGroups": ["coordination.k8s.io"],
+                        "resources": ["leases"],
+                        "verbs": ["list"],
+                    }
                 ],
-            ),
+            },
         )
-        await rbac.create_namespaced_role_binding(
-            namespace,
-            client.V1RoleBinding(
-                metadata=client.V1ObjectMeta(name="lease-reader"),
-                role_ref=client.V1RoleRef(
-                    api_group="rbac.authorization.k8s.io", kind="Role", name="lease-reader"
-                ),
-                subjects=[
-                    client.RbacV1Subject(
-                        kind="User",
-                        name="bucketnotify-nobody",
-                        api_group="rbac.authorization.k8s.io",
-                    )
-                ],
-            ),
+        await admin.create(
+            object_path(rbac, "v1", "rolebindings", namespace),
+            {
+                "apiVersion": f"{rbac}/v1",
+                "kind": "RoleBinding",
+                "metadata": {"name": "lease-reader"},
+                "roleRef": {"apiGroup": rbac, "kind": "Role", "name": "lease-reader"},
+                "subjects": [{"kind": "User", "name": "bucketnotify-nobody", "apiGroup": rbac}],
+            },
         )
         deadline = time.monotonic() + 10
         while True:
             try:
-                await client.CoordinationV1Api(nobody).list_namespaced_lease(namespace)
+                await nobody.get(lease_path(namespace))
                 break
-            except ApiException as exc:
+            except ApiError as exc:
                 # The RBAC authorizer reads bindings from an informer cache: allow it to catch up.
                 if exc.status != 403 or time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.2)
 
         # The grant is exactly "list leases in this namespace": writing one is still refused.
-        with pytest.raises(ApiException) as still_refused:
-            await client.CoordinationV1Api(nobody).create_namespaced_lease(
-                namespace, client.V1Lease(metadata=client.V1ObjectMeta(name="x"))
-            )
+        with pytest.raises(ApiError) as still_refused:
+            await nobody.create(lease_path(namespace), {"metadata": {"name": "x"}})
         assert still_refused.value.status == 403

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from kubernetes_asyncio import client
 
+from bucketnotify.apiserver import ApiClient, lease_path
 from bucketnotify.delivery.ownership import LeaseSettings, Ownership
 from tests.kubeapi import api_client
 from tests.localservices import LocalService
@@ -18,7 +18,7 @@ FAST = dict(partitions=12, lease_duration_s=4, renew_interval_s=1.0, renew_deadl
 
 
 @pytest.fixture()
-async def api(kube: LocalService) -> AsyncIterator[client.ApiClient]:
+async def api(kube: LocalService) -> AsyncIterator[ApiClient]:
     async with api_client(kube["KUBECONFIG_ADMIN"]) as api:
         yield api
 
@@ -38,7 +38,7 @@ def holders(replicas: list[Ownership]) -> dict[int, list[str]]:
 
 
 async def test_three_replicas_spread_evenly_and_never_share_a_partition(
-    api: client.ApiClient, namespace: str
+    api: ApiClient, namespace: str
 ) -> None:
     settings = LeaseSettings(namespace=namespace, **FAST)  # type: ignore[arg-type]
     replicas = [Ownership(api, f"r{i}", settings) for i in range(3)]
@@ -50,7 +50,7 @@ async def test_three_replicas_spread_evenly_and_never_share_a_partition(
 
 
 async def test_a_newcomer_gets_its_share_and_a_clean_stop_hands_over_at_once(
-    api: client.ApiClient, namespace: str
+    api: ApiClient, namespace: str
 ) -> None:
     settings = LeaseSettings(namespace=namespace, **FAST)  # type: ignore[arg-type]
     first = Ownership(api, "first", settings)
@@ -67,7 +67,7 @@ async def test_a_newcomer_gets_its_share_and_a_clean_stop_hands_over_at_once(
 
 
 async def test_a_silent_replica_is_fenced_before_its_partitions_move(
-    api: client.ApiClient, namespace: str
+    api: ApiClient, namespace: str
 ) -> None:
     """A replica that stops renewing (crash, SIGSTOP, lost API server) stops owning after
     the renew deadline, before the lease duration lets another replica take over."""
@@ -99,7 +99,7 @@ async def test_a_silent_replica_is_fenced_before_its_partitions_move(
 
 
 async def test_after_an_outage_longer_than_the_lease_every_replica_keeps_its_partitions(
-    api: client.ApiClient, namespace: str
+    api: ApiClient, namespace: str
 ) -> None:
     """No round reaches the API server for longer than the lease duration (an outage seen
     by all): when they get through again, one after the other, every Lease looks expired,
@@ -129,7 +129,7 @@ async def test_after_an_outage_longer_than_the_lease_every_replica_keeps_its_par
 
 
 async def test_one_renewal_that_hangs_does_not_fence_the_other_partitions(
-    api: client.ApiClient, namespace: str, monkeypatch: pytest.MonkeyPatch
+    api: ApiClient, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Renewals go out together: a call stuck on one partition's Lease (a slow API server,
     a stalled connection) fences that partition alone, not every one renewed after it."""
@@ -144,15 +144,18 @@ async def test_one_renewal_that_hangs_does_not_fence_the_other_partitions(
     await settle([replica], rounds=2)
     assert replica.owned() == set(range(6))
     stuck = next(iter(replica._held))  # renewed first when renewals take turns
-    real = replica._leases.replace_namespaced_lease
+    stuck_lease = lease_path(namespace, f"{settings.group}-partition-{stuck}")
+    real = api.request
     forever = asyncio.Event()
 
-    async def replace(name: str, *args: Any, **kwargs: Any) -> Any:
-        if name == f"{settings.group}-partition-{stuck}":
+    async def request(method: str, path: str, **kwargs: Any) -> Any:
+        # A write of that Lease (a renewal replaces it) never gets an answer.
+        if method in ("PUT", "PATCH") and path == stuck_lease:
             await forever.wait()
-        return await real(name, *args, **kwargs)
+        return await real(method, path, **kwargs)
 
-    monkeypatch.setattr(replica._leases, "replace_namespaced_lease", replace)
+    # This replica's only client: every call of it goes through request().
+    monkeypatch.setattr(api, "request", request)
     # The replica's own renewal loop, as the delivery service runs it.
     await replica.start()
     try:

@@ -11,13 +11,13 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from kubernetes_asyncio import client as k8s_client
-from kubernetes_asyncio import config as k8s_config
 
 from bucketnotify import leadership
+from bucketnotify.apiserver import lease_path
 from bucketnotify.gateway.errors import GatewayAccessDenied
 from bucketnotify.gateway.topics import GatewayTopic, TopicClient
 from bucketnotify.settings import OperatorSettings
+from tests.kubeapi import api_client
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.operator import DRIFT_INTERVAL_S, StartOperator
@@ -582,8 +582,6 @@ async def test_a_leader_whose_operator_fails_ends_with_a_non_zero_status(
 ) -> None:
     """The leader election runs the operator as a task nobody awaits; a failure there must
     end the process with status 1, not 0 (the Lease is handed back first)."""
-    await k8s_config.load_kube_config(config_file=kube["KUBECONFIG_ADMIN"])
-    api = k8s_client.ApiClient()
     settings = OperatorSettings(
         leader_election_namespace=namespace,
         lease_duration_seconds=4,
@@ -594,16 +592,12 @@ async def test_a_leader_whose_operator_fails_ends_with_a_non_zero_status(
     async def failing_operator() -> None:
         raise RuntimeError("kopf stand-in failed")
 
-    try:
+    async with api_client(kube["KUBECONFIG_ADMIN"]) as api:
         # Awaited in this task (no wait_for): asyncio lets a SystemExit raised in another
         # task escape the event loop instead of reaching the awaiter.
         with pytest.raises(SystemExit) as ended:
             async with asyncio.timeout(30):
                 await leadership.lead(api, settings, "failing", failing_operator(), asyncio.Event())
         assert ended.value.code == 1
-        lease = await k8s_client.CoordinationV1Api(api).read_namespaced_lease(
-            settings.leader_election_lease, namespace
-        )
-        assert lease.spec.holder_identity in ("", None)
-    finally:
-        await api.close()
+        lease = await api.get(lease_path(namespace, settings.leader_election_lease))
+        assert lease["spec"].get("holderIdentity") in ("", None)

@@ -11,8 +11,8 @@ from typing import Any, cast
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from kubernetes_asyncio import client
 
+from bucketnotify.apiserver import ApiClient
 from bucketnotify.delivery.ingest import MAX_BODY_BYTES, Ingest, IngestTopic, build_app, event_id
 from bucketnotify.delivery.ownership import Ownership
 from bucketnotify.delivery.queue import QueueLimits, QueueName, shard_of
@@ -22,6 +22,7 @@ from bucketnotify.delivery.stores.s3 import S3Store
 from bucketnotify.gateway.connection import GatewayConnection
 from devstack.programs import free_port
 from tests.delivery import OwnsEverything
+from tests.kubeapi import unreachable_api
 from tests.records import event
 
 TopicKeyT = tuple[str, str]
@@ -205,14 +206,21 @@ def test_a_replaced_token_is_taken_until_its_overlap_ends() -> None:
     assert expired.accepts("new") and not expired.accepts("old")
 
 
+@pytest.fixture()
+async def api() -> AsyncIterator[ApiClient]:
+    """A client that never reaches an API server (the reads in question are stubbed)."""
+    async with unreachable_api() as api:
+        yield api
+
+
 async def test_pushes_during_a_token_reread_wait_for_it_and_one_read_serves_them(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, api: ApiClient
 ) -> None:
     """After a rotation the gateway sends many pushes with the new token at once: the first
     makes the replica read the token Secret, the others wait for that read (none refused),
     and a second read comes no sooner than a second later."""
     service = DeliveryService(
-        api=client.ApiClient(),
+        api=api,
         store=LocalDirStore(tmp_path),
         ownership=cast(Ownership, OwnsEverything()),
         namespaces=[],

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import logging
 from collections.abc import Iterator
 
+import kopf
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from bucketnotify import logs
+from bucketnotify.apiserver import ApiClient
+from bucketnotify.kube import Kube
 
 
 @pytest.fixture()
@@ -82,8 +88,8 @@ def test_remembered_secrets_are_redacted_in_base64_too() -> None:
 
 
 def test_secret_objects_in_api_responses_lose_their_data() -> None:
-    """kubernetes_asyncio logs response bodies at DEBUG, a Secret read before any of its
-    values could be remembered included."""
+    """An API server's answer may reach a log line (an HTTP client's DEBUG output, an
+    error's body), a Secret read before any of its values could be remembered included."""
     body = (
         'response body: b\'{"kind":"Secret","apiVersion":"v1","metadata":'
         '{"name":"t-ingest-token"},"data":{"token":"bmV2ZXItc2Vlbg=="},'
@@ -95,6 +101,59 @@ def test_secret_objects_in_api_responses_lose_their_data() -> None:
     # Other objects keep their data: a ConfigMap's is no secret.
     config_map = '{"kind":"ConfigMap","data":{"ca.crt":"PEM"}}'
     assert logs.redact(config_map) == config_map
+
+
+async def test_a_secret_read_through_kube_at_debug_logs_none_of_its_values(
+    captured: tuple[logging.Logger, io.StringIO], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator's own Secret read (``Kube`` over ``apiserver.ApiClient``) with DEBUG on
+    for aiohttp and bucketnotify: the log shows neither the Secret's values (plain or base64,
+    as its ``data`` holds them) nor the bearer token the client logs in with."""
+    _, stream = captured
+    for variable in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy"):
+        monkeypatch.delenv(variable, raising=False)
+    values = {"token": "n3ver-seen-ingest-token", "password": "n3ver-seen-password"}
+    bearer = "n3ver-seen-bearer-token"
+    authorizations: list[str | None] = []
+
+    async def read_secret(request: web.Request) -> web.Response:
+        authorizations.append(request.headers.get("Authorization"))
+        return web.json_response(
+            {
+                "kind": "Secret",
+                "apiVersion": "v1",
+                "metadata": {
+                    "name": request.match_info["name"],
+                    "namespace": request.match_info["namespace"],
+                    "resourceVersion": "7",
+                },
+                "data": {k: base64.b64encode(v.encode()).decode() for k, v in values.items()},
+                "type": "Opaque",
+            }
+        )
+
+    app = web.Application()
+    app.router.add_get("/api/v1/namespaces/{namespace}/secrets/{name}", read_secret)
+    debug = [logging.getLogger(name) for name in ("aiohttp", "bucketnotify")]
+    saved = [logger.level for logger in debug]
+    for logger in debug:
+        logger.setLevel(logging.DEBUG)
+    try:
+        assert logging.getLogger("aiohttp.client").isEnabledFor(logging.DEBUG)
+        assert logging.getLogger("bucketnotify.kube").isEnabledFor(logging.DEBUG)
+        async with TestServer(app) as server:
+            info = kopf.ConnectionInfo(server=str(server.make_url("")).rstrip("/"), token=bearer)
+            async with ApiClient(info) as api:
+                data = await Kube(api).secret_data("team-a", "t-ingest-token")
+    finally:
+        for logger, level in zip(debug, saved, strict=True):
+            logger.setLevel(level)
+    assert data == values
+    assert authorizations == [f"Bearer {bearer}"]
+    logged = stream.getvalue()
+    for value in (*values.values(), bearer):
+        assert value not in logged
+        assert base64.b64encode(value.encode()).decode() not in logged
 
 
 def test_secret_key_names() -> None:

@@ -7,9 +7,10 @@ import json
 from pathlib import Path
 from typing import cast
 
+import kopf
 from aiohttp.test_utils import TestClient, TestServer
-from kubernetes_asyncio import client
 
+from bucketnotify.apiserver import ApiClient
 from bucketnotify.delivery.endpoints.base import Delivery
 from bucketnotify.delivery.endpoints.errors import RejectedError, UndeliverableError
 from bucketnotify.delivery.endpoints.testing import MockEndpoint
@@ -21,6 +22,7 @@ from bucketnotify.delivery.stores.localdir import LocalDirStore
 from bucketnotify.delivery.worker import DeliveredCache, DeliveryPolicy
 from bucketnotify.metrics import DeliveryMetrics, OperatorMetrics
 from tests.delivery import Samples, samples
+from tests.kubeapi import UNREACHABLE
 from tests.records import event
 
 TOKEN = "t0ken-0123456789"
@@ -88,7 +90,7 @@ async def test_rounds_count_pushes_losses_retries_and_duplicates_exactly(tmp_pat
     maxRetries 2, 1 undeliverable: every counter, gauge and histogram count is exact."""
     store = LocalDirStore(tmp_path)
     metrics = DeliveryMetrics()
-    api = client.ApiClient()
+    api = ApiClient(kopf.ConnectionInfo(server=UNREACHABLE))
     service = DeliveryService(
         api=api,
         store=store,

@@ -7,7 +7,6 @@ writes nothing but the deletion ``topic rm`` asks for.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,14 +15,12 @@ from typing import Any, Literal, TypeVar
 
 import aiohttp
 import yaml
-from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
-from kubernetes_asyncio.config import ConfigException
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings, SettingsError
 
 from bucketnotify.admin.errors import AdminError, NotFound, Unreachable
 from bucketnotify.api.common import GROUP, VERSION
+from bucketnotify.apiserver import ApiClient, ApiError, ConfigError, object_path
 from bucketnotify.delivery.ownership import LeaseHolder, LeaseSettings, partition_holders
 from bucketnotify.delivery.queue import Entry, QueueName, QueueNotFound, QueueStats, QueueStore
 from bucketnotify.delivery.stores.open import StoreConfigError, store_for
@@ -51,7 +48,7 @@ S = TypeVar("S", bound=BaseSettings)
 def _configuration_errors() -> Iterator[None]:
     try:
         yield
-    except (ConfigException, OSError, yaml.YAMLError) as exc:
+    except (ConfigError, OSError, yaml.YAMLError) as exc:
         raise Unreachable(f"cannot read the Kubernetes configuration: {exc}") from None
 
 
@@ -60,21 +57,11 @@ def default_namespace() -> str:
         return current_namespace()
 
 
-def _api_message(exc: ApiException) -> str:
-    """The API server's own sentence (a Status message), else the HTTP reason."""
-    try:
-        message = json.loads(exc.body or "").get("message")
-    except (ValueError, AttributeError):
-        message = None
-    return str(message or exc.reason)
-
-
 class Cluster:
     """Custom objects and Leases through one API client; ``async with`` closes it."""
 
-    def __init__(self, api: client.ApiClient, request_timeout: float) -> None:
+    def __init__(self, api: ApiClient, request_timeout: float) -> None:
         self._api = api
-        self._custom = client.CustomObjectsApi(api)
         self._timeout = request_timeout
 
     @classmethod
@@ -98,19 +85,18 @@ class Cluster:
     def _errors(self, not_found: str) -> Iterator[None]:
         try:
             yield
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status == 404:
                 raise NotFound(not_found) from None
             if exc.status == 403:
                 # The server was reached and said no: the user's to fix (RBAC), not a fault.
-                raise AdminError(f"forbidden: {_api_message(exc)}") from None
+                raise AdminError(f"forbidden: {exc.message}") from None
             raise Unreachable(
-                f"the API server answered {exc.status} {exc.reason}: {_api_message(exc)}"
+                f"the API server answered {exc.status} {exc.reason}: {exc.message}"
             ) from None
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise Unreachable(
-                f"cannot reach the API server at {self._api.configuration.host}: "
-                f"{exc or type(exc).__name__}"
+                f"cannot reach the API server at {self._api.server}: {exc or type(exc).__name__}"
             ) from None
 
     async def list(self, kind: Kind, namespace: str | None) -> list[dict[str, Any]]:
@@ -118,29 +104,26 @@ class Cluster:
         plural = PLURALS[kind]
         missing = f"the API server does not serve {plural}.{GROUP}: apply crds/ first"
         with self._errors(missing):
-            if namespace is None:
-                listed = await self._custom.list_cluster_custom_object(
-                    GROUP, VERSION, plural, _request_timeout=self._timeout
-                )
-            else:
-                listed = await self._custom.list_namespaced_custom_object(
-                    GROUP, VERSION, namespace, plural, _request_timeout=self._timeout
-                )
+            listed = await self._api.get(
+                object_path(GROUP, VERSION, plural, namespace), request_timeout=self._timeout
+            )
         items: list[dict[str, Any]] = listed["items"]
         return sorted(items, key=lambda o: (o["metadata"]["namespace"], o["metadata"]["name"]))
 
     async def get(self, kind: Kind, namespace: str, name: str) -> dict[str, Any]:
         with self._errors(f"{kind} {namespace}/{name} not found"):
-            obj: dict[str, Any] = await self._custom.get_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURALS[kind], name, _request_timeout=self._timeout
+            obj: dict[str, Any] = await self._api.get(
+                object_path(GROUP, VERSION, PLURALS[kind], namespace, name),
+                request_timeout=self._timeout,
             )
         return obj
 
     async def delete(self, kind: Kind, namespace: str, name: str) -> bool:
         """Delete the object; True when it is gone, False while finalizers hold it."""
         with self._errors(f"{kind} {namespace}/{name} not found"):
-            answer: dict[str, Any] = await self._custom.delete_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURALS[kind], name, _request_timeout=self._timeout
+            answer: dict[str, Any] = await self._api.delete(
+                object_path(GROUP, VERSION, PLURALS[kind], namespace, name),
+                request_timeout=self._timeout,
             )
         # A Status when it went at once; the object, with its deletionTimestamp, otherwise.
         return answer.get("kind") == "Status" or not answer.get("metadata", {}).get("finalizers")

@@ -61,9 +61,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
-
+from bucketnotify.apiserver import ApiClient, ApiError, lease_path, micro_time
 from bucketnotify.delivery.queue import QueueName
 
 __all__ = [
@@ -110,18 +108,30 @@ def partition_lease_name(group: str, partition: int) -> str:
     return f"{group}-partition-{partition}"
 
 
+Lease = dict[str, Any]
+"""A coordination.k8s.io/v1 Lease as the API server sends it."""
+
+
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-def _expired(lease: Any, now: dt.datetime) -> bool:
-    spec = lease.spec
-    if not spec.holder_identity or spec.renew_time is None:
+def _holder(lease: Lease) -> str:
+    return str(lease.get("spec", {}).get("holderIdentity") or "")
+
+
+def _expired(lease: Lease, now: dt.datetime) -> bool:
+    spec = lease.get("spec", {})
+    if not spec.get("holderIdentity") or not spec.get("renewTime"):
         return True
-    renewed: dt.datetime = spec.renew_time
+    renewed = dt.datetime.fromisoformat(spec["renewTime"])
     if renewed.tzinfo is None:
         renewed = renewed.replace(tzinfo=dt.UTC)
-    return renewed + dt.timedelta(seconds=spec.lease_duration_seconds or 0) < now
+    return renewed + dt.timedelta(seconds=spec.get("leaseDurationSeconds") or 0) < now
+
+
+def _labels(lease: Lease) -> dict[str, str]:
+    return lease["metadata"].get("labels") or {}
 
 
 class Ownership:
@@ -129,7 +139,7 @@ class Ownership:
 
     def __init__(
         self,
-        api: client.ApiClient,
+        api: ApiClient,
         identity: str,
         settings: LeaseSettings,
         before_release: Callable[[int], Awaitable[None]] | None = None,
@@ -140,7 +150,7 @@ class Ownership:
         """``host:port`` other replicas reach this one at; None: it takes no wake-ups."""
         """Awaited between fencing a partition we hand back and releasing its Lease: the
         round that was running on it finishes its removals before the next owner starts."""
-        self._leases = client.CoordinationV1Api(api)
+        self._api = api
         self.identity = identity
         self.settings = settings
         # partition -> monotonic time of the last successful renewal
@@ -234,30 +244,35 @@ class Ownership:
     def _partition_name(self, partition: int) -> str:
         return partition_lease_name(self.settings.group, partition)
 
-    def _body(self, name: str, role: str, holder: str, now: dt.datetime) -> client.V1Lease:
+    def _body(self, name: str, role: str, holder: str, now: dt.datetime) -> Lease:
         advertised = self.address if role == "member" else None
-        return client.V1Lease(
-            metadata=client.V1ObjectMeta(
-                name=name,
-                labels={ROLE_LABEL: role, GROUP_LABEL: self.settings.group},
-                annotations={ADDRESS_ANNOTATION: advertised} if advertised else None,
-            ),
-            spec=client.V1LeaseSpec(
-                holder_identity=holder,
-                lease_duration_seconds=self.settings.lease_duration_s,
-                acquire_time=now,
-                renew_time=now,
-            ),
-        )
+        metadata: dict[str, Any] = {
+            "name": name,
+            "labels": {ROLE_LABEL: role, GROUP_LABEL: self.settings.group},
+        }
+        if advertised:
+            metadata["annotations"] = {ADDRESS_ANNOTATION: advertised}
+        return {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": metadata,
+            "spec": {
+                "holderIdentity": holder,
+                "leaseDurationSeconds": self.settings.lease_duration_s,
+                "acquireTime": micro_time(now),
+                "renewTime": micro_time(now),
+            },
+        }
 
     async def tick(self) -> None:
         """Renew what we hold, then take or give partitions towards our fair share."""
         ns = self.settings.namespace
         await self._renew_member(_now())
         selector = f"{GROUP_LABEL}={self.settings.group}"
-        listed = await self._leases.list_namespaced_lease(
-            ns, label_selector=selector, _request_timeout=self._timeout
+        listed = await self._api.get(
+            lease_path(ns), params={"labelSelector": selector}, request_timeout=self._timeout
         )
+        items: list[Lease] = listed["items"]
         now = _now()
         reached = time.monotonic()
         if self._reached is not None and reached - self._reached > self.settings.renew_deadline_s:
@@ -271,25 +286,25 @@ class Ownership:
         settling = reached < self._settling_until
         members = [
             lease
-            for lease in listed.items
-            if lease.metadata.labels.get(ROLE_LABEL) == "member" and not _expired(lease, now)
+            for lease in items
+            if _labels(lease).get(ROLE_LABEL) == "member" and not _expired(lease, now)
         ]
         self.members = len(members)
         live = max(1, len(members))
         share = math.ceil(self.settings.partitions / live)
         partitions = {
-            lease.metadata.name: lease
-            for lease in listed.items
-            if lease.metadata.labels.get(ROLE_LABEL) == "partition"
+            lease["metadata"]["name"]: lease
+            for lease in items
+            if _labels(lease).get(ROLE_LABEL) == "partition"
         }
         self._addresses = {
-            lease.spec.holder_identity: address
+            _holder(lease): address
             for lease in members
-            if (address := (lease.metadata.annotations or {}).get(ADDRESS_ANNOTATION))
+            if (address := (lease["metadata"].get("annotations") or {}).get(ADDRESS_ANNOTATION))
         }
         numbers = {self._partition_name(p): p for p in range(self.settings.partitions)}
         self._holders = {
-            numbers[name]: lease.spec.holder_identity
+            numbers[name]: _holder(lease)
             for name, lease in partitions.items()
             if name in numbers and not _expired(lease, now)
         }
@@ -299,7 +314,7 @@ class Ownership:
         lost = []
         for partition in list(self._held):
             lease = partitions.get(self._partition_name(partition))
-            if lease is None or lease.spec.holder_identity != self.identity:
+            if lease is None or _holder(lease) != self.identity:
                 self._held.pop(partition, None)
                 lost.append(partition)
             elif partition not in self._renewing:
@@ -346,7 +361,7 @@ class Ownership:
     def _timeout(self) -> float:
         return self.settings.renew_deadline_s
 
-    async def _renew(self, partition: int, lease: Any) -> None:
+    async def _renew(self, partition: int, lease: Lease) -> None:
         """One held partition: renewed (its deadline runs from now), lost, or left as it
         was when the call failed (the deadline runs on from the last renewal)."""
         sent = time.monotonic()
@@ -378,10 +393,10 @@ class Ownership:
     async def _renew_member(self, now: dt.datetime) -> None:
         name = self._member_name(self.identity)
         try:
-            lease = await self._leases.read_namespaced_lease(
-                name, self.settings.namespace, _request_timeout=self._timeout
+            lease = await self._api.get(
+                lease_path(self.settings.namespace, name), request_timeout=self._timeout
             )
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status != 404:
                 raise
             if await self._create(self._body(name, "member", self.identity, now)):
@@ -389,36 +404,41 @@ class Ownership:
             return
         if self.address:
             # A restarted replica of the same name may listen elsewhere now.
-            lease.metadata.annotations = {
-                **(lease.metadata.annotations or {}),
+            metadata = lease["metadata"]
+            metadata["annotations"] = {
+                **(metadata.get("annotations") or {}),
                 ADDRESS_ANNOTATION: self.address,
             }
         if await self._write(lease, self.identity, now, renew=True):
             self.joined = True
 
-    async def _create(self, body: client.V1Lease) -> bool:
+    async def _create(self, body: Lease) -> bool:
         try:
-            await self._leases.create_namespaced_lease(
-                self.settings.namespace, body, _request_timeout=self._timeout
+            await self._api.create(
+                lease_path(self.settings.namespace), body, request_timeout=self._timeout
             )
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status == 409:
                 return False  # someone else was faster
             raise
         return True
 
-    async def _write(self, lease: Any, holder: str, now: dt.datetime, *, renew: bool) -> bool:
-        """Replace with optimistic concurrency: a concurrent writer makes this return False."""
+    async def _write(self, lease: Lease, holder: str, now: dt.datetime, *, renew: bool) -> bool:
+        """Replace with optimistic concurrency (the resourceVersion read goes with it): a
+        concurrent writer makes this return False."""
+        spec = lease.setdefault("spec", {})
         if not renew:
-            lease.spec.acquire_time = now
-        lease.spec.holder_identity = holder
-        lease.spec.renew_time = now
-        lease.spec.lease_duration_seconds = self.settings.lease_duration_s
+            spec["acquireTime"] = micro_time(now)
+        spec["holderIdentity"] = holder
+        spec["renewTime"] = micro_time(now)
+        spec["leaseDurationSeconds"] = self.settings.lease_duration_s
         try:
-            await self._leases.replace_namespaced_lease(
-                lease.metadata.name, self.settings.namespace, lease, _request_timeout=self._timeout
+            await self._api.replace(
+                lease_path(self.settings.namespace, lease["metadata"]["name"]),
+                lease,
+                request_timeout=self._timeout,
             )
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status in (404, 409):
                 return False
             raise
@@ -426,13 +446,14 @@ class Ownership:
 
     async def _release(self, name: str) -> None:
         try:
-            lease = await self._leases.read_namespaced_lease(name, self.settings.namespace)
-            if lease.spec.holder_identity != self.identity:
+            path = lease_path(self.settings.namespace, name)
+            lease = await self._api.get(path)
+            if _holder(lease) != self.identity:
                 return
             # An empty holder is free at once for everyone (see _expired).
-            lease.spec.holder_identity = ""
-            await self._leases.replace_namespaced_lease(name, self.settings.namespace, lease)
-        except ApiException as exc:
+            lease["spec"]["holderIdentity"] = ""
+            await self._api.replace(path, lease)
+        except ApiError as exc:
             if exc.status not in (404, 409):
                 log.warning("could not release Lease %s: %s", name, exc.reason)
 
@@ -448,20 +469,18 @@ class LeaseHolder:
 
 
 async def partition_holders(
-    api: client.ApiClient, settings: LeaseSettings, *, request_timeout: float | None = None
+    api: ApiClient, settings: LeaseSettings, *, request_timeout: float | None = None
 ) -> dict[int, LeaseHolder]:
     """The holders of the partition Leases that exist (one LIST), for people looking on."""
-    listed = await client.CoordinationV1Api(api).list_namespaced_lease(
-        settings.namespace,
-        label_selector=f"{GROUP_LABEL}={settings.group},{ROLE_LABEL}=partition",
-        _request_timeout=request_timeout,
+    listed = await api.get(
+        lease_path(settings.namespace),
+        params={"labelSelector": f"{GROUP_LABEL}={settings.group},{ROLE_LABEL}=partition"},
+        request_timeout=request_timeout,
     )
     now = _now()
     names = {partition_lease_name(settings.group, p): p for p in range(settings.partitions)}
     return {
-        names[lease.metadata.name]: LeaseHolder(
-            lease.spec.holder_identity or "", _expired(lease, now)
-        )
-        for lease in listed.items
-        if lease.metadata.name in names
+        names[lease["metadata"]["name"]]: LeaseHolder(_holder(lease), _expired(lease, now))
+        for lease in listed["items"]
+        if lease["metadata"]["name"] in names
     }

@@ -62,10 +62,10 @@ from types import TracebackType
 from typing import Any, Self
 
 from aiohttp import web
-from kubernetes_asyncio import client
 
 from bucketnotify.api.common import GROUP, VERSION
 from bucketnotify.api.topic import TopicSpec
+from bucketnotify.apiserver import ApiClient, ApiError, object_path
 from bucketnotify.controller.topic_builder import (
     INGEST_TOKEN_KEY,
     PREVIOUS_TOKEN_KEY,
@@ -226,7 +226,7 @@ class DeliveryService:
     def __init__(
         self,
         *,
-        api: client.ApiClient,
+        api: ApiClient,
         store: QueueStore,
         ownership: Ownership,
         namespaces: list[str],
@@ -240,7 +240,7 @@ class DeliveryService:
         self._allow_cleartext = allow_cleartext_secrets
         self._recorder = recorder
         """Delivery records of the ingest's commits and of every round (never raises)."""
-        self._custom = client.CustomObjectsApi(api)
+        self._api = api
         self._kube = Kube(api)
         self._store = store
         self._ownership = ownership
@@ -319,12 +319,12 @@ class DeliveryService:
 
     async def _list_topics(self) -> list[dict[str, Any]]:
         if not self._namespaces:
-            listed = await self._custom.list_cluster_custom_object(GROUP, VERSION, "topics")
+            listed = await self._api.get(object_path(GROUP, VERSION, "topics"))
             items: list[dict[str, Any]] = listed["items"]
             return items
         found: list[dict[str, Any]] = []
         for ns in self._namespaces:
-            listed = await self._custom.list_namespaced_custom_object(GROUP, VERSION, ns, "topics")
+            listed = await self._api.get(object_path(GROUP, VERSION, "topics", ns))
             found += listed["items"]
         return found
 
@@ -338,11 +338,11 @@ class DeliveryService:
         async with self._lock:
             if key not in self.ingest_topics:
                 try:
-                    topic = await self._custom.get_namespaced_custom_object(
-                        GROUP, VERSION, namespace, "topics", name
+                    topic = await self._api.get(
+                        object_path(GROUP, VERSION, "topics", namespace, name)
                     )
                     await self._consider(topic)
-                except client.exceptions.ApiException as exc:
+                except ApiError as exc:
                     if exc.status != 404:
                         raise
         found = self.ingest_topics.get(key)

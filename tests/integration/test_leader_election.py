@@ -1,0 +1,115 @@
+"""Leader election of the operator's replicas on a real API server: one leads at a time,
+a follower takes over at once after a graceful stop, and a leader that cannot renew stops
+before anyone else may lead."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from bucketnotify import leadership
+from bucketnotify.apiserver import ApiClient, lease_path
+from bucketnotify.settings import OperatorSettings
+from tests.kubeapi import UNREACHABLE, api_client
+from tests.localservices import LocalService
+
+
+@pytest.fixture()
+async def api(kube: LocalService) -> AsyncIterator[ApiClient]:
+    async with api_client(kube["KUBECONFIG_ADMIN"]) as client:
+        yield client
+
+
+def quick(namespace: str) -> OperatorSettings:
+    return OperatorSettings(
+        leader_election_namespace=namespace,
+        lease_duration_seconds=4,
+        renew_deadline_seconds=3,
+        retry_period_seconds=1,
+    )
+
+
+async def holder(api: ApiClient, settings: OperatorSettings) -> str:
+    lease = await api.get(
+        lease_path(settings.leader_election_namespace, settings.leader_election_lease)
+    )
+    return str(lease["spec"].get("holderIdentity") or "")
+
+
+async def stand_in(started: asyncio.Event, stop: asyncio.Event) -> None:
+    """kopf's part: runs until its stop flag."""
+    started.set()
+    await stop.wait()
+
+
+async def test_a_follower_waits_while_the_leader_renews_and_takes_over_when_it_hands_back(
+    kube: LocalService, api: ApiClient, namespace: str
+) -> None:
+    settings = quick(namespace)
+    started = {name: asyncio.Event() for name in ("a", "b")}
+    stops = {name: asyncio.Event() for name in ("a", "b")}
+    async with api_client(kube["KUBECONFIG_ADMIN"]) as other:
+        a = asyncio.create_task(
+            leadership.lead(api, settings, "a", stand_in(started["a"], stops["a"]), stops["a"])
+        )
+        await asyncio.wait_for(started["a"].wait(), 10)
+        b = asyncio.create_task(
+            leadership.lead(other, settings, "b", stand_in(started["b"], stops["b"]), stops["b"])
+        )
+        # Longer than the lease duration: only the leader's renewals keep it.
+        await asyncio.sleep(settings.lease_duration_seconds * 2)
+        assert not started["b"].is_set()
+        assert await holder(api, settings) == "a"
+
+        stops["a"].set()
+        await asyncio.wait_for(a, 10)
+        handed_back = time.monotonic()
+        await asyncio.wait_for(started["b"].wait(), 10)
+        # At its next try, not after the lease duration.
+        assert time.monotonic() - handed_back <= settings.retry_period_seconds + 1.5
+        assert await holder(api, settings) == "b"
+        stops["b"].set()
+        await asyncio.wait_for(b, 10)
+    assert await holder(api, settings) == ""
+
+
+async def test_a_leader_that_cannot_renew_stops_before_another_may_lead(
+    kube: LocalService, api: ApiClient, namespace: str
+) -> None:
+    settings = quick(namespace)
+    started = {name: asyncio.Event() for name in ("a", "b")}
+    stops = {name: asyncio.Event() for name in ("a", "b")}
+    b_started_at: list[float] = []
+
+    async with api_client(kube["KUBECONFIG_ADMIN"]) as other:
+
+        async def follower() -> None:
+            await started["a"].wait()
+            # The leader loses the API server (its requests are refused from now on).
+            api.server = UNREACHABLE
+            b = asyncio.create_task(
+                leadership.lead(
+                    other, settings, "b", stand_in(started["b"], stops["b"]), stops["b"]
+                )
+            )
+            await started["b"].wait()
+            b_started_at.append(time.monotonic())
+            stops["b"].set()
+            await b
+
+        follow = asyncio.create_task(follower())
+        # Awaited in this task: asyncio lets a SystemExit raised in another task escape
+        # the event loop instead of reaching the awaiter.
+        with pytest.raises(SystemExit) as ended:
+            async with asyncio.timeout(30):
+                await leadership.lead(
+                    api, settings, "a", stand_in(started["a"], stops["a"]), stops["a"]
+                )
+        a_stopped_at = time.monotonic()
+        assert ended.value.code == 1
+        assert stops["a"].is_set()  # kopf was told to stop
+        await asyncio.wait_for(follow, 30)
+    assert b_started_at[0] > a_stopped_at
