@@ -128,7 +128,9 @@ async def lead(
             if inspect.iscoroutine(operator):
                 operator.close()  # never started
             return
-    log.info("leading as %s (Lease %s)", identity, settings.leader_election_lease)
+    log.info(
+        "acquired the leader Lease %s; leading as %s", settings.leader_election_lease, identity
+    )
     renewed = time.monotonic()
     running: asyncio.Future[Any] = asyncio.ensure_future(operator)
     stopping_since: float | None = None

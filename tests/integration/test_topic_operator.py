@@ -527,7 +527,7 @@ def test_only_the_lease_holder_reconciles_and_a_successor_takes_over(
         "retry_period_seconds": "1",
     }
     first = start_operator(**fast)
-    wait_until(first.log, lambda log: "successfully acquired lease" in log, 30, "a leader")
+    wait_until(first.log, lambda log: "acquired the leader Lease" in log, 30, "a leader")
     second = start_operator(**fast)
 
     name = f"{namespace}-one"
@@ -536,10 +536,10 @@ def test_only_the_lease_holder_reconciles_and_a_successor_takes_over(
     ready(kubectl, namespace, name)
     assert "Handler 'topic_changed' succeeded" in first.log()
     assert "Handler 'topic_changed'" not in second.log()
-    assert "successfully acquired lease" not in second.log()
+    assert "acquired the leader Lease" not in second.log()
 
     first.stop()
-    wait_until(second.log, lambda log: "successfully acquired lease" in log, 30, "a successor")
+    wait_until(second.log, lambda log: "acquired the leader Lease" in log, 30, "a successor")
     name2 = f"{namespace}-two"
     spec2 = {"endpoint": {"http": {"url": "http://127.0.0.1:9/two"}}}
     kubectl.apply({**topic(name2, spec2), "metadata": {"name": name2, "namespace": namespace}})
@@ -558,7 +558,7 @@ def test_an_operator_whose_user_has_no_name_leads_reconciles_and_answers_its_pro
     port = free_port()
     identity = f"operator-{namespace}"
     operator = start_operator(user=65532, identity=identity, metrics_port=str(port))
-    wait_until(operator.log, lambda log: "successfully acquired lease" in log, 30, "leading")
+    wait_until(operator.log, lambda log: "acquired the leader Lease" in log, 30, "leading")
     holder = kubectl.get("lease", "bucketnotify-operator", namespace)
     assert holder["spec"]["holderIdentity"] == identity
 
