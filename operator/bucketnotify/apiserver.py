@@ -19,8 +19,10 @@ import contextlib
 import datetime as dt
 import functools
 import json
+import logging
 import os
 import subprocess
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,7 +60,12 @@ DEFAULT_TIMEOUT_S = 60.0
 """A request without a timeout of its own: an API server that never answers must not hold
 a handler (or a Lease round) forever."""
 
+RELOAD_RETRY_S = 10.0
+"""After a failed re-read of expired credentials, how long the old ones go on being used."""
+
 MERGE_PATCH = "application/merge-patch+json"
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(Exception):
@@ -328,6 +335,8 @@ class ApiClient:
             read_bufsize=2**21,
         )
         self._refresh = asyncio.Lock()
+        self._reload_after = 0.0
+        """After a failed re-read, when to try again (monotonic)."""
 
     @property
     def info(self) -> kopf.ConnectionInfo:
@@ -342,13 +351,25 @@ class ApiClient:
     async def __aexit__(self, *_: object) -> None:
         await self.close()
 
+    def _stale(self) -> bool:
+        return _expired(self._info) and time.monotonic() >= self._reload_after
+
     async def _headers(self, *, renew: bool = False) -> dict[str, str]:
-        if self._reload is not None and (renew or _expired(self._info)):
+        if self._reload is not None and (renew or self._stale()):
             async with self._refresh:
-                if renew or _expired(self._info):
-                    # The TLS context (CA, client certificate) stays the session's own.
-                    self._info = await asyncio.to_thread(self._reload)
+                if renew or self._stale():  # not if a request before us just did it
+                    await self._reload_credentials(self._reload)
         return self._info.as_http_headers()
+
+    async def _reload_credentials(self, reload: Callable[[], kopf.ConnectionInfo]) -> None:
+        try:
+            # The TLS context (CA, client certificate) stays the session's own.
+            self._info = await asyncio.to_thread(reload)
+        except ConfigError as exc:
+            # A token file being replaced, a plugin that failed once: the credentials in
+            # hand may still be good, and a 401 says when not.
+            log.warning("reading the Kubernetes credentials again failed: %s", exc)
+            self._reload_after = time.monotonic() + RELOAD_RETRY_S
 
     async def request(
         self,

@@ -164,6 +164,38 @@ async def test_in_a_pod_the_rotated_service_account_token_is_read_again(
         assert await username(api) == f"system:serviceaccount:{namespace}:second"
 
 
+async def test_a_failed_re_read_keeps_the_credentials_in_hand(
+    kube: LocalService,
+    kubectl: Kubectl,
+    namespace: str,
+    tmp_path: Path,
+    clean_env: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The token file missing at the moment of a re-read (the kubelet replaces it through a
+    symlink swap): the token in hand, still valid, goes on being used, and the next re-read
+    finds the new one."""
+    cluster = admin_config(kube)["clusters"][0]["cluster"]
+    host, port = cluster["server"].removeprefix("https://").rsplit(":", 1)
+    account = tmp_path / "serviceaccount"
+    account.mkdir()
+    shutil.copy(cluster["certificate-authority"], account / "ca.crt")
+    (account / "token").write_text(service_account_token(kubectl, namespace, "first"))
+    second = service_account_token(kubectl, namespace, "second")
+    clean_env.setenv("KUBERNETES_SERVICE_HOST", host)
+    clean_env.setenv("KUBERNETES_SERVICE_PORT", port)
+    clean_env.setattr(apiserver, "SERVICE_ACCOUNT", account)
+    clean_env.setattr(apiserver, "RELOAD_RETRY_S", 0.0)
+
+    async with await apiserver.connect() as api:
+        (account / "token").unlink()
+        clean_env.setattr(api, "_info", _expired_copy(api.info))
+        assert await username(api) == f"system:serviceaccount:{namespace}:first"
+        assert "reading the Kubernetes credentials again failed" in caplog.text
+        (account / "token").write_text(second)
+        assert await username(api) == f"system:serviceaccount:{namespace}:second"
+
+
 def _expired_copy(info: kopf.ConnectionInfo) -> kopf.ConnectionInfo:
     return dataclasses.replace(info, expiration=dt.datetime.now(dt.UTC))
 
