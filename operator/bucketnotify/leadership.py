@@ -121,7 +121,11 @@ async def lead(
     lost or the operator failed."""
     lease = _LeaderLease(api, settings, identity)
     log.info("waiting for the leader Lease %s as %s", settings.leader_election_lease, identity)
-    while not await lease.attempt():
+    while True:
+        # The renew deadline runs from when the winning request was sent, not answered.
+        renewed = time.monotonic()
+        if await lease.attempt():
+            break
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), settings.retry_period_seconds)
         if stop.is_set():
@@ -131,7 +135,6 @@ async def lead(
     log.info(
         "acquired the leader Lease %s; leading as %s", settings.leader_election_lease, identity
     )
-    renewed = time.monotonic()
     running: asyncio.Future[Any] = asyncio.ensure_future(operator)
     stopping_since: float | None = None
     while not running.done():
@@ -141,13 +144,21 @@ async def lead(
             stopping_since = stopping_since or time.monotonic()
             if time.monotonic() - stopping_since > settings.renew_deadline_seconds:
                 break
-        await asyncio.wait({running}, timeout=settings.retry_period_seconds)
+        deadline = renewed + settings.renew_deadline_seconds
+        pause = min(settings.retry_period_seconds, deadline - time.monotonic())
+        await asyncio.wait({running}, timeout=max(0.0, pause))
         if running.done():
             break
         sent = time.monotonic()
-        if await lease.attempt():
+        renewed_now = False
+        if sent < deadline:
+            # A hanging API server must not carry the attempt past the deadline: the
+            # leader would then act after a follower may have taken the Lease.
+            with contextlib.suppress(TimeoutError):
+                renewed_now = await asyncio.wait_for(lease.attempt(), deadline - sent)
+        if renewed_now:
             renewed = sent
-        elif time.monotonic() - renewed >= settings.renew_deadline_seconds:
+        elif time.monotonic() >= deadline:
             # Stops before the Lease can expire (renew deadline < lease duration), so a new
             # leader never overlaps with it.
             log.error("lost the leader Lease %s; stopping", settings.leader_election_lease)

@@ -5,8 +5,10 @@ before anyone else may lead."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
@@ -76,10 +78,31 @@ async def test_a_follower_waits_while_the_leader_renews_and_takes_over_when_it_h
     assert await holder(api, settings) == ""
 
 
+@contextlib.contextmanager
+def silent_server() -> Iterator[str]:
+    """An address that takes connections (the kernel's backlog) and never answers: a hung
+    API server or a stalled network path."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("failure", ["refused", "unanswered"])
 async def test_a_leader_that_cannot_renew_stops_before_another_may_lead(
-    kube: LocalService, api: ApiClient, namespace: str
+    kube: LocalService, api: ApiClient, namespace: str, failure: str
 ) -> None:
+    """Refused requests fail at once; unanswered ones hang until their timeout, which must
+    not carry the leader past its renew deadline."""
     settings = quick(namespace)
+    with contextlib.ExitStack() as stack:
+        away = UNREACHABLE if failure == "refused" else stack.enter_context(silent_server())
+        await _leader_loses_the_api_server(kube, api, settings, away)
+
+
+async def _leader_loses_the_api_server(
+    kube: LocalService, api: ApiClient, settings: OperatorSettings, away: str
+) -> None:
     started = {name: asyncio.Event() for name in ("a", "b")}
     stops = {name: asyncio.Event() for name in ("a", "b")}
     b_started_at: list[float] = []
@@ -88,8 +111,8 @@ async def test_a_leader_that_cannot_renew_stops_before_another_may_lead(
 
         async def follower() -> None:
             await started["a"].wait()
-            # The leader loses the API server (its requests are refused from now on).
-            api.server = UNREACHABLE
+            # The leader loses the API server (refused or unanswered from now on).
+            api.server = away
             b = asyncio.create_task(
                 leadership.lead(
                     other, settings, "b", stand_in(started["b"], stops["b"]), stops["b"]
