@@ -42,6 +42,29 @@ def admin_config(kube: LocalService) -> dict[str, Any]:
     return document
 
 
+def in_a_pod(
+    kube: LocalService,
+    kubectl: Kubectl,
+    namespace: str,
+    tmp_path: Path,
+    env: pytest.MonkeyPatch,
+) -> tuple[Path, str]:
+    """The environment of a pod: $KUBERNETES_SERVICE_HOST/PORT and a service account
+    directory holding the CA, the namespace and the token of ServiceAccount "first".
+    Returns the directory and the token of a second ServiceAccount, "second"."""
+    cluster = admin_config(kube)["clusters"][0]["cluster"]
+    host, port = cluster["server"].removeprefix("https://").rsplit(":", 1)
+    account = tmp_path / "serviceaccount"
+    account.mkdir()
+    shutil.copy(cluster["certificate-authority"], account / "ca.crt")
+    (account / "namespace").write_text(namespace)
+    (account / "token").write_text(service_account_token(kubectl, namespace, "first"))
+    env.setenv("KUBERNETES_SERVICE_HOST", host)
+    env.setenv("KUBERNETES_SERVICE_PORT", port)
+    env.setattr(apiserver, "SERVICE_ACCOUNT", account)
+    return account, service_account_token(kubectl, namespace, "second")
+
+
 @pytest.fixture()
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     for variable in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
@@ -141,17 +164,7 @@ async def test_in_a_pod_the_rotated_service_account_token_is_read_again(
     """In a pod (no $KUBECONFIG): the API server from $KUBERNETES_SERVICE_HOST/PORT, the
     token and CA from the service account's files; the kubelet rotates the token in its
     file, and the client picks the new one up at its next re-read."""
-    cluster = admin_config(kube)["clusters"][0]["cluster"]
-    host, port = cluster["server"].removeprefix("https://").rsplit(":", 1)
-    account = tmp_path / "serviceaccount"
-    account.mkdir()
-    shutil.copy(cluster["certificate-authority"], account / "ca.crt")
-    (account / "namespace").write_text(namespace)
-    (account / "token").write_text(service_account_token(kubectl, namespace, "first"))
-    second = service_account_token(kubectl, namespace, "second")
-    clean_env.setenv("KUBERNETES_SERVICE_HOST", host)
-    clean_env.setenv("KUBERNETES_SERVICE_PORT", port)
-    clean_env.setattr(apiserver, "SERVICE_ACCOUNT", account)
+    account, second = in_a_pod(kube, kubectl, namespace, tmp_path, clean_env)
     assert apiserver.current_namespace() == namespace
 
     async with await apiserver.connect() as api:
@@ -175,16 +188,7 @@ async def test_a_failed_re_read_keeps_the_credentials_in_hand(
     """The token file missing at the moment of a re-read (the kubelet replaces it through a
     symlink swap): the token in hand, still valid, goes on being used, and the next re-read
     finds the new one."""
-    cluster = admin_config(kube)["clusters"][0]["cluster"]
-    host, port = cluster["server"].removeprefix("https://").rsplit(":", 1)
-    account = tmp_path / "serviceaccount"
-    account.mkdir()
-    shutil.copy(cluster["certificate-authority"], account / "ca.crt")
-    (account / "token").write_text(service_account_token(kubectl, namespace, "first"))
-    second = service_account_token(kubectl, namespace, "second")
-    clean_env.setenv("KUBERNETES_SERVICE_HOST", host)
-    clean_env.setenv("KUBERNETES_SERVICE_PORT", port)
-    clean_env.setattr(apiserver, "SERVICE_ACCOUNT", account)
+    account, second = in_a_pod(kube, kubectl, namespace, tmp_path, clean_env)
     clean_env.setattr(apiserver, "RELOAD_RETRY_S", 0.0)
 
     async with await apiserver.connect() as api:
