@@ -15,7 +15,6 @@ any of them after a 401.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import functools
 import json
@@ -31,8 +30,8 @@ from typing import Any, Literal
 import aiohttp
 import kopf
 import yaml
-from aiohttp.helpers import get_env_proxy_for_url
-from yarl import URL
+
+from bucketnotify.proxies import env_proxy
 
 __all__ = [
     "ApiClient",
@@ -428,12 +427,7 @@ def proxy_for(info: kopf.ConnectionInfo) -> str | None:
     once, not per request)."""
     if info.proxy_url:
         return info.proxy_url
-    with contextlib.suppress(LookupError):
-        proxy, auth = get_env_proxy_for_url(URL(info.server))
-        if auth is not None:
-            proxy = proxy.with_user(auth.login).with_password(auth.password)
-        return str(proxy)
-    return None
+    return env_proxy(info.server)
 
 
 async def connect() -> ApiClient:

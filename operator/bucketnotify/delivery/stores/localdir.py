@@ -185,7 +185,9 @@ class LocalDirStore:
     def _save_delivered(self, queue: QueueName, shard: int, event_ids: list[str]) -> None:
         directory = self._dir(queue)
         try:
-            written = _write_tmp(directory / ".tmp", "\n".join(event_ids).encode())
+            # Not fsynced: a hint (a lost or torn one costs duplicates, never a loss), saved
+            # whenever a shard runs empty; the rename alone survives the process.
+            written = _write_tmp(directory / ".tmp", "\n".join(event_ids).encode(), sync=False)
         except FileNotFoundError:
             return  # the queue is gone
         # The rename under the queue's lock: a delete cannot take the directory between the
@@ -199,8 +201,8 @@ class LocalDirStore:
     def _load_delivered(self, queue: QueueName, shard: int) -> list[str]:
         try:
             return (self._dir(queue) / f"delivered-{shard}").read_text().split()
-        except FileNotFoundError:
-            return []
+        except (FileNotFoundError, UnicodeError):
+            return []  # none, or torn by a machine crash
 
     def _delete(self, queue: QueueName) -> None:
         directory = self._dir(queue)
@@ -360,6 +362,7 @@ class LocalDirStore:
             if any(b in present for b in changes):
                 _write_record(lock, stamp, None, incarnation)
             unlink: list[str] = []
+            renamed = False
             for batch_id, entries in changes.items():
                 batch = present.get(batch_id)
                 if batch is None:
@@ -369,12 +372,14 @@ class LocalDirStore:
                     name = BatchName.of(batch_id, entries)
                     tmp = _write_tmp(self._dir(queue) / ".tmp", encode_batch(entries))
                     tmp.rename(directory / str(name))
+                    renamed = True
                     unlink += [str(n) for n in (batch.current, *batch.stale) if n != name]
                 else:
                     # Stale supersets first: until the current one goes, it still wins.
                     unlink += [str(n) for n in (*batch.stale, batch.current)]
             # The renames must be durable before the names they supersede disappear.
-            _fsync_dir(directory)
+            if renamed:
+                _fsync_dir(directory)
             for old in unlink:
                 (directory / old).unlink(missing_ok=True)
             _fsync_dir(directory)
@@ -561,13 +566,14 @@ def _write_record(lock: int, stamp: int, counts: _Counts | None, incarnation: st
     os.pwrite(lock, record.encode(), 0)
 
 
-def _write_tmp(directory: Path, data: bytes) -> Path:
+def _write_tmp(directory: Path, data: bytes, *, sync: bool = True) -> Path:
     fd, name = tempfile.mkstemp(dir=directory, prefix="w-")
     try:
         with os.fdopen(fd, "wb") as file:
             file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
+            if sync:
+                file.flush()
+                os.fsync(file.fileno())
     except BaseException:
         Path(name).unlink(missing_ok=True)
         raise
