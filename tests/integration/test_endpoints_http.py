@@ -237,7 +237,7 @@ async def test_an_unreachable_endpoint_fails_every_push_retryably() -> None:
 async def test_post_json_for_the_operators_test_event(http_server: RecordingHttpServer) -> None:
     """post_json (the operator's test event) acks on 2xx and raises EndpointError otherwise."""
     await post_json(http_server.url, {"Records": [s3_record()]})
-    assert http_server.received() == []  # nothing more reached the proxy
+    assert len(http_server.received()) == 1
     http_server.status = 500
     with pytest.raises(EndpointError, match="answered 500"):
         await post_json(http_server.url, {"Records": []})

@@ -7,10 +7,12 @@ CA bundle) are read when the Topic is new or changed and again every
 ``secret_refresh_s``, not on every list: a thousand Topics must not cost a thousand Secret
 reads every few seconds.
 
-Processing: one task per owned (queue, shard). A shard that had work is polled again after
-``round_interval_s``; one whose entries all wait for a retry backs off to ``idle_max_s``; one
-found empty is not polled at all (every poll of the S3 store is a LIST request, and hundreds
-of idle shards would keep the gateway busy): it waits to be woken. An ingest commit wakes
+Processing: one task per owned (queue, shard). A shard whose round left entries behind (a
+failed push, a retry time not reached) is polled again after ``round_interval_s``, backing
+off to ``idle_max_s`` while its entries all wait for a retry; one found empty, or whose
+round delivered everything it listed, is not polled at all (every poll of the S3 store is a
+LIST request, and hundreds of idle shards would keep the gateway busy): it waits to be
+woken. An ingest commit wakes
 the shard's task at once, on this replica directly and on the replica owning the shard by
 a wake-up request (``delivery.wakeups``). A lost wake-up is caught by the survey: every
 ``stats_interval_s`` the owner of a queue's shard 0 looks at the whole queue (one LIST on the
@@ -172,6 +174,14 @@ class TopicRuntime:
 
 def _fingerprint(*parts: object) -> str:
     return hashlib.sha256(repr(parts).encode()).hexdigest()
+
+
+def _settled(result: RoundResult) -> bool:
+    """The round left nothing of what it listed (every entry delivered or dropped), and
+    listed less than a full batch: the shard was empty when the round ended, but for what
+    was committed since."""
+    done = result.delivered + result.duplicates + result.expired + result.dead_lettered
+    return not result.fenced and result.listed < LIST_BATCH and done == result.listed
 
 
 class _Metered:
@@ -725,14 +735,12 @@ class DeliveryService:
             await self._save_delivered(runtime, shard, delivered)
             if result is not None and result.listed >= LIST_BATCH and not result.failed:
                 continue  # a backlog: go on at once
-            if result is not None and result.listed == 0 and self._ownership.address:
-                # Empty: no polling. A commit, a wake-up, the survey, an ownership or Topic
-                # change or the stop wakes it. (Without an address nobody could send this
-                # replica wake-ups: it polls, below.) What it delivered is saved first: the
-                # periodic save runs between rounds, and there may be none for a long time,
-                # while a replica killed meanwhile would leave its successor to push again.
-                await self._save_delivered(runtime, shard, delivered, final=True)
-                await wake.wait()
+            if result is not None and _settled(result) and self._ownership.address:
+                # Nothing left that it listed, and nothing committed since the listing (that
+                # would have woken it): no polling. A commit, a wake-up, the survey, an
+                # ownership or Topic change or the stop wakes it. (Without an address nobody
+                # could send this replica wake-ups: it polls, below.)
+                await self._idle(runtime, shard, delivered, wake)
                 delay = self.timings.round_interval_s
                 continue
             progress = result is not None and (
@@ -748,6 +756,22 @@ class DeliveryService:
             if wake.is_set():
                 delay = self.timings.round_interval_s
         await self._save_delivered(runtime, shard, delivered, final=True)
+
+    async def _idle(
+        self, runtime: TopicRuntime, shard: int, delivered: DeliveredCache, wake: asyncio.Event
+    ) -> None:
+        """Wait to be woken. What the shard delivered is saved first, once the periodic
+        save is due: there may be no round to do it for a long time, and a replica killed
+        meanwhile would leave its successor to push again what the gateway re-sends. Not at
+        once: under light load a shard goes idle after nearly every event."""
+        saved, at = runtime.delivered_saved.get(shard, (0, 0.0))
+        if delivered.added != saved:
+            due = max(0.0, DELIVERED_SAVE_S - (time.monotonic() - at))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), due)
+                return
+            await self._save_delivered(runtime, shard, delivered, final=True)
+        await wake.wait()
 
     async def _load_delivered(
         self, runtime: TopicRuntime, shard: int, delivered: DeliveredCache
@@ -823,8 +847,15 @@ class DeliveryService:
             or result.duplicates
         ):
             # A loss is never routine: WARNING, so that it shows where INFO is filtered out.
+            # A round that only delivered is: DEBUG (under load there is one per commit; the
+            # metrics and delivery records count them).
+            unusual = result.failed or result.dead_lettered or result.duplicates or result.fenced
             log.log(
-                logging.WARNING if result.expired and not result.fenced else logging.INFO,
+                logging.WARNING
+                if result.expired and not result.fenced
+                else logging.INFO
+                if unusual or result.expired
+                else logging.DEBUG,
                 "%s shard %d: delivered %d failed %d lost %d dead-lettered %d duplicates %d%s%s",
                 queue,
                 shard,
