@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -123,7 +124,7 @@ async def test_commit_is_one_put_and_one_delete(
     calls.clear()
     listed = await store.list(QUEUE, 0)
     assert bodies(listed) == [b for _, b in events]
-    assert calls == ["ListObjectsV2", "GetObject"]
+    assert calls == ["ListObjectsV2"]  # its own batch: not read back
 
     calls.clear()
     await store.remove(QUEUE, 0, [e.id for e in listed[:50]])
@@ -217,6 +218,29 @@ async def test_far_below_its_limits_a_commit_is_one_put(
     ]
     stats = await store.stats(QUEUE, NOW)
     assert (stats.entries, stats.reservations) == (3, 0)
+
+
+async def test_a_batch_its_writer_lists_is_not_read_back_unless_rewritten_since(
+    rgw: LocalService, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The replica that committed a batch lists it with the LIST alone (no GET). Once
+    another replica has rewritten it (an update after a failed push: same name, new
+    content), the writer reads the stored batch, not what it wrote."""
+    prefix = f"t-{uuid.uuid4().hex[:10]}/"
+    writer, other = (S3Store(connection(rgw), bucket, prefix) for _ in range(2))
+    await writer.create(QUEUE, 2, QueueLimits())
+    written = await put(writer, 0, b"first", b"second")
+    calls = count_calls(writer, monkeypatch)
+    assert await writer.list(QUEUE, 0) == written
+    assert calls == ["ListObjectsV2"]
+
+    await put(writer, 1, b"third")
+    [listed] = await other.list(QUEUE, 1)
+    retried = replace(listed, attempts=1, not_before=NOW + 60)
+    await other.update(QUEUE, 1, [retried])
+    calls.clear()
+    assert await writer.list(QUEUE, 1) == [retried]
+    assert calls == ["ListObjectsV2", "GetObject"]
 
 
 async def test_reserves_from_the_headroom_never_take_two_writers_past_the_limit(

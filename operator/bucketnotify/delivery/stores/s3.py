@@ -28,10 +28,13 @@ Requests:
 - ``commit`` of N events: one PUT of the batch and one DELETE of the marker, whatever N is,
   so the ingest's group commit makes the cost per event small.
 - ``list``: one LIST per 1000 batch objects up to ``max_entries``, and a GET per batch object,
-  in parallel. ``remove``: a DELETE per batch object emptied, or a PUT and a DELETE for one
-  that keeps entries. ``update``: one PUT per batch object. Both use what ``list`` read
-  (the owner's cache) and otherwise LIST and GET the batch first. So a delivered batch
-  object costs a GET and a DELETE, and 1/1000 of a LIST.
+  in parallel, except for batches this replica wrote itself lately and nobody rewrote since
+  (the LIST's ETag is the one its PUT got): those it still holds (``_Written``). The owner
+  of a shard is often the replica that took its events. ``remove``: a DELETE per batch
+  object emptied, or a PUT and a DELETE for one that keeps entries. ``update``: one PUT per
+  batch object. Both use what ``list`` read (the owner's cache) and otherwise LIST and GET
+  the batch first. So a delivered batch object costs a GET (none when its writer owns the
+  shard) and a DELETE, and 1/1000 of a LIST.
 - ``glance``: one LIST of everything under the queue (its reservations, batch objects and
   delivered identities), so surveying an idle queue costs one request.
 - ``stats``: LIST of the reservations and of the shards; a queue of B batch objects costs
@@ -96,6 +99,7 @@ import json
 import logging
 import random
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
@@ -224,6 +228,7 @@ class S3Store:
         self._reserving: dict[QueueName, asyncio.Lock] = {}
         self._owning: dict[tuple[QueueName, int], asyncio.Lock] = {}
         self._cache: dict[tuple[QueueName, int], dict[str, _Cached]] = {}
+        self._written = _Written()
         self.writers = writers
         self._headroom: dict[QueueName, _Headroom] = {}
         self._unmarked: dict[str, tuple[Reservation, _Headroom]] = {}
@@ -536,7 +541,9 @@ class S3Store:
             key = self._shard(reservation.queue, reservation.shard) + str(
                 BatchName.of(batch, entries)
             )
-            await self._put(key, encode_batch(entries), "application/x-ndjson")
+            body = encode_batch(entries)
+            etag = await self._put(key, body, "application/x-ndjson")
+            self._written.add(key, etag, entries, len(body))
         else:
             entries = []
         # After the batch, never before: see "Reservations across replicas" above.
@@ -706,13 +713,15 @@ class S3Store:
         async with self._requests:
             return await self._threads.run(mapped)
 
-    async def _put(self, key: str, body: bytes, content_type: str) -> None:
-        await self._call(
+    async def _put(self, key: str, body: bytes, content_type: str) -> str:
+        """Writes the object; returns its ETag."""
+        response = await self._call(
             f"PutObject {key}",
             lambda: self._s3.put_object(
                 Bucket=self.bucket, Key=key, Body=body, ContentType=content_type
             ),
         )
+        return response.get("ETag", "")
 
     async def _get(self, key: str) -> bytes | None:
         """The object's body; None when there is no such key."""
@@ -734,10 +743,12 @@ class S3Store:
             lambda: self._s3.delete_object(Bucket=self.bucket, Key=key),
         )
 
-    async def _list_page(self, prefix: str, token: str | None) -> tuple[list[str], str | None]:
-        """One page of keys under ``prefix``, in key order, and the token of the next."""
+    async def _list_page(
+        self, prefix: str, token: str | None
+    ) -> tuple[list[tuple[str, str]], str | None]:
+        """One page of (key, ETag) under ``prefix``, in key order, and the token of the next."""
 
-        def page() -> tuple[list[str], str | None]:
+        def page() -> tuple[list[tuple[str, str]], str | None]:
             if token:
                 response = self._s3.list_objects_v2(
                     Bucket=self.bucket, Prefix=prefix, MaxKeys=LIST_PAGE, ContinuationToken=token
@@ -746,7 +757,9 @@ class S3Store:
                 response = self._s3.list_objects_v2(
                     Bucket=self.bucket, Prefix=prefix, MaxKeys=LIST_PAGE
                 )
-            keys = [o["Key"] for o in response.get("Contents", []) if "Key" in o]
+            keys = [
+                (o["Key"], o.get("ETag", "")) for o in response.get("Contents", []) if "Key" in o
+            ]
             more = response.get("IsTruncated") and response.get("NextContinuationToken")
             return keys, more or None
 
@@ -757,24 +770,29 @@ class S3Store:
         token: str | None = None
         while True:
             page, token = await self._list_page(prefix, token)
-            keys += page
+            keys += [key for key, _ in page]
             if token is None:
                 return keys
 
-    async def _oldest(self, queue: QueueName, shard: int, max_entries: int) -> list[Batch]:
-        """The oldest batches holding ``max_entries``, each with all its names.
+    async def _oldest(
+        self, queue: QueueName, shard: int, max_entries: int
+    ) -> tuple[list[Batch], dict[str, str]]:
+        """The oldest batches holding ``max_entries``, each with all its names, and the
+        ETags of the names.
 
         Paging stops only past the last batch's names: a stale name that stayed unknown
         would outlive the current one and bring its removed entries back.
         """
         start = self._shard(queue, shard)
         chosen: list[Batch] = []
+        etags: dict[str, str] = {}
         held = 0
         token: str | None = None
         while True:
             keys, token = await self._list_page(start, token)
-            for key in keys:
+            for key, etag in keys:
                 name = key[len(start) :]
+                etags[name] = etag
                 parsed = BatchName.parse(name)
                 if parsed is None:
                     continue
@@ -783,31 +801,77 @@ class S3Store:
                     chosen[-1] = Batch(last.current, (*last.stale, parsed))
                     continue
                 if held >= max_entries:
-                    return chosen
+                    return chosen, etags
                 chosen.append(Batch(parsed))
                 held += parsed.count
             if token is None:
-                return chosen
+                return chosen, etags
 
     # Last in the class: below this, `list` would name the method, not the builtin.
     async def list(self, queue: QueueName, shard: int, max_entries: int = 1024) -> list[Entry]:
         async with self._owner(queue, shard):
-            chosen = await self._oldest(queue, shard, max_entries)
+            start = self._shard(queue, shard)
+            chosen, etags = await self._oldest(queue, shard, max_entries)
+            # A batch this replica wrote, unchanged since (same ETag), is not read back.
+            known = [
+                self._written.take(start + str(b.current), etags[str(b.current)]) for b in chosen
+            ]
             bodies = await _all(
-                *(self._get(self._shard(queue, shard) + str(b.current)) for b in chosen)
+                *(
+                    _none() if written is not None else self._get(start + str(b.current))
+                    for b, written in zip(chosen, known, strict=True)
+                )
             )
             cache: dict[str, _Cached] = {}
             entries: list[Entry] = []
-            for batch, data in zip(chosen, bodies, strict=True):
-                if data is None:
+            for batch, written, data in zip(chosen, known, bodies, strict=True):
+                if written is not None:
+                    found = written
+                elif data is None:
                     # Gone since the LIST (the queue was deleted, or another owner removed
                     # it): its entries are not listed now, and not lost.
                     continue
-                found = decode_batch(batch.current.batch, data)
+                else:
+                    found = decode_batch(batch.current.batch, data)
                 cache[batch.current.batch] = _Cached(batch, found)
                 entries += found
             self._cache[(queue, shard)] = cache
             return entries[:max_entries]
+
+
+async def _none() -> None:
+    return None
+
+
+class _Written:
+    """The entries of batches this replica wrote lately, by key and ETag: the shard's owner
+    is most often the replica that took the events, and listing them then needs no GET.
+    An ETag that differs (the batch was rewritten since) means the stored one is read.
+    Bounded; batches of shards another replica owns are never asked for and age out."""
+
+    def __init__(self, max_batches: int = 1024, max_bytes: int = 4 * 1024 * 1024) -> None:
+        self._batches: OrderedDict[str, tuple[str, list[Entry], int]] = OrderedDict()
+        self._bytes = 0
+        self._max_batches = max_batches
+        self._max_bytes = max_bytes
+
+    def add(self, key: str, etag: str, entries: list[Entry], size: int) -> None:
+        if not etag or size > self._max_bytes:
+            return
+        self.take(key, None)
+        self._batches[key] = (etag, entries, size)
+        self._bytes += size
+        while len(self._batches) > self._max_batches or self._bytes > self._max_bytes:
+            _, (_, _, dropped) = self._batches.popitem(last=False)
+            self._bytes -= dropped
+
+    def take(self, key: str, etag: str | None) -> list[Entry] | None:
+        """The entries written under ``key``, forgotten here; None unless ``etag`` is theirs."""
+        found = self._batches.pop(key, None)
+        if found is None:
+            return None
+        self._bytes -= found[2]
+        return found[1] if etag is not None and found[0] == etag else None
 
 
 async def _all(*calls: Awaitable[T]) -> list[T]:
