@@ -229,18 +229,19 @@ class Ingest:
             raw = await request.read()  # bounded by the app's client_max_size
         except web.HTTPRequestEntityTooLarge:
             return web.json_response({"error": "body too large"}, status=413)
-        records = _records(raw)
-        if records is None:
+        parsed = _records(raw)
+        if parsed is None:
             return web.json_response(
                 {"error": 'expected JSON {"Records": [...]} with an s3 bucket and key per record'},
                 status=400,
             )
+        records, bodies = parsed
+        ids = [event_id(record) for record in records]
         by_shard: dict[int, list[tuple[str, bytes]]] = {}
-        for record in records:
+        for record, identity, body in zip(records, ids, bodies, strict=True):
             s3 = record["s3"]
             shard = shard_of(s3["bucket"]["name"], s3["object"]["key"], topic.shards)
-            body = json.dumps(record, separators=(",", ":")).encode()
-            by_shard.setdefault(shard, []).append((event_id(record), body))
+            by_shard.setdefault(shard, []).append((identity, body))
         started = time.perf_counter()
         try:
             committed_at = await self.commit(topic.queue, by_shard)
@@ -254,8 +255,9 @@ class Ingest:
             log.warning("queue %s not written: the queue store is out of space", topic.queue)
             return web.json_response({"error": "queue store out of space"}, status=503)
         if self._recorder is not None:
-            events = [(record, event_id(record)) for record in records]
-            self._recorder.ingested(topic.queue, events, topic.shards, committed_at)
+            self._recorder.ingested(
+                topic.queue, list(zip(records, ids, strict=True)), topic.shards, committed_at
+            )
         self.metrics.ingest_commit_seconds.labels(namespace, name).observe(
             time.perf_counter() - started
         )
@@ -267,19 +269,19 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def _records(raw: bytes) -> Sequence[dict[str, Any]] | None:
+def _records(raw: bytes) -> tuple[Sequence[dict[str, Any]], list[bytes]] | None:
+    """The body's event records and each one as it is queued (compact UTF-8 JSON); None
+    when the body is not the gateway's JSON."""
     try:
         # UTF-8 without a BOM (RFC 8259), as the gateway sends: json.loads would also take
         # UTF-16/32 and NaN/Infinity, which no endpoint could be sent on as JSON.
         body = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
-        # Lone surrogates (from \ud800 escapes) cannot be hashed, sharded or forwarded as
-        # UTF-8; nesting deeper than the encoder's recursion limit cannot be forwarded at all.
-        json.dumps(body, ensure_ascii=False).encode()
     except (UnicodeError, ValueError, RecursionError):
         return None
     if not isinstance(body, dict) or not isinstance(body.get("Records"), list):
         return None
     records: list[dict[str, Any]] = body["Records"]
+    encoded = []
     for record in records:
         try:
             if not (
@@ -288,9 +290,16 @@ def _records(raw: bytes) -> Sequence[dict[str, Any]] | None:
                 and isinstance(record["s3"]["object"]["key"], str)
             ):
                 return None
-        except (KeyError, TypeError):
+            # Lone surrogates (from \ud800 escapes) cannot be hashed, sharded or forwarded
+            # as UTF-8, and nesting deeper than the encoder's recursion limit cannot be
+            # forwarded at all: both fail here, before anything is queued.
+            encoded.append(_QUEUED.encode(record).encode())
+        except (KeyError, TypeError, UnicodeError, ValueError, RecursionError):
             return None
-    return records
+    return records, encoded
+
+
+_QUEUED = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
 def build_app(ingest: Ingest, unready: Callable[[], str | None] = lambda: None) -> web.Application:

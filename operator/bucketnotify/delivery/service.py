@@ -872,18 +872,27 @@ class DeliveryService:
         return result
 
     def _count(self, queue: QueueName, result: RoundResult) -> None:
+        # Only what is not zero: a round is often one event, and every labels() lookup costs
+        # (the series exist from add_topic on, at 0).
         m, labels = self.metrics, (queue.namespace, queue.topic)
-        m.push_ok.labels(*labels).inc(result.delivered)
-        m.push_failed.labels(*labels).inc(result.failed + result.rejected)
-        latency = m.delivery_latency_seconds.labels(*labels)
-        for seconds in result.latencies:
-            latency.observe(seconds)
-        if result.fenced:
-            return  # nothing was dropped, removed or written back: the next owner decides
-        m.push_retries.labels(*labels).inc(result.retried)
-        m.event_lost.labels(*labels).inc(result.expired)
-        m.event_dead_lettered.labels(*labels).inc(result.dead_lettered)
-        m.duplicates.labels(*labels).inc(result.duplicates)
+        counts = [
+            (m.push_ok, result.delivered),
+            (m.push_failed, result.failed + result.rejected),
+        ]
+        if not result.fenced:  # nothing was dropped, removed or written back otherwise
+            counts += [
+                (m.push_retries, result.retried),
+                (m.event_lost, result.expired),
+                (m.event_dead_lettered, result.dead_lettered),
+                (m.duplicates, result.duplicates),
+            ]
+        for counter, count in counts:
+            if count:
+                counter.labels(*labels).inc(count)
+        if result.latencies:
+            latency = m.delivery_latency_seconds.labels(*labels)
+            for seconds in result.latencies:
+                latency.observe(seconds)
 
     def _dead_letter_sink(self, runtime: TopicRuntime) -> DeadLetterSink | None:
         if runtime.dead_letter is None:
