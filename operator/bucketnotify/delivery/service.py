@@ -12,15 +12,14 @@ failed push, a retry time not reached) is polled again after ``round_interval_s`
 off to ``idle_max_s`` while its entries all wait for a retry; one found empty, or whose
 round delivered everything it listed, is not polled at all (every poll of the S3 store is a
 LIST request, and hundreds of idle shards would keep the gateway busy): it waits to be
-woken. An ingest commit wakes
-the shard's task at once, on this replica directly and on the replica owning the shard by
-a wake-up request (``delivery.wakeups``). A lost wake-up is caught by the survey: every
-``stats_interval_s`` the owner of a queue's shard 0 looks at the whole queue (one LIST on the
-S3 store) and wakes every shard holding entries; every ``OWN_SURVEY_EVERY`` surveys each
-replica also looks at the queues where it owns other shards, in case its peers cannot
-reach it. So an event waits for its owner no longer than a wake-up takes, at worst
-``stats_interval_s``, and ``OWN_SURVEY_EVERY`` times that when the replicas cannot reach
-each other.
+woken. An ingest commit wakes the shard's task at once, on this replica directly and on the
+replica owning the shard by a wake-up request (``delivery.wakeups``). A lost wake-up is
+caught by the survey: every ``stats_interval_s`` the owner of a queue's shard 0 looks at
+the whole queue (one LIST on the S3 store) and wakes every shard holding entries; every
+``OWN_SURVEY_EVERY`` surveys each replica also looks at the queues where it owns other
+shards, in case its peers cannot reach it. So an event waits for its owner no longer than
+a wake-up takes, at worst ``stats_interval_s``, and ``OWN_SURVEY_EVERY`` times that when
+the replicas cannot reach each other.
 
 Lifecycle of a queue:
 - a persistent Topic gets its queue (``create`` is idempotent, so every replica does it);
