@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import cast
@@ -15,13 +14,13 @@ from bucketnotify.delivery.endpoints.base import Delivery
 from bucketnotify.delivery.endpoints.errors import RejectedError, UndeliverableError
 from bucketnotify.delivery.endpoints.testing import MockEndpoint
 from bucketnotify.delivery.ingest import Ingest, IngestTopic, build_app, event_id
-from bucketnotify.delivery.ownership import LeaseSettings, Ownership
+from bucketnotify.delivery.ownership import Ownership
 from bucketnotify.delivery.queue import QueueLimits, QueueName
 from bucketnotify.delivery.service import DeliveryService, TopicRuntime
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from bucketnotify.delivery.worker import DeliveredCache, DeliveryPolicy
 from bucketnotify.metrics import DeliveryMetrics, OperatorMetrics
-from tests.delivery import Samples, samples
+from tests.delivery import OwnsEverything, Samples, samples
 from tests.kubeapi import UNREACHABLE
 from tests.records import event
 
@@ -61,30 +60,6 @@ async def test_the_ingest_counts_committed_events_and_answers(tmp_path: Path) ->
     assert value(found, "bucketnotify_ingest_requests_total", code="503") == 1
 
 
-class FakeOwnership:
-    """Owns everything; the service only asks."""
-
-    identity = "replica-0"
-    before_release = None
-
-    settings = LeaseSettings(namespace="default")
-
-    address = None
-    """Advertises no address: nobody can wake it, so it polls its empty shards."""
-
-    def __init__(self) -> None:
-        self.changed = asyncio.Event()
-
-    def owns_shard(self, queue: QueueName, shard: int) -> bool:
-        return True
-
-    def owner_address(self, queue: QueueName, shard: int) -> str | None:
-        return None
-
-    def owned(self) -> set[int]:
-        return set(range(32))
-
-
 async def test_rounds_count_pushes_losses_retries_and_duplicates_exactly(tmp_path: Path) -> None:
     """5 events acknowledged (one of them sent twice by the gateway), 3 failing with
     maxRetries 2, 1 undeliverable: every counter, gauge and histogram count is exact."""
@@ -94,7 +69,7 @@ async def test_rounds_count_pushes_losses_retries_and_duplicates_exactly(tmp_pat
     service = DeliveryService(
         api=api,
         store=store,
-        ownership=cast(Ownership, FakeOwnership()),
+        ownership=cast(Ownership, OwnsEverything()),
         namespaces=[],
         metrics=metrics,
     )

@@ -19,9 +19,9 @@ from bucketnotify.delivery.queue import Entry, QueueLimits, QueueName
 from bucketnotify.delivery.service import DELIVERED_SAVE_S, DeliveryService, TopicRuntime
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from bucketnotify.delivery.worker import DeliveredCache, DeliveryPolicy
+from tests.delivery import OwnsEverything
 from tests.kubeapi import UNREACHABLE
 from tests.records import event
-from tests.unit.test_metrics import FakeOwnership
 
 
 async def until(done: Callable[[], Awaitable[bool]], within_s: float, what: str) -> None:
@@ -39,7 +39,7 @@ class CountingStore(LocalDirStore):
         return await super().list(queue, shard, max_entries)
 
 
-class Wakeable(FakeOwnership):
+class Wakeable(OwnsEverything):
     address = "127.0.0.1:1"
     """Others could wake it: it does not poll."""
 
