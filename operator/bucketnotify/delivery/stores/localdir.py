@@ -19,7 +19,8 @@ Durability: a file is written in ``.tmp``, fsynced, renamed into place and the d
 fsynced before ``commit`` returns. Rewrites (``remove``, ``update``) go the same way, and
 a rewrite that shrinks a batch renames the new file in before it unlinks the old one, so
 a crash leaves the old superset beside it (ignored: see ``_format``), never neither.
-Reservations are not fsynced: a machine crash takes their writers with them.
+Reservations are not fsynced: a machine crash takes their writers with them. Nor are the
+delivered identities (``save_delivered``): a hint, whose loss costs duplicates.
 
 Several processes: ``reserve`` checks and writes under the queue's lock, so on one machine
 the limits hold exactly. Batch ids are chosen under the shard's lock from the time stored
