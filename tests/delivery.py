@@ -24,8 +24,11 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from bucketnotify.delivery.endpoints.base import Endpoint
 from bucketnotify.delivery.ownership import LeaseSettings
 from bucketnotify.delivery.queue import QueueName
+from bucketnotify.delivery.service import TopicRuntime
+from bucketnotify.delivery.worker import DeliveredCache, DeliveryPolicy
 from devstack.gateway import gateway_settings
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
@@ -278,6 +281,22 @@ def sync_topics(
     for name in topics:
         condition(kubectl, namespace, "bucketnotification", name)
     return buckets
+
+
+def one_shard_runtime(
+    queue: QueueName, endpoint: Endpoint, policy: DeliveryPolicy | None = None
+) -> TopicRuntime:
+    """What the service holds for a Topic of one shard delivering to ``endpoint``."""
+    return TopicRuntime(
+        queue=queue,
+        shards=1,
+        policy=policy or DeliveryPolicy(),
+        endpoint=endpoint,
+        fingerprint="",
+        generation=1,
+        secrets_read_at=0,
+        delivered={0: DeliveredCache()},
+    )
 
 
 class OwnsEverything:

@@ -16,11 +16,11 @@ from bucketnotify.delivery.endpoints.testing import MockEndpoint
 from bucketnotify.delivery.ingest import Ingest, IngestTopic, build_app, event_id
 from bucketnotify.delivery.ownership import Ownership
 from bucketnotify.delivery.queue import QueueLimits, QueueName
-from bucketnotify.delivery.service import DeliveryService, TopicRuntime
+from bucketnotify.delivery.service import DeliveryService
 from bucketnotify.delivery.stores.localdir import LocalDirStore
-from bucketnotify.delivery.worker import DeliveredCache, DeliveryPolicy
+from bucketnotify.delivery.worker import DeliveryPolicy
 from bucketnotify.metrics import DeliveryMetrics, OperatorMetrics
-from tests.delivery import OwnsEverything, Samples, samples
+from tests.delivery import OwnsEverything, Samples, one_shard_runtime, samples
 from tests.kubeapi import UNREACHABLE
 from tests.records import event
 
@@ -85,16 +85,7 @@ async def test_rounds_count_pushes_losses_retries_and_duplicates_exactly(tmp_pat
             raise UndeliverableError("too large")
 
     endpoint = MockEndpoint(handler)
-    runtime = TopicRuntime(
-        queue=queue,
-        shards=1,
-        policy=DeliveryPolicy(max_retries=2, retry_sleep_s=0),
-        endpoint=endpoint,
-        fingerprint="",
-        generation=1,
-        secrets_read_at=0,
-        delivered={0: DeliveredCache()},
-    )
+    runtime = one_shard_runtime(queue, endpoint, DeliveryPolicy(max_retries=2, retry_sleep_s=0))
     service.topics[("ns", "t")] = runtime
     events = [event(f"ok{i}") for i in range(5)]
     events += [event(f"down{i}") for i in range(3)] + [event("huge")]

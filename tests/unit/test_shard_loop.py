@@ -16,10 +16,9 @@ from bucketnotify.delivery.endpoints.testing import MockEndpoint
 from bucketnotify.delivery.ingest import event_id
 from bucketnotify.delivery.ownership import Ownership
 from bucketnotify.delivery.queue import Entry, QueueLimits, QueueName
-from bucketnotify.delivery.service import DELIVERED_SAVE_S, DeliveryService, TopicRuntime
+from bucketnotify.delivery.service import DELIVERED_SAVE_S, DeliveryService
 from bucketnotify.delivery.stores.localdir import LocalDirStore
-from bucketnotify.delivery.worker import DeliveredCache, DeliveryPolicy
-from tests.delivery import OwnsEverything
+from tests.delivery import OwnsEverything, one_shard_runtime
 from tests.kubeapi import UNREACHABLE
 from tests.records import event
 
@@ -56,16 +55,7 @@ async def test_a_shard_that_delivered_all_it_listed_waits_to_be_woken(tmp_path: 
     queue = QueueName("ns", "t")
     await store.create(queue, 1, QueueLimits())
     endpoint = MockEndpoint()
-    runtime = TopicRuntime(
-        queue=queue,
-        shards=1,
-        policy=DeliveryPolicy(),
-        endpoint=endpoint,
-        fingerprint="",
-        generation=1,
-        secrets_read_at=0,
-        delivered={0: DeliveredCache()},
-    )
+    runtime = one_shard_runtime(queue, endpoint)
     service.topics[("ns", "t")] = runtime
 
     async def commit(*keys: str) -> list[str]:
