@@ -54,6 +54,10 @@ TOKEN_REREAD_S = 60.0
 CONNECTIONS = 16
 """Connections kept to the API server: each holds a 256 KiB TLS buffer, and a burst of
 writes (a Topic's notifications re-synced at once) would otherwise open many and keep them."""
+LEASE_CONNECTIONS = 2
+"""Connections of the Lease renewals' own client. Not the handlers' client: with thousands
+of objects reconciling, a renewal queued behind their requests for a free connection, timed
+out and the operator lost its leadership (measured at 5,000 BucketNotifications)."""
 
 DEFAULT_TIMEOUT_S = 60.0
 """A request without a timeout of its own: an API server that never answers must not hold
@@ -315,9 +319,12 @@ class ApiClient:
         self,
         info: kopf.ConnectionInfo,
         reload: Callable[[], kopf.ConnectionInfo] | None = None,
+        *,
+        connections: int = CONNECTIONS,
     ) -> None:
         """``reload``: reads the credentials again (after their expiration or a 401); None:
-        they never change."""
+        they never change. ``connections``: at most this many at once; further requests
+        wait for one (their timeout runs meanwhile)."""
         self._info = info
         self._reload = reload
         self.server = info.server
@@ -327,7 +334,7 @@ class ApiClient:
         # Lease renewals behind store I/O. The proxy is read once above; the API server
         # takes certificates or tokens, never netrc.
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=CONNECTIONS, ssl=info.as_ssl_context()),
+            connector=aiohttp.TCPConnector(limit=connections, ssl=info.as_ssl_context()),
             proxy=proxy,
             trust_env=False,
             # A watch event or LIST page of large objects fits (etcd's bound is 1.5 MiB).
@@ -430,10 +437,10 @@ def proxy_for(info: kopf.ConnectionInfo) -> str | None:
     return env_proxy(info.server)
 
 
-async def connect() -> ApiClient:
+async def connect(connections: int = CONNECTIONS) -> ApiClient:
     """A client of the API server from $KUBECONFIG when set, otherwise the pod's service
     account (``ConfigError`` when neither is usable). It reads its credentials again from
     the same place, whatever $KUBECONFIG says later."""
     paths = _kubeconfig_paths()
     info = await asyncio.to_thread(connection_info, paths)
-    return ApiClient(info, functools.partial(connection_info, paths))
+    return ApiClient(info, functools.partial(connection_info, paths), connections=connections)

@@ -19,7 +19,13 @@ from aiohttp import web
 from bucketnotify import admin, logs
 from bucketnotify.admission import PATH as ADMISSION_PATH
 from bucketnotify.admission import serve_admission
-from bucketnotify.apiserver import ApiError, ConfigError, connection_info, proxy_for
+from bucketnotify.apiserver import (
+    LEASE_CONNECTIONS,
+    ApiError,
+    ConfigError,
+    connection_info,
+    proxy_for,
+)
 from bucketnotify.controller import handlers
 from bucketnotify.controller.drift_loop import ObjectLocks
 from bucketnotify.controller.notifications import BucketLocks
@@ -144,7 +150,8 @@ async def run_operator(settings: OperatorSettings) -> None:
     )
     try:
         if settings.leader_election:
-            await lead(api, settings, identity, operator, stop)
+            async with await connect(LEASE_CONNECTIONS) as leases:
+                await lead(leases, settings, identity, operator, stop)
         else:
             await operator
     finally:
@@ -162,12 +169,14 @@ def _default_identity() -> str:
 
 async def run_delivery(settings: DeliveryServiceSettings, operator: OperatorSettings) -> None:
     api = await connect()
+    # The Leases have a client of their own: a renewal must not wait behind Topic reads.
+    leases = await connect(LEASE_CONNECTIONS)
     identity = settings.identity or _default_identity()
     store = await _store(settings, operator)
     metrics = DeliveryMetrics()
     writer = _record_writer(settings, operator, identity, metrics)
     ownership = Ownership(
-        api,
+        leases,
         identity,
         LeaseSettings(
             namespace=settings.lease_namespace,
@@ -223,6 +232,7 @@ async def run_delivery(settings: DeliveryServiceSettings, operator: OperatorSett
             # Last: the rounds and the ingest are done, so every record is in the buffer.
             await writer.aclose()
         await api.close()
+        await leases.close()
 
 
 def _record_writer(

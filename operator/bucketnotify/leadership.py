@@ -50,7 +50,10 @@ class _LeaderLease:
         except ApiError as exc:
             log.warning("the leader Lease: the API server answered %s: %s", exc.status, exc.message)
         except _UNREACHABLE as exc:
-            log.warning("the leader Lease: the API server is unreachable: %s", exc or type(exc))
+            log.warning(
+                "the leader Lease: the API server is unreachable: %s",
+                str(exc) or type(exc).__name__,
+            )
         return False
 
     async def _attempt(self) -> bool:
