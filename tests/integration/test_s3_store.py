@@ -220,6 +220,28 @@ async def test_far_below_its_limits_a_commit_is_one_put(
     assert (stats.entries, stats.reservations) == (3, 0)
 
 
+async def test_every_replica_has_a_headroom_of_its_own_at_once(
+    rgw: LocalService, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other replica's cover does not use up this one's share: after one scan each,
+    both commit with one PUT, and the limits still hold exactly (both covers counted)."""
+    prefix = f"t-{uuid.uuid4().hex[:10]}/"
+    a, b = (S3Store(connection(rgw), bucket, prefix, writers=lambda: 2) for _ in range(2))
+    await a.create(QUEUE, 2, QueueLimits(max_entries=40, max_bytes=10_000))
+    await put(a, 0, b"a0")  # scans; A's cover: 40 / (2 x 2) - 1 = 9
+    await put(b, 1, b"b0")  # scans; B's cover: 10 - 2 = 8 (A's cover not subtracted)
+    calls = {store: count_calls(store, monkeypatch) for store in (a, b)}
+    for n in range(1, 8):
+        await put(a, 0, f"a{n}".encode())
+        await put(b, 1, f"b{n}".encode())
+    assert calls[a] == calls[b] == ["PutObject"] * 7, "from their headrooms"
+    # 16 committed; A's scan counts B's cover (8) in full and its own by its grants (none
+    # in flight): room for 16 more, not 17.
+    with pytest.raises(QueueFull):
+        await a.reserve(QUEUE, 1, 17, 17, NOW)
+    await a.abort(await a.reserve(QUEUE, 1, 16, 16, NOW))
+
+
 async def test_a_batch_its_writer_lists_is_not_read_back_unless_rewritten_since(
     rgw: LocalService, bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -320,7 +342,7 @@ async def test_two_replicas_reserving_the_last_room_at_the_same_instant_do_not_b
 async def test_a_headroom_counts_for_the_other_replicas_until_it_is_used_up(
     rgw: LocalService, bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A's headroom (limit / (2 x 2) = 10 minus the 1 committed) is granted without any
+    """A's headroom (limit / (2 x 2) = 10 minus the 1 committed: 9) is granted without any
     request, so B must count it before A uses it; A itself does not count it twice."""
     prefix = f"t-{uuid.uuid4().hex[:10]}/"
     a, b = (S3Store(connection(rgw), bucket, prefix, writers=lambda: 2) for _ in range(2))

@@ -73,8 +73,10 @@ because every ``list`` starts from the oldest entry.
 Reserving without a scan: while a queue is far below its limits, a reserve needs neither
 the LISTs nor a marker, so a commit is one PUT. With ``writers`` set (an upper bound of the
 replicas that write to the store), each scan also gives this replica a *headroom*: what it
-may still reserve without another scan, ``limit / (2 * writers)`` minus everything the scan
-found held, for entries and bytes alike. The headroom is itself a marker, a *cover*
+may still reserve without another scan, ``limit / (2 * writers)`` minus what the scan found
+held besides the other replicas' covers, for entries and bytes alike (so every replica can
+have one at once, and all of them together stay under half the limit). The headroom is
+itself a marker, a *cover*
 (``<name>.cover``), PUT and re-checked with the turn's markers: every other writer counts
 it in full until it goes, so what is granted from it never needs a marker of its own.
 Reserves within the headroom take from it and are granted at once; one that does not fit
@@ -381,7 +383,13 @@ class S3Store:
     def _new_cover(
         self, queue: QueueName, limits: QueueLimits, held_entries: int, held_bytes: int, now: float
     ) -> Reservation | None:
-        """The cover of a new headroom, or None when the queue is too full for one."""
+        """The cover of a new headroom, or None when the queue is too full for one.
+
+        ``held``: the queue's entries and bytes and every reservation, but the other
+        replicas' covers. A cover is at most ``limit / (2 * writers)`` minus that, so all
+        the writers' covers together never pass half the limit, and a check that counts
+        them all in full (every scan does) still leaves the other half for the rest: the
+        covers of two replicas placed in the same instant never make either step back."""
         writers = self.writers() if self.writers is not None else 0
         if writers < 1:
             return None
@@ -449,8 +457,13 @@ class S3Store:
             granted.append((w, reservation))
         now = max(w.now for w in waiting)
         current = self._headroom.get(queue)
+        # The other replicas' covers are not subtracted: each replica's own share bounds
+        # them (see _new_cover). Subtracting them too left one replica a headroom at a
+        # time; the other scanned on every reserve (measured: 772 scans in 2,000 events).
+        others = {c.id for c in covers}
+        not_covers = [r for r in counted if r.id not in others]
         cover = self._new_cover(
-            queue, limits, *held(usage(shards, found, counted, now), counted, now), now
+            queue, limits, *held(usage(shards, found, not_covers, now), not_covers, now), now
         )
         markers = [self._put_marker(r) for _, r in granted]
         if cover is not None:
