@@ -269,39 +269,3 @@ async def test_a_queue_store_that_does_not_answer_gets_503_and_one_warning(
     warnings = [r for r in caplog.records if "queue store is unavailable" in r.getMessage()]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
     assert SECRET not in caplog.text
-
-
-async def test_each_shard_is_woken_when_its_own_commit_is_done(tmp_path: Path) -> None:
-    """Not when the request's slowest shard is: a round of the woken shard that listed in
-    between would otherwise list again for nothing."""
-    store = LocalDirStore(tmp_path)
-    await store.create(QUEUE, 4, QueueLimits(max_entries=100, max_bytes=1_000_000))
-    records = [event(f"key{i}") for i in range(20)]
-    shards = sorted({shard_of("b", r["s3"]["object"]["key"], 4) for r in records})
-    assert len(shards) > 1
-    slow, release = shards[-1], asyncio.Event()
-    commit = store.commit
-
-    async def slow_commit(reservation: Any, events: Any, now: float) -> Any:
-        if reservation.shard == slow:
-            await release.wait()
-        return await commit(reservation, events, now)
-
-    store.commit = slow_commit  # type: ignore[method-assign]
-    woken: list[int] = []
-    ingest = Ingest(
-        store,
-        {("team-a", "orders"): IngestTopic(QUEUE, TOKEN, 4)},
-        committed=lambda queue, shard: woken.append(shard),
-    )
-    async with TestClient(TestServer(build_app(ingest))) as client:
-        answer = asyncio.create_task(client.post(URL, json={"Records": records}))
-        for _ in range(200):
-            if len(woken) == len(shards) - 1:
-                break
-            await asyncio.sleep(0.01)
-        assert sorted(woken) == shards[:-1]
-        assert not answer.done()
-        release.set()
-        assert (await answer).status == 200
-    assert sorted(woken) == shards

@@ -163,20 +163,10 @@ class Ingest:
         # gateway then sends the whole body again and the duplicates are recognised by
         # their identity when delivered: a duplicate, never a loss.
         committed_at = time.time()
-        woken: set[int] = set()
-
-        async def commit(reservation: Reservation) -> None:
-            await self.store.commit(reservation, by_shard[reservation.shard], committed_at)
-            # At once, not when the group's slowest shard is done: a round of this shard
-            # that lists meanwhile finds the entries, and a wake-up after its listing would
-            # make it list once more for nothing.
-            woken.add(reservation.shard)
-            if self._committed is not None:
-                self._committed(queue, reservation.shard)
-
         try:
             outcomes = await asyncio.gather(
-                *(commit(r) for r in reservations), return_exceptions=True
+                *(self.store.commit(r, by_shard[r.shard], committed_at) for r in reservations),
+                return_exceptions=True,
             )
             failed = [
                 (r, o)
@@ -191,9 +181,8 @@ class Ingest:
                 )
                 raise failed[0][1]
         finally:
-            # A shard whose commit failed or was cancelled may hold the entries all the same.
             if self._committed is not None:
-                for shard in by_shard.keys() - woken:
+                for shard in by_shard:
                     self._committed(queue, shard)
         return committed_at
 
