@@ -386,10 +386,11 @@ class S3Store:
         """The cover of a new headroom, or None when the queue is too full for one.
 
         ``held``: the queue's entries and bytes and every reservation, but the other
-        replicas' covers. A cover is at most ``limit / (2 * writers)`` minus that, so all
-        the writers' covers together never pass half the limit, and a check that counts
-        them all in full (every scan does) still leaves the other half for the rest: the
-        covers of two replicas placed in the same instant never make either step back."""
+        replicas' covers. A cover is at most ``limit / (2 * writers)`` minus that, so the
+        writers' current covers together stay under half the limit, and the checks, which
+        count every cover in full, leave the other half to what the queue holds and what
+        is reserved with a scan. (Subtracting the others' covers too let only one replica
+        have a headroom at a time.)"""
         writers = self.writers() if self.writers is not None else 0
         if writers < 1:
             return None
