@@ -6,6 +6,7 @@ API server.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
 import secrets
@@ -59,6 +60,8 @@ class Kube:
         self._label_refused = False
         self._labelled: OrderedDict[tuple[str, str], str] = OrderedDict()
         """(namespace, name) -> the resourceVersion our label patch made, the latest ones."""
+        self._labelling: dict[tuple[str, str], asyncio.Event] = {}
+        """(namespace, name) -> set when the label patch under way has its answer."""
 
     async def secret_data(self, namespace: str, name: str) -> dict[str, str]:
         try:
@@ -76,10 +79,17 @@ class Kube:
         logs.remember_secrets(v for k, v in data.items() if logs.secret_key_name(k))
         return data
 
-    def labelled_by_us(self, namespace: str, name: str, resource_version: str | None) -> bool:
+    async def labelled_by_us(self, namespace: str, name: str, resource_version: str | None) -> bool:
         """Whether this version of the Secret is the one our label made: its data is what
         the reader just had, so its watch event asks for no re-sync (a Secret shared by a
-        thousand Topics would otherwise re-sync them all once, at its first read)."""
+        thousand Topics would otherwise re-sync them all once, at its first read).
+
+        The watch event can arrive before the label patch's own answer (both are on their
+        way at once), so a patch under way is waited for: only its answer says which
+        version it made."""
+        pending = self._labelling.get((namespace, name))
+        if pending is not None:
+            await pending.wait()
         return resource_version is not None and self._labelled.get((namespace, name)) == (
             resource_version
         )
@@ -90,6 +100,16 @@ class Kube:
         Its data is left alone (a merge patch of one label), so the writer that owns the
         Secret (a GitOps tool, a secrets controller) keeps it; one that replaces the Secret
         wholesale drops the label, and the next read (the drift check) puts it back."""
+        key = (namespace, name)
+        answered = self._labelling[key] = asyncio.Event()
+        try:
+            await self._label_secret_once(namespace, name, read_version)
+        finally:
+            if self._labelling.get(key) is answered:
+                del self._labelling[key]
+            answered.set()
+
+    async def _label_secret_once(self, namespace: str, name: str, read_version: str) -> None:
         labels = {WATCHED_LABEL: "true"}
         try:
             try:

@@ -529,7 +529,7 @@ async def secret_changed(
     topics_by_secret: kopf.Index[Any, str] = kwargs["topics_by_secret"]
     if event.get("type") not in {"ADDED", "MODIFIED"}:
         return  # the initial listing: resume handlers sync everything anyway
-    if memo.kube.labelled_by_us(_ns(namespace), name, meta.get("resourceVersion")):
+    if await memo.kube.labelled_by_us(_ns(namespace), name, meta.get("resourceVersion")):
         return  # our label, on the data its reader just used
     for topic in topics_by_secret.get((namespace, name), []):
         await memo.kube.annotate(
