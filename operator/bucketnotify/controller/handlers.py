@@ -177,8 +177,10 @@ def _write(patch: kopf.Patch, current: kopf.Status, status: dict[str, Any]) -> N
             patch.status[key] = value
 
 
+# The indices are async though they never wait: kopf runs a sync callback in its thread pool,
+# which costs more than the callback itself, for every watch event of every object.
 @kopf.index(*TOPICS)
-def topics_by_gateway_name(
+async def topics_by_gateway_name(
     namespace: str | None,
     name: str,
     spec: kopf.Spec,
@@ -354,13 +356,15 @@ def _snapshot(body: kopf.Body) -> dict[str, Any]:
 
 
 @kopf.index(*TOPICS)
-def topic_snapshots(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> dict[Any, Any]:
+async def topic_snapshots(
+    body: kopf.Body, namespace: str | None, name: str, **_: Any
+) -> dict[Any, Any]:
     """(namespace, name) → the Topic as the drift loop checks it."""
     return {(namespace, name): _snapshot(body)}
 
 
 @kopf.index(*NOTIFICATIONS)
-def notification_snapshots(
+async def notification_snapshots(
     body: kopf.Body, namespace: str | None, name: str, spec: kopf.Spec, **_: Any
 ) -> dict[Any, Any]:
     """(bucket, namespace, name) → the BucketNotification as the drift loop checks it (one
@@ -499,7 +503,9 @@ async def topic_deleted(
 
 
 @kopf.index(*TOPICS)
-def topics_by_secret(namespace: str | None, name: str, spec: kopf.Spec, **_: Any) -> dict[Any, str]:
+async def topics_by_secret(
+    namespace: str | None, name: str, spec: kopf.Spec, **_: Any
+) -> dict[Any, str]:
     """(namespace, Secret name) → names of the Topics that read it."""
     try:
         parsed = parse_spec(dict(spec))
@@ -541,7 +547,7 @@ async def secret_changed(
 
 
 @kopf.index(*NOTIFICATIONS)
-def notifications_by_topic(
+async def notifications_by_topic(
     namespace: str | None, name: str, spec: kopf.Spec, **_: Any
 ) -> dict[Any, str]:
     """(namespace, Topic name) → names of the BucketNotifications that use it."""
@@ -550,7 +556,7 @@ def notifications_by_topic(
 
 
 @kopf.index(*NOTIFICATIONS)
-def notifications_by_bucket_id(
+async def notifications_by_bucket_id(
     namespace: str | None,
     name: str,
     spec: kopf.Spec,
