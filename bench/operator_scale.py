@@ -14,7 +14,9 @@ operator's CPU seconds, its resident memory (peak: ``VmHWM``), its handler runs 
 metrics), CPU seconds of the apiserver, etcd and radosgw, and the requests radosgw served
 (its perf counters: every client of the shared gateway, not only the operator). A baseline
 makes the same gateway writes directly, one client, one after another, so the ratio says
-what reconciling through Kubernetes costs over the bare gateway calls.
+what reconciling through Kubernetes costs over the bare gateway calls; it also times the same
+``kubectl apply`` runs into a namespace no operator watches, the part of each phase that is
+the API server's alone.
 
 The gateway must be as clean afterwards as before: no gateway topic (``radosgw-admin topic
 list``, which also lists the per-notification topics Ceph 16 makes) naming this run's
@@ -532,6 +534,25 @@ def baseline(rgw: Service, options: Options, tag: str) -> dict[str, Any]:
     return result
 
 
+def apply_alone(kubectl: Kubectl, options: Options, buckets: list[str]) -> dict[str, Any]:
+    """The same two ``kubectl apply`` runs into a namespace no operator watches: what the
+    API server alone takes for them on this machine, the floor under every phase's time
+    (a phase is timed from the start of its apply)."""
+    namespace = new_namespace(kubectl, "bench-apply")
+    result: dict[str, Any] = {}
+    started = time.monotonic()
+    apply_list(kubectl, namespace, topics(options))
+    result["apply_topics_s"] = round(time.monotonic() - started, 2)
+    started = time.monotonic()
+    apply_list(kubectl, namespace, notifications(options, buckets))
+    result["apply_notifications_s"] = round(time.monotonic() - started, 2)
+    # No finalizer was ever added, so the objects go at once.
+    kubectl_bulk(
+        kubectl, "delete", "bucketnotifications,topics", "--all", "-n", namespace, "--wait=false"
+    )
+    return result
+
+
 # --- set-up and clean-up --------------------------------------------------------------------
 
 
@@ -634,6 +655,9 @@ def measure(
         try:
             document["baseline"] = baseline(rgw, options, tag)
             print(f"  {document['baseline']}", flush=True)
+            buckets = [f"bno-{tag}-{b}" for b in range(options.buckets)]
+            document["baseline"].update(apply_alone(kubectl, options, buckets))
+            print(f"  kubectl apply alone, no operator: {document['baseline']}", flush=True)
         except (BotoCoreError, ClientError) as exc:
             document["baseline_error"] = f"{type(exc).__name__}: {exc}"
             print(f"  baseline FAILED: {document['baseline_error']}", flush=True)
@@ -812,10 +836,12 @@ def report(document: dict[str, Any], options: Options) -> str:
             " (one client, sequential)",
             f"  Topics:               {topics_phase['seconds']:.1f} s / "
             f"{base['create_topics_s']:.1f} s = "
-            f"{topics_phase['seconds'] / base['create_topics_s']:.2f}",
+            f"{topics_phase['seconds'] / base['create_topics_s']:.2f}"
+            f"{_floor(base, 'apply_topics_s', 'create_topics_s')}",
             f"  BucketNotifications:  {notes_phase['seconds']:.1f} s / "
             f"{base['put_notifications_s']:.1f} s = "
-            f"{notes_phase['seconds'] / base['put_notifications_s']:.2f}",
+            f"{notes_phase['seconds'] / base['put_notifications_s']:.2f}"
+            f"{_floor(base, 'apply_notifications_s', 'put_notifications_s')}",
         ]
         deleted = phases.get("delete both")
         if deleted:
@@ -844,6 +870,16 @@ def report(document: dict[str, Any], options: Options) -> str:
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
+
+
+def _floor(base: dict[str, Any], apply_key: str, direct_key: str) -> str:
+    """The ratio the kubectl apply alone already reaches (no operator running)."""
+    if apply_key not in base:
+        return ""
+    return (
+        f" (the apply alone, no operator: {base[apply_key]:.1f} s ="
+        f" {base[apply_key] / base[direct_key]:.2f})"
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
