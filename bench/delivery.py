@@ -12,8 +12,8 @@ Figures per scenario: throughput (events / first PUT start to last first arrival
 end-to-end latency percentiles (PUT start to endpoint receipt of the first copy),
 duplicate deliveries, missing events, PUT rate and PUT latency (hand-off ``sync`` makes the
 PUT wait for our commit), and CPU seconds of the processes involved. The JSON file keeps
-everything; stdout gets a table and the ratios against the gateway, both as measured in this
-run and as measured earlier on this machine (``REFERENCE``), and CPU milliseconds per
+everything; stdout gets a table and the ratios against the gateway scenarios of the same
+run (none if the run has none), and CPU milliseconds per
 delivered event (ours, and the gateway's and OSD's work beyond gateway-sync's). ``--ramp
 1,8,32,64`` runs the scenarios at each client count instead and prints throughput and p99
 per step, so the knee of each curve shows. Our processes' logs (and with
@@ -67,22 +67,6 @@ from devstack.services import REPO, Service, ServiceError
 EVENT = "s3:ObjectCreated:Put"
 PARTITIONS = 32
 OPERATOR_LEASE = "bucketnotify-operator"
-
-# Measured earlier on this machine with the same workload (8 writers, 100-byte objects).
-REFERENCE: dict[str, dict[str, float | None]] = {
-    "gateway-persistent": {
-        "throughput_eps": 190.0,
-        "p50_ms": 2400.0,
-        "p99_ms": 6800.0,
-        "duplicates_per_event": 1.1,
-    },
-    "gateway-sync": {
-        "throughput_eps": 285.0,
-        "p50_ms": None,
-        "p99_ms": 53.0,
-        "duplicates_per_event": None,
-    },
-}
 
 
 @dataclass(frozen=True)
@@ -551,13 +535,6 @@ def report(results: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
             f"{_num(r['duplicates_per_1000']):>9}{r['missing']:>8}"
             f"{_num(r['put_rate_eps']):>8}{_num(put['p99']):>9}"
         )
-    for name, ref in REFERENCE.items():
-        dup = ref["duplicates_per_event"]
-        lines.append(
-            f"{name + ' (reference)':<34}{_num(ref['throughput_eps']):>9}{_num(ref['p50_ms']):>9}"
-            f"{'-':>9}{_num(ref['p99_ms']):>9}{'-':>9}{_num(dup and dup * 1000):>9}"
-            f"{'-':>8}{'-':>8}{'-':>9}"
-        )
 
     ok = [r for r in results if "error" not in r]
     if ok:
@@ -588,10 +565,13 @@ def report(results: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
     for name in ("gateway-persistent", "gateway-sync"):
         if name in measured:
             baselines.append((f"{name} (this run)", measured[name]))
-        baselines.append((f"{name} (reference)", REFERENCE[name]))
     ratios: dict[str, Any] = {}
     ours = [r for r in ok if r["config"]["stack"] == "bucketnotify"]
-    if ours:
+    if ours and not baselines:
+        # Figures of another run (another Ceph, another load) would make a ratio that means
+        # nothing: a ratio is only ever taken within one run.
+        lines += ["", "no ratios: run gateway-sync or gateway-persistent in the same run"]
+    elif ours:
         lines += [
             "",
             "ratios ours / gateway (events/s: higher is better; latency: lower is better)",
@@ -852,7 +832,6 @@ def main(argv: list[str] | None = None) -> int:
             },
             "source": source_revision(),
             "options": asdict(options),
-            "reference": REFERENCE,
             "scenarios": results,
             "ratios": ratios,
             "logs": str(run.log_dir),
