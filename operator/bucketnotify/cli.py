@@ -21,6 +21,7 @@ from bucketnotify.admission import PATH as ADMISSION_PATH
 from bucketnotify.admission import serve_admission
 from bucketnotify.apiserver import (
     LEASE_CONNECTIONS,
+    ApiClient,
     ApiError,
     ConfigError,
     connection_info,
@@ -98,7 +99,13 @@ async def _login(**_: Any) -> kopf.AiohttpSession:
 
 
 async def run_operator(settings: OperatorSettings) -> None:
-    api = await connect()
+    # Closed on every way out, a refused first request included: otherwise asyncio's
+    # "Unclosed client session" errors are the log's last lines, below what to fix.
+    async with await connect() as api:
+        await _operate(settings, api)
+
+
+async def _operate(settings: OperatorSettings, api: ApiClient) -> None:
     if not settings.owner_id:
         settings = settings.model_copy(update={"owner_id": await Kube(api).cluster_uid()})
     log.info("gateway objects of this operator are marked as owned by %s", settings.owner_id)
@@ -160,7 +167,6 @@ async def run_operator(settings: OperatorSettings) -> None:
             await webhook.stop()
         if probes is not None:
             await probes.cleanup()
-        await api.close()
 
 
 def _default_identity() -> str:
@@ -168,9 +174,18 @@ def _default_identity() -> str:
 
 
 async def run_delivery(settings: DeliveryServiceSettings, operator: OperatorSettings) -> None:
-    api = await connect()
-    # The Leases have a client of their own: a renewal must not wait behind Topic reads.
-    leases = await connect(LEASE_CONNECTIONS)
+    # Closed on every way out, a bad store setting included (see run_operator). The Leases
+    # have a client of their own: a renewal must not wait behind Topic reads.
+    async with await connect() as api, await connect(LEASE_CONNECTIONS) as leases:
+        await _deliver(settings, operator, api, leases)
+
+
+async def _deliver(
+    settings: DeliveryServiceSettings,
+    operator: OperatorSettings,
+    api: ApiClient,
+    leases: ApiClient,
+) -> None:
     identity = settings.identity or _default_identity()
     store = await _store(settings, operator)
     metrics = DeliveryMetrics()
@@ -231,8 +246,6 @@ async def run_delivery(settings: DeliveryServiceSettings, operator: OperatorSett
         if writer is not None:
             # Last: the rounds and the ingest are done, so every record is in the buffer.
             await writer.aclose()
-        await api.close()
-        await leases.close()
 
 
 def _record_writer(
