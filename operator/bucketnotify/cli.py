@@ -70,8 +70,12 @@ def _configure_kopf(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
         prefix="kopf.bucketnotify.io"
     )
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix="kopf.bucketnotify.io", key="last-handled-configuration"
+    # The diff base goes with the handler's own status write, one PATCH of the status; as an
+    # annotation it cost a second PATCH of the object and a second watch event per change
+    # (objects reconciled before keep their old annotation, unused: the first run after an
+    # upgrade handles each object once more, as a resume does).
+    settings.persistence.diffbase_storage = kopf.StatusDiffBaseStorage(
+        field=f"status.{handlers.DIFF_BASE_FIELD}"
     )
     # Server-side: the API server sends only the Secrets the operator labelled, not every
     # Secret of the cluster (kopf's handler filters would still receive and parse them all).

@@ -199,6 +199,10 @@ class BucketNotificationStatus(Model):
     """The configuration last applied to the bucket."""
     test_event_sent: bool | None = None
     """Whether the test event went out for the current configuration."""
+    last_handled_configuration: str | None = None
+    """The spec, labels and annotations the operator last reconciled, as JSON: its change
+    handlers diff the next version against it (kopf's diff base; in the status, so that
+    recording it is part of the status write rather than another write of the object)."""
 
 
 class BucketNotification(Model):

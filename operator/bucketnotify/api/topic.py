@@ -268,6 +268,10 @@ class TopicStatus(Model):
     """ARN of the gateway topic."""
     endpoint_kind: Literal["http", "amqp", "kafka"] | None = None
     """Kind of the endpoint, for printing."""
+    last_handled_configuration: str | None = None
+    """The spec, labels and annotations the operator last reconciled, as JSON: its change
+    handlers diff the next version against it (kopf's diff base; in the status, so that
+    recording it is part of the status write rather than another write of the object)."""
 
 
 class Topic(Model):

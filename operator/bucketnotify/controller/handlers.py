@@ -56,9 +56,11 @@ TOPICS = (GROUP, VERSION, "topics")
 SECRET_RESYNC = f"{GROUP}/secret-resync"
 TOPIC_RESYNC = f"{GROUP}/topic-resync"
 NOTIFICATIONS = (GROUP, VERSION, "bucketnotifications")
-# kopf's annotations: a handler's progress, and the last spec handled.
+# kopf's annotations: a handler's progress (and, left by earlier releases, the last spec
+# handled, which is now a status field).
 PROGRESS_PREFIX = "kopf.bucketnotify.io/"
 DIFF_BASE = f"{PROGRESS_PREFIX}last-handled-configuration"
+DIFF_BASE_FIELD = "lastHandledConfiguration"
 PENDING = "bucketnotify:pending"
 # Backoff for a Topic whose gateway failed: a flapping gateway is not hammered, and a gateway
 # that comes back is noticed within a minute even between drift checks.
@@ -326,8 +328,8 @@ def _report_drift(
 
 def _snapshot(body: kopf.Body) -> dict[str, Any]:
     """What a drift check needs of an object, without what makes kopf's bodies large
-    (managedFields, kopf's last-handled-configuration): the top-level fields of spec and
-    status are shared with the watch event's body, its metadata is not kept."""
+    (managedFields, kopf's diff base): the top-level fields of spec and status are shared
+    with the watch event's body, its metadata is not kept."""
     meta = body.metadata
     return {
         "apiVersion": body.get("apiVersion"),
@@ -346,7 +348,7 @@ def _snapshot(body: kopf.Body) -> dict[str, Any]:
             if key in meta
         },
         "spec": dict(body.spec),
-        "status": dict(body.status),
+        "status": {k: v for k, v in body.status.items() if k != DIFF_BASE_FIELD},
         # A change handler has a retry due (kopf's progress), or has not yet handled this
         # generation (a new object whose creation waits for its worker): that handler
         # reconciles the object, a drift check meanwhile would only duplicate it.
