@@ -833,7 +833,7 @@ def report(document: dict[str, Any], options: Options) -> str:
         lines += [
             "",
             "ratios operator (apply to all Ready) / the same gateway writes made directly"
-            " (one client, sequential)",
+            " (one client, sequential); goal: <= 1.5 for Topics and BucketNotifications",
             f"  Topics:               {topics_phase['seconds']:.1f} s / "
             f"{base['create_topics_s']:.1f} s = "
             f"{topics_phase['seconds'] / base['create_topics_s']:.2f}"
