@@ -656,8 +656,9 @@ def measure(
             document["baseline"] = baseline(rgw, options, tag)
             print(f"  {document['baseline']}", flush=True)
             buckets = [f"bno-{tag}-{b}" for b in range(options.buckets)]
-            document["baseline"].update(apply_alone(kubectl, options, buckets))
-            print(f"  kubectl apply alone, no operator: {document['baseline']}", flush=True)
+            alone = apply_alone(kubectl, options, buckets)
+            document["baseline"].update(alone)
+            print(f"  kubectl apply alone, no operator: {alone}", flush=True)
         except (BotoCoreError, ClientError) as exc:
             document["baseline_error"] = f"{type(exc).__name__}: {exc}"
             print(f"  baseline FAILED: {document['baseline_error']}", flush=True)

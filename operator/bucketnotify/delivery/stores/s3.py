@@ -460,8 +460,7 @@ class S3Store:
         current = self._headroom.get(queue)
         # Without the other replicas' covers: see _new_cover (with them, the second replica
         # never got a headroom and scanned on every reserve: 772 scans in 2,000 events).
-        others = {c.id for c in covers}
-        not_covers = [r for r in counted if r.id not in others]
+        not_covers = [*self._counted(queue, reservations, []), *(r for _, r in granted)]
         cover = self._new_cover(
             queue, limits, *held(usage(shards, found, not_covers, now), not_covers, now), now
         )
