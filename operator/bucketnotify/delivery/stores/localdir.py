@@ -242,7 +242,7 @@ class LocalDirStore:
 
     def _load_delivered(self, queue: QueueName, shard: int) -> list[str]:
         try:
-            return (self._dir(queue) / f"delivered-{shard}").read_text().split()
+            return _read_file(self._dir(queue) / f"delivered-{shard}").decode().split()
         except (FileNotFoundError, UnicodeError):
             return []  # none, or torn by a machine crash
 
@@ -260,7 +260,7 @@ class LocalDirStore:
 
     def _meta(self, queue: QueueName) -> tuple[int, QueueLimits]:
         try:
-            return decode_meta((self._dir(queue) / "meta.json").read_bytes())
+            return decode_meta(_read_file(self._dir(queue) / "meta.json"))
         except FileNotFoundError:
             raise QueueNotFound(f"queue {queue} does not exist") from None
 
@@ -271,7 +271,7 @@ class LocalDirStore:
     def _incarnation(self, queue: QueueName) -> str | None:
         """The id of the queue's current life; None for a queue an older release made."""
         try:
-            found = (self._dir(queue) / "incarnation").read_text().strip()
+            found = _read_file(self._dir(queue) / "incarnation").decode().strip()
         except FileNotFoundError:
             return None
         return found if _INCARNATION.fullmatch(found) else None
@@ -381,7 +381,7 @@ class LocalDirStore:
             for batch in batches(_names(directory)):
                 if len(entries) >= max_entries:
                     break
-                data = (directory / str(batch.current)).read_bytes()
+                data = _read_file(directory / str(batch.current))
                 entries += decode_batch(batch.current.batch, data)
             return entries[:max_entries]
         return []
@@ -434,7 +434,7 @@ class LocalDirStore:
         with _flock(self._lock(queue, f"shard-{shard}"), shared=True), _deleted_queue():
             for batch in batches(_names(directory)):
                 if batch.current.batch in batch_ids:
-                    data = (directory / str(batch.current)).read_bytes()
+                    data = _read_file(directory / str(batch.current))
                     found[batch.current.batch] = decode_batch(batch.current.batch, data)
             return found
         return {}
@@ -608,14 +608,35 @@ def _write_record(lock: int, stamp: int, counts: _Counts | None, incarnation: st
     os.pwrite(lock, record.encode(), 0)
 
 
+# Plain descriptors, not Python file objects: a file object costs an fstat, an lseek and an
+# isatty ioctl besides, and each system call in a store thread contends for the GIL.
+
+
+def _read_file(path: Path) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        chunks = [os.read(fd, size + 1)]
+        # A read of a regular file is short only at its end: one read, unless it grew.
+        if len(chunks[0]) > size:
+            while chunk := os.read(fd, 65536):
+                chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
 def _write_tmp(directory: Path, data: bytes, *, sync: bool = True) -> Path:
     fd, name = tempfile.mkstemp(dir=directory, prefix="w-")
     try:
-        with os.fdopen(fd, "wb") as file:
-            file.write(data)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
             if sync:
-                file.flush()
-                os.fsync(file.fileno())
+                os.fsync(fd)
+        finally:
+            os.close(fd)
     except BaseException:
         Path(name).unlink(missing_ok=True)
         raise
