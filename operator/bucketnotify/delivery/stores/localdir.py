@@ -49,7 +49,8 @@ Threads: what fsyncs (``commit``, the rewrite of ``remove`` and ``update``, ``cr
 ``list`` or a read of more than ``INLINE_FILES`` batch files) runs in the store's own
 threads (``_threads``), not in the event loop's shared default executor. The rest runs on
 the event loop: ``reserve``, ``abort``, ``stats``, ``load_delivered`` and small reads
-make many short system calls and no fsync, and in a thread each of those calls gives up
+make many short system calls and no fsync (but for the one that gives a queue of an older
+release its incarnation, once), and in a thread each of those calls gives up
 the GIL and must win it back from the busy event loop (measured: the delivery benchmark's
 dir-store replica spent 2.4-3.1 ms of CPU per event with everything in threads, about half
 of it in the kernel, mostly futex calls of that contention; 2.1 ms with these on the loop).
