@@ -9,7 +9,13 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def wait_until(observe: Callable[[], T], done: Callable[[T], bool], timeout: float, what: str) -> T:
+def wait_until(
+    observe: Callable[[], T],
+    done: Callable[[T], bool],
+    timeout: float,
+    what: str,
+    interval: float = 0.3,
+) -> T:
     deadline = time.monotonic() + timeout
     while True:
         seen = observe()
@@ -19,4 +25,4 @@ def wait_until(observe: Callable[[], T], done: Callable[[T], bool], timeout: flo
             raise AssertionError(
                 f"timed out after {timeout}s waiting for {what}; last seen: {seen}"
             )
-        time.sleep(0.3)
+        time.sleep(interval)

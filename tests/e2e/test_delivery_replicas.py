@@ -12,6 +12,7 @@ import collections
 import datetime as dt
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -521,6 +522,87 @@ def test_an_event_committed_by_a_replica_that_does_not_own_its_shard_wakes_the_o
     assert (
         replica_metric(cluster, "replica-b", "bucketnotify_wakeups_sent_total", outcome="ok") == 0
     )
+
+
+def test_events_committed_while_shards_move_to_a_new_replica_are_delivered_within_seconds(
+    kubectl: Kubectl,
+    namespace: str,
+    start_operator: StartOperator,
+    delivery_cluster: StartCluster,
+    rgw: LocalService,
+) -> None:
+    """Replica a holds every partition and takes every push; replica b starts and half of
+    the partitions move to it. Until a's next Lease round, a does not know that b holds
+    them and wakes nobody for what it commits to their shards. One event per moved shard,
+    each committed after b's first round of it and some before a's next round: b polls the
+    shards it has just taken, so every event reaches the endpoint within seconds, though
+    no later commit wakes b for its shard. Polling of idle shards and the queue survey are
+    set to 10 minutes, so nothing else could deliver them in time. Whether an event fell in
+    a's window shows in a's wake-ups (none sent for it); b is restarted until one did."""
+    cluster = delivery_cluster("s3")
+    slow = {"idle_poll_max_seconds": "600", "stats_interval_seconds": "600"}
+    cluster.start("replica-a", **slow)
+    wait_until(cluster.holders, lambda h: len(h) == PARTITIONS, 30, "replica a holds everything")
+    start_operator(ingest_url=f"http://127.0.0.1:{cluster.ports['replica-a']}")
+    s3 = s3_client(rgw)
+    topic = f"moving-{uuid.uuid4().hex[:8]}"
+    queue = QueueName(namespace, topic)
+
+    def wakeups_sent() -> float:
+        return sum(
+            replica_metric(cluster, "replica-a", "bucketnotify_wakeups_sent_total", outcome=o)
+            for o in ("ok", "refused", "failed")
+        )
+
+    with RecordingHttpServer() as receiver:
+        bucket = sync_topics(kubectl, namespace, s3, {topic: (receiver, {})})[topic]
+        put_at: dict[str, float] = {}
+        unwoken = 0
+        for attempt in range(5):
+            time.sleep(3)  # every shard has found itself empty and waits to be woken
+            cluster.start("replica-b", **slow)
+            holders = wait_until(
+                cluster.holders,
+                lambda h: spread(h) == [16, 16],
+                60,
+                "16 partitions moved to replica b",
+                interval=0.05,
+            )
+            moved = {
+                shard
+                for shard in range(SHARDS)
+                if holders[partition_of(queue, shard, PARTITIONS)] == "replica-b"
+            }
+            keys: dict[int, str] = {}
+            for i in range(1000):
+                key = f"obj-{attempt}-{i:03d}"
+                keys.setdefault(shard_of(bucket, key, SHARDS), key)
+            time.sleep(0.3)  # b's first round of each shard it took: found empty
+            sent = wakeups_sent()
+            for shard in sorted(moved):
+                s3.put_object(Bucket=bucket, Key=keys[shard], Body=b"x")
+                put_at[keys[shard]] = time.time()
+                time.sleep(0.15)
+            time.sleep(1)  # wake-ups go out in the background
+            unwoken += len(moved) - round(wakeups_sent() - sent)
+            if unwoken:
+                break
+            cluster.kill("replica-b", signal.SIGTERM)  # hands its partitions back
+            wait_until(cluster.holders, lambda h: spread(h) == [32], 30, "a holds all again")
+        assert unwoken, "no event was committed before replica a learnt the new holder"
+
+        got: list[tuple[str, float]] = []
+        wait_until(
+            lambda: (delivered(receiver, got), len(got))[1],
+            lambda n: n >= len(put_at),
+            30,
+            f"the {len(put_at)} events delivered",
+        )
+        time.sleep(1)
+        delivered(receiver, got)
+    assert sorted(k for k, _ in got) == sorted(put_at), "once each"
+    late = {k: round(at - put_at[k], 1) for k, at in got if at - put_at[k] > 10}
+    assert not late, f"delivered more than 10 s after the PUT: {late}"
 
 
 def test_events_whose_wake_up_was_lost_are_found_by_the_survey(

@@ -14,9 +14,9 @@ import kopf
 from bucketnotify.apiserver import ApiClient
 from bucketnotify.delivery.endpoints.testing import MockEndpoint
 from bucketnotify.delivery.ingest import event_id
-from bucketnotify.delivery.ownership import Ownership
+from bucketnotify.delivery.ownership import LeaseSettings, Ownership
 from bucketnotify.delivery.queue import Entry, QueueLimits, QueueName
-from bucketnotify.delivery.service import DELIVERED_SAVE_S, DeliveryService
+from bucketnotify.delivery.service import DELIVERED_SAVE_S, HANDOVER_POLL_ROUNDS, DeliveryService
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from tests.delivery import OwnsEverything, one_shard_runtime
 from tests.kubeapi import UNREACHABLE
@@ -41,6 +41,14 @@ class CountingStore(LocalDirStore):
 class Wakeable(OwnsEverything):
     address = "127.0.0.1:1"
     """Others could wake it: it does not poll."""
+
+    settings = LeaseSettings(namespace="default", renew_interval_s=0.0)
+    """Its peers learn at once that it holds a shard: no hand-over window to poll through."""
+
+
+class JustTook(Wakeable):
+    settings = LeaseSettings(namespace="default", renew_interval_s=1.0)
+    """Its peers learn that it holds a shard up to a second later."""
 
 
 async def test_a_shard_that_delivered_all_it_listed_waits_to_be_woken(tmp_path: Path) -> None:
@@ -88,6 +96,63 @@ async def test_a_shard_that_delivered_all_it_listed_waits_to_be_woken(tmp_path: 
         await until(delivered(4), 5, "d delivered")
         await asyncio.sleep(5 * service.timings.round_interval_s)
         assert store.lists == 2
+    finally:
+        service._stopping = True
+        service._wake_local(queue, 0)
+        await asyncio.wait_for(loop, 10)
+        await api.close()
+
+
+async def test_a_shard_just_taken_polls_until_its_peers_know_who_holds_it(tmp_path: Path) -> None:
+    """For two renew intervals after the loop starts, what another replica commits without
+    waking it (its wake-up went to the previous holder) is found by polling within
+    ``idle_max_s``; after that the shard waits to be woken again."""
+    store = CountingStore(tmp_path)
+    api = ApiClient(kopf.ConnectionInfo(server=UNREACHABLE))
+    ownership = JustTook()
+    service = DeliveryService(
+        api=api, store=store, ownership=cast(Ownership, ownership), namespaces=[]
+    )
+    queue = QueueName("ns", "t")
+    await store.create(queue, 1, QueueLimits())
+    endpoint = MockEndpoint()
+    service.topics[("ns", "t")] = one_shard_runtime(queue, endpoint)
+    window_s = HANDOVER_POLL_ROUNDS * ownership.settings.renew_interval_s
+
+    async def commit(key: str) -> None:
+        record = event(key)
+        reservation = await store.reserve(queue, 0, 1, 10_000, 0)
+        await store.commit(reservation, [(event_id(record), json.dumps(record).encode())], 0)
+
+    def delivered(count: int) -> Callable[[], Awaitable[bool]]:
+        async def done() -> bool:
+            return len(endpoint.delivered) == count
+
+        return done
+
+    started = time.monotonic()
+    loop = asyncio.create_task(service._shard_loop(("ns", "t"), 0))
+    try:
+
+        async def listed() -> bool:
+            return store.lists >= 1
+
+        await until(listed, 5, "the first round")
+        await commit("a")  # no wake-up reaches this replica
+        await until(delivered(1), service.timings.idle_max_s + 1, "a found by polling")
+        assert time.monotonic() - started < window_s + service.timings.idle_max_s
+
+        await asyncio.sleep(
+            max(0.0, started + window_s + service.timings.idle_max_s - time.monotonic())
+        )
+        lists = store.lists
+        await commit("b")
+        await asyncio.sleep(2 * service.timings.idle_max_s)
+        assert len(endpoint.delivered) == 1, "polled after the hand-over window"
+        assert store.lists == lists
+
+        service._wake_local(queue, 0)
+        await until(delivered(2), 5, "b delivered once woken")
     finally:
         service._stopping = True
         service._wake_local(queue, 0)

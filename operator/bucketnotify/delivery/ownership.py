@@ -41,7 +41,9 @@ port) puts it on its member Lease. Each round's LIST of the Leases then tells ev
 who holds each partition and where that holder listens (``owner_address``), so an ingest
 that commits to a shard another replica owns can tell that owner at once (the wake-ups of
 ``delivery.wakeups``). What it says is as old as the last round (``renew_interval``): after
-a hand-over a wake-up may go to the previous holder, and is then caught later.
+a hand-over a wake-up may go to the previous holder, or to nobody, which is why the new
+holder polls a shard it has just taken for two renew intervals
+(``delivery.service.HANDOVER_POLL_ROUNDS``).
 
 Clocks: expiry is judged from the Lease's renewTime against the local clock, so replicas'
 clocks must agree to well within a second (NTP), as Kubernetes leader election already

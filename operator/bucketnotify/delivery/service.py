@@ -13,13 +13,15 @@ off to ``idle_max_s`` while its entries all wait for a retry; one found empty, o
 round delivered everything it listed, is not polled at all (every poll of the S3 store is a
 LIST request, and hundreds of idle shards would keep the gateway busy): it waits to be
 woken. An ingest commit wakes the shard's task at once, on this replica directly and on the
-replica owning the shard by a wake-up request (``delivery.wakeups``). A lost wake-up is
-caught by the survey: every ``stats_interval_s`` the owner of a queue's shard 0 looks at
-the whole queue (one LIST on the S3 store) and wakes every shard holding entries; every
-``OWN_SURVEY_EVERY`` surveys each replica also looks at the queues where it owns other
-shards, in case its peers cannot reach it. So an event waits for its owner no longer than
-a wake-up takes, at worst ``stats_interval_s``, and ``OWN_SURVEY_EVERY`` times that when
-the replicas cannot reach each other.
+replica owning the shard by a wake-up request (``delivery.wakeups``). A shard just taken is
+polled for ``HANDOVER_POLL_ROUNDS`` renew intervals first, while the other replicas may
+still wake its previous holder. A lost wake-up is caught by the survey: every
+``stats_interval_s`` the owner of a queue's shard 0 looks at the whole queue (one LIST on
+the S3 store) and wakes every shard holding entries; every ``OWN_SURVEY_EVERY`` surveys each
+replica also looks at the queues where it owns other shards, in case its peers cannot reach
+it. So an event waits for its owner no longer than a wake-up takes, at worst
+``stats_interval_s``, and ``OWN_SURVEY_EVERY`` times that when the replicas cannot reach
+each other.
 
 Lifecycle of a queue:
 - a persistent Topic gets its queue (``create`` is idempotent, so every replica does it);
@@ -223,6 +225,13 @@ DRAINED_SWEEPS = 2
 OWN_SURVEY_EVERY = 4
 """Every this many surveys a replica also looks at the queues whose shard 0 another owns,
 for its own shards (see ``DeliveryService.survey``)."""
+
+HANDOVER_POLL_ROUNDS = 2
+"""A shard this replica has just taken is polled every ``idle_max_s`` (and once more at the
+end), not left to wait for wake-ups, for this many Lease renew intervals: the other
+replicas' view of who holds it is as old as their last Lease round (one renew interval, and
+a round may wait for a hand-back's drain), and what they commit before they see the change
+wakes the previous holder, or nobody."""
 
 # How long a Topic the API server did not have is not asked for again.
 MISS_TTL_S = 1.0
@@ -725,6 +734,11 @@ class DeliveryService:
         wake = self._wakes.setdefault((queue, shard), asyncio.Event())
         delay = self.timings.round_interval_s
         delivered = runtime.delivered.setdefault(shard, DeliveredCache())
+        # The other replicas learn that this one holds the shard at their next Lease round:
+        # until then their commits wake the previous holder, or nobody. Poll meanwhile.
+        awake_until = (
+            time.monotonic() + HANDOVER_POLL_ROUNDS * self._ownership.settings.renew_interval_s
+        )
         await self._load_delivered(runtime, shard, delivered)
         while not self._stopping:
             if self.topics.get(key) is not runtime or not self._ownership.owns_shard(queue, shard):
@@ -735,6 +749,12 @@ class DeliveryService:
             if result is not None and result.listed >= LIST_BATCH and not result.failed:
                 continue  # a backlog: go on at once
             if result is not None and _settled(result) and self._ownership.address:
+                left = awake_until - time.monotonic()
+                if left > 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(wake.wait(), min(left, self.timings.idle_max_s))
+                    delay = self.timings.round_interval_s
+                    continue
                 # Nothing left that it listed, and nothing committed since the listing (that
                 # would have woken it): no polling. A commit, a wake-up, the survey, an
                 # ownership or Topic change or the stop wakes it. (Without an address nobody
