@@ -35,6 +35,7 @@ from bucketnotify.delivery.endpoints.errors import RequestNotFormed, redact
 from bucketnotify.delivery.endpoints.http import HttpPusher, cloud_event_headers, post_body
 from bucketnotify.delivery.endpoints.kafka import KafkaPusher, bootstrap_servers, message_key
 from bucketnotify.delivery.endpoints.testing import MockEndpoint
+from bucketnotify.delivery.ingest import _records
 from tests.records import s3_record
 
 
@@ -49,6 +50,20 @@ def test_the_body_is_the_gateways_records_envelope() -> None:
     assert json.loads(body) == {"Records": [record]}
     assert b"\n" not in body and b'", "' not in body
     assert "ünï/cøde.txt".encode() in body
+
+
+def test_a_queued_record_is_pushed_as_the_ingest_queued_it() -> None:
+    """The push wraps the bytes the ingest queued instead of encoding the record again:
+    byte for byte what encoding it again gives, numbers and key order included."""
+    record = s3_record(key="ünï/cøde.txt")
+    record["s3"]["object"]["size"] = 123456789012345678901234567890
+    record["s3"]["object"]["ratio"] = 1e16
+    parsed = _records(json.dumps({"Records": [record]}).encode())
+    assert parsed is not None
+    [queued] = parsed[1]
+    assert Delivery("1", json.loads(queued), queued).body == event_body(record)
+    assert Delivery("1", record).body == event_body(record)
+    assert Delivery("1", record, b'{"k": 1}').body == b'{"Records":[{"k": 1}]}'
 
 
 def test_cloud_event_headers_follow_the_gateway() -> None:

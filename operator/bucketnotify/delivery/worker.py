@@ -290,7 +290,7 @@ async def process_shard(
                     )
                     continue
                 seen_in_wave[entry.event_id] = entry
-                deliveries.append(Delivery(entry.id, record))
+                deliveries.append(Delivery(entry.id, record, entry.body))
 
             by_id = {e.id: (e, r) for e, r in batch}
             await asyncio.gather(*(push(d, by_id) for d in deliveries))

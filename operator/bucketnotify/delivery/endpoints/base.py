@@ -55,6 +55,17 @@ class Delivery:
     """The queue entry id; outcomes refer to it."""
     record: dict[str, Any]
     """One S3 event record; pushed as ``{"Records": [record]}``, like the gateway does."""
+    queued: bytes | None = None
+    """The record as queued (the ingest's compact UTF-8 JSON of it): when given, the push
+    wraps these bytes instead of encoding ``record`` again (that encoding was 1.7 % of a busy
+    replica's profile)."""
+
+    @property
+    def body(self) -> bytes:
+        """What every endpoint kind carries: ``{"Records":[record]}``, compact UTF-8."""
+        if self.queued is None:
+            return event_body(self.record)
+        return b'{"Records":[' + self.queued + b"]}"
 
 
 @dataclass(frozen=True)
@@ -262,7 +273,7 @@ class BaseEndpoint(abc.ABC):
         async with self._slots, self._in_flight or contextlib.nullcontext():
             try:
                 async with asyncio.timeout(timeout):
-                    await self._push(event_body(delivery.record), delivery.record)
+                    await self._push(delivery.body, delivery.record)
             except TimeoutError:
                 error = self._timeout_error(timeout)
             except Exception as exc:
