@@ -59,6 +59,8 @@ from bench.workload import (
     percentiles,
     s3_client,
 )
+from bucketnotify.delivery.ownership import LeaseSettings
+from bucketnotify.delivery.service import HANDOVER_POLL_ROUNDS
 from devstack import services
 from devstack.gateway import gateway_settings
 from devstack.programs import Program, cpu_seconds, free_port, wait_for_port
@@ -308,7 +310,14 @@ def setup_bucketnotify(
         },
     )
     wait_ready(kubectl, namespace, "bucketnotification", "bench", run.options.setup_timeout)
-    wait_even_ownership(kubectl, namespace, identities, PARTITIONS, run.options.setup_timeout)
+    wait_even_ownership(
+        kubectl,
+        namespace,
+        identities,
+        PARTITIONS,
+        run.options.setup_timeout,
+        stable_s=HANDOVER_POLL_ROUNDS * LeaseSettings.renew_interval_s,
+    )
 
 
 def _delete_resources(kubectl: Kubectl, namespace: str) -> None:

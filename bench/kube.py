@@ -59,19 +59,34 @@ def partition_holders(kubectl: Kubectl, namespace: str) -> Counter[str]:
 
 
 def wait_even_ownership(
-    kubectl: Kubectl, namespace: str, identities: list[str], partitions: int, timeout: float
+    kubectl: Kubectl,
+    namespace: str,
+    identities: list[str],
+    partitions: int,
+    timeout: float,
+    *,
+    stable_s: float = 0.0,
 ) -> Counter[str]:
-    """Wait until ``identities`` hold all ``partitions`` evenly; the spread last seen.
+    """Wait until ``identities`` hold all ``partitions`` evenly, and have for ``stable_s``;
+    the spread last seen.
 
     Replicas hand partitions over on their renewal ticks; measuring while they still move
-    would measure the hand-over, not delivery.
+    would measure the hand-over, not delivery. So would measuring right after the last
+    move: the other replicas learn of it only at their next tick, and a replica polls the
+    shards it has just taken for a while (``delivery.service.HANDOVER_POLL_ROUNDS``).
     """
     deadline = time.monotonic() + timeout
+    even_since: float | None = None
     while True:
         holders = partition_holders(kubectl, namespace)
         counts = [holders.get(i, 0) for i in identities]
         if sum(counts) == partitions and max(counts) - min(counts) <= 1:
-            return holders
+            now = time.monotonic()
+            even_since = now if even_since is None else even_since
+            if now - even_since >= stable_s:
+                return holders
+        else:
+            even_since = None
         if time.monotonic() > deadline:
             raise SetupError(
                 f"delivery replicas {identities} did not spread {partitions} partitions "

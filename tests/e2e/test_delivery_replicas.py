@@ -588,6 +588,7 @@ def test_events_committed_while_shards_move_to_a_new_replica_are_delivered_withi
             if unwoken:
                 break
             cluster.kill("replica-b", signal.SIGTERM)  # hands its partitions back
+            cluster.replicas["replica-b"].process.wait(30)
             wait_until(cluster.holders, lambda h: spread(h) == [32], 30, "a holds all again")
         assert unwoken, "no event was committed before replica a learnt the new holder"
 
