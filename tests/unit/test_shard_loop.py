@@ -130,13 +130,12 @@ async def test_a_shard_just_taken_polls_until_its_peers_know_who_holds_it(tmp_pa
 
         return done
 
+    async def listed() -> bool:
+        return store.lists >= 1
+
     started = time.monotonic()
     loop = asyncio.create_task(service._shard_loop(("ns", "t"), 0))
     try:
-
-        async def listed() -> bool:
-            return store.lists >= 1
-
         await until(listed, 5, "the first round")
         await commit("a")  # no wake-up reaches this replica
         await until(delivered(1), service.timings.idle_max_s + 1, "a found by polling")
