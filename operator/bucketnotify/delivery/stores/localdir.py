@@ -68,7 +68,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,25 +146,32 @@ class LocalDirStore:
 
     async def remove(self, queue: QueueName, shard: int, entry_ids: Sequence[str]) -> None:
         removed = set(entry_ids)
-        wanted = {b for b in map(batch_of, removed) if b is not None}
-        changes: dict[str, list[Entry] | None] = {}
-        for batch_id, entries in (await self._read_batches(queue, shard, wanted)).items():
-            kept = [e for e in entries if e.id not in removed]
-            if len(kept) < len(entries):
-                changes[batch_id] = kept
-        # Read, then rewrite under a second lock: only the shard's owner removes or updates,
-        # so nothing else changes these batches in between (commits only add new ones).
-        if changes:
-            await self._threads.run(self._rewrite, queue, shard, changes)
+        await self._change(
+            queue, shard, removed, lambda entries: [e for e in entries if e.id not in removed]
+        )
 
     async def update(self, queue: QueueName, shard: int, entries: Sequence[Entry]) -> None:
         by_id = {e.id: e for e in entries}
-        wanted = {b for b in map(batch_of, by_id) if b is not None}
+        await self._change(
+            queue, shard, by_id, lambda found: [updated(e, by_id.get(e.id)) for e in found]
+        )
+
+    async def _change(
+        self,
+        queue: QueueName,
+        shard: int,
+        entry_ids: Iterable[str],
+        change: Callable[[list[Entry]], list[Entry]],
+    ) -> None:
+        """Rewrite the batches holding ``entry_ids`` whose entries ``change`` alters."""
+        wanted = {b for b in map(batch_of, entry_ids) if b is not None}
         changes: dict[str, list[Entry] | None] = {}
         for batch_id, found in (await self._read_batches(queue, shard, wanted)).items():
-            new = [updated(e, by_id.get(e.id)) for e in found]
+            new = change(found)
             if new != found:
                 changes[batch_id] = new
+        # Read, then rewrite under a second lock: only the shard's owner removes or updates,
+        # so nothing else changes these batches in between (commits only add new ones).
         if changes:
             await self._threads.run(self._rewrite, queue, shard, changes)
 
