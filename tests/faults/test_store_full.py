@@ -27,6 +27,9 @@ from tests.receivers import RecordingHttpServer
 from tests.resources import apply, token_secret
 from tests.waiting import wait_until
 
+# The test applies a Topic: the CRDs must be there even when this file runs alone.
+pytestmark = pytest.mark.usefixtures("crds")
+
 DISK = "256k"
 SHARDS = 2
 PAD = "x" * 1500  # a key of ~1.5 KB: a record of ~3 KB (key and sequencer)
