@@ -157,19 +157,8 @@ class AmqpPusher(BaseEndpoint):
     async def _open(self) -> None:
         if self._connection is None or not self._connection_open():
             await self._drop_connection()
-            target = self._target
             self._connection_lost = False
-            self._connection = await aio_pika.connect(
-                host=target.host,
-                port=target.port,
-                login=self._credentials.username,
-                password=self._credentials.password,
-                virtualhost=target.vhost,
-                ssl=target.tls,
-                ssl_context=self._ssl_context,
-                timeout=self._settings.connect_timeout_s,
-                client_properties={"connection_name": f"bucketnotify {self._exchange_name}"},
-            )
+            self._connection = await self._new_connection()
             self._connection.close_callbacks.add(self._on_connection_closed)
         self._exchange = None
         confirms = self._ack_level != "none"
@@ -180,6 +169,31 @@ class AmqpPusher(BaseEndpoint):
             self._exchange = await self._channel.get_exchange(self._exchange_name, ensure=True)
         except aiormq.exceptions.ChannelNotFoundEntity:
             raise DestinationNotFound(self._missing_exchange()) from None
+
+    async def _new_connection(self) -> AbstractConnection:
+        # aio_pika.connect in two steps: it drops a connection whose connect failed (refused,
+        # login refused, timed out) without closing it, and the garbage collector then
+        # closes it only on the event loop's thread; elsewhere its socket stays open.
+        target = self._target
+        connection = aio_pika.Connection(
+            aio_pika.connection.make_url(
+                host=target.host,
+                port=target.port,
+                login=self._credentials.username,
+                password=self._credentials.password,
+                virtualhost=target.vhost,
+                ssl=target.tls,
+            ),
+            ssl_context=self._ssl_context,
+            client_properties={"connection_name": f"bucketnotify {self._exchange_name}"},
+        )
+        try:
+            await connection.connect(timeout=self._settings.connect_timeout_s)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await connection.close()
+            raise
+        return connection
 
     async def _push(self, body: bytes, record: dict[str, Any]) -> None:
         exchange = self._exchange
