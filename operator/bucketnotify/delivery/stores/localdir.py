@@ -101,6 +101,7 @@ from bucketnotify.delivery.stores._format import (
     updated,
     usage_of_counts,
 )
+from bucketnotify.delivery.stores._ring import Ring
 from bucketnotify.delivery.stores._threads import IOThreads
 
 __all__ = ["LocalDirStore"]
@@ -121,9 +122,16 @@ perhaps not cached after a restart) go to a thread."""
 class LocalDirStore:
     """A ``QueueStore`` in the directory ``root`` (created when missing)."""
 
-    def __init__(self, root: Path, *, io_threads: int = IO_THREADS) -> None:
+    def __init__(self, root: Path, *, io_threads: int = IO_THREADS, ring: bool = True) -> None:
         self.root = Path(root)
         self._threads = IOThreads("localdir-store", io_threads)
+        self._ring = Ring(self._threads, enabled=ring)
+
+    @property
+    def commit_io(self) -> str:
+        """How commits write and fsync on the running loop: ``io_uring``, ``linux-aio`` or
+        ``threads``."""
+        return self._ring.kind
 
     async def create(self, queue: QueueName, shards: int, limits: QueueLimits) -> None:
         await self._threads.run(self._create, queue, shards, limits)
@@ -139,7 +147,52 @@ class LocalDirStore:
     async def commit(
         self, reservation: Reservation, events: Sequence[tuple[str, bytes]], now: float
     ) -> list[Entry]:
-        return await self._threads.run(self._commit, reservation, list(events), now)
+        events = list(events)
+        check_commit(reservation, events)
+        if not events:
+            self._release(reservation)
+            return []
+        queue, shard = reservation.queue, reservation.shard
+        directory = self._shard_dir(queue, shard)
+        # The body does not depend on the batch id, so the slow part (write and fsync) needs
+        # no lock; only choosing the id and the rename do.
+        tmp = await self._write_durably(queue, encode_batch(new_entries("", events, now)))
+        try:
+            try:
+                entries = self._place(reservation, events, now, tmp, wait=False)
+            except _LockBusy:
+                # A rewrite or a long read holds the shard: wait for it in a thread, not
+                # with the event loop.
+                entries = await self._threads.run(
+                    self._place, reservation, events, now, tmp, wait=True
+                )
+            dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                await self._ring.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except FileNotFoundError:
+            tmp.unlink(missing_ok=True)
+            raise QueueNotFound(f"queue {queue} has no shard {shard} (any more)") from None
+        self._release(reservation)
+        return entries
+
+    async def _write_durably(self, queue: QueueName, data: bytes) -> Path:
+        """A new file in the queue's ``.tmp`` holding ``data``, written and fsynced."""
+        try:
+            fd, name = tempfile.mkstemp(dir=self._dir(queue) / ".tmp", prefix="w-")
+        except FileNotFoundError:
+            raise QueueNotFound(f"queue {queue} does not exist") from None
+        try:
+            try:
+                await self._ring.write_all(fd, data)
+                await self._ring.fsync(fd)
+            finally:
+                os.close(fd)
+        except BaseException:
+            _unlink(name)
+            raise
+        return Path(name)
 
     async def abort(self, reservation: Reservation) -> None:
         self._release(reservation)
@@ -341,42 +394,33 @@ class LocalDirStore:
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
         return reservation
 
-    def _commit(
-        self, reservation: Reservation, events: list[tuple[str, bytes]], now: float
+    def _place(
+        self,
+        reservation: Reservation,
+        events: list[tuple[str, bytes]],
+        now: float,
+        tmp: Path,
+        *,
+        wait: bool,
     ) -> list[Entry]:
-        check_commit(reservation, events)
-        if not events:
-            self._release(reservation)
-            return []
+        """Rename the written batch ``tmp`` into the shard under the shard's lock, with the
+        next batch id, and count it; raises ``_LockBusy`` if the lock is held and not
+        ``wait``."""
         queue, shard = reservation.queue, reservation.shard
-        directory = self._shard_dir(queue, shard)
-        # The body does not depend on the batch id, so the slow part (write and fsync) needs
-        # no lock; only choosing the id and the rename do.
-        entries = new_entries("", events, now)
-        try:
-            tmp = _write_tmp(self._dir(queue) / ".tmp", encode_batch(entries))
-        except FileNotFoundError:
-            raise QueueNotFound(f"queue {queue} does not exist") from None
-        try:
-            with _flock(self._lock(queue, f"shard-{shard}")) as lock:
-                # The incarnation before the names: see _rewrite.
-                incarnation = self._incarnation(queue)
-                record = _read_record(lock)
-                batch, stamp = new_batch_id(record.stamp)
-                # Dirty until the batch is in and counted: a crash in between makes the
-                # next reader count the names.
-                _write_record(lock, stamp, None, incarnation)
-                entries = new_entries(batch, events, now)
-                tmp.rename(directory / str(BatchName.of(batch, entries)))
-                counts = record.counts_for(incarnation)
-                if counts is not None:
-                    added = _Counts(len(entries), sum(len(e.body) for e in entries))
-                    _write_record(lock, stamp, counts + added, incarnation)
-            _fsync_dir(directory)
-        except FileNotFoundError:
-            tmp.unlink(missing_ok=True)
-            raise QueueNotFound(f"queue {queue} has no shard {shard} (any more)") from None
-        self._release(reservation)
+        with _flock(self._lock(queue, f"shard-{shard}"), wait=wait) as lock:
+            # The incarnation before the names: see _rewrite.
+            incarnation = self._incarnation(queue)
+            record = _read_record(lock)
+            batch, stamp = new_batch_id(record.stamp)
+            # Dirty until the batch is in and counted: a crash in between makes the next
+            # reader count the names.
+            _write_record(lock, stamp, None, incarnation)
+            entries = new_entries(batch, events, now)
+            tmp.rename(self._shard_dir(queue, shard) / str(BatchName.of(batch, entries)))
+            counts = record.counts_for(incarnation)
+            if counts is not None:
+                added = _Counts(len(entries), sum(len(e.body) for e in entries))
+                _write_record(lock, stamp, counts + added, incarnation)
         return entries
 
     def _release(self, reservation: Reservation) -> None:
@@ -515,8 +559,12 @@ def _names(directory: Path) -> list[str]:
         return []
 
 
+class _LockBusy(Exception):
+    """The lock is held by another open file (``_flock(..., wait=False)``)."""
+
+
 @contextlib.contextmanager
-def _flock(path: Path, *, shared: bool = False) -> Iterator[int]:
+def _flock(path: Path, *, shared: bool = False, wait: bool = True) -> Iterator[int]:
     """An flock on ``path``; the descriptor is opened per use, so threads of one process
     exclude each other too (flock locks belong to the open file, not the process)."""
     try:
@@ -525,7 +573,11 @@ def _flock(path: Path, *, shared: bool = False) -> Iterator[int]:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        operation = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+        try:
+            fcntl.flock(fd, operation if wait else operation | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise _LockBusy(str(path)) from None
         yield fd
     finally:
         os.close(fd)  # releases the lock
@@ -650,6 +702,11 @@ def _write_tmp(directory: Path, data: bytes, *, sync: bool = True) -> Path:
         Path(name).unlink(missing_ok=True)
         raise
     return Path(name)
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 def _replace_durably(path: Path, data: bytes) -> None:
