@@ -93,16 +93,25 @@ def _new_context(loop: asyncio.AbstractEventLoop) -> Any:
         return None
     reasons = []
     # No SQPOLL: its kernel thread polls the ring, a core's worth of CPU while busy.
-    for make in (
-        lambda: linux_uring_asyncio.AsyncioContext(  # type: ignore[no-untyped-call]
-            MAX_REQUESTS, loop=loop, sqpoll=False
+    for kind, make in (
+        (
+            "io_uring",
+            lambda: linux_uring_asyncio.AsyncioContext(  # type: ignore[no-untyped-call]
+                MAX_REQUESTS, loop=loop, sqpoll=False
+            ),
         ),
-        lambda: linux_aio_asyncio.AsyncioContext(MAX_REQUESTS, loop=loop),  # type: ignore[no-untyped-call]
+        (
+            "Linux AIO",
+            lambda: linux_aio_asyncio.AsyncioContext(MAX_REQUESTS, loop=loop),  # type: ignore[no-untyped-call]
+        ),
     ):
         try:
-            return make()
+            context = make()
         except Exception as exc:  # refused by the kernel or a seccomp profile
-            reasons.append(f"{type(exc).__name__}: {exc}")
+            reasons.append(f"{kind}: {type(exc).__name__}: {exc}")
+            continue
+        log.info("store writes and fsyncs go through %s", kind)
+        return context
     log.warning("no io_uring or Linux AIO here (%s): store fsyncs run in threads", reasons)
     return None
 

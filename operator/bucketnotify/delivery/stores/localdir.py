@@ -44,17 +44,19 @@ once, under the exclusive lock, and writes the record back. ``list`` reads only 
 files it returns; ``remove`` and ``update`` list the shard's names. Commits of one shard
 take turns only for the rename; the write and fsync of the file happen outside the lock.
 
-Threads: what fsyncs (``commit``, the rewrite of ``remove`` and ``update``, ``create``,
-``delete``, ``save_delivered``) and what may touch many files (``reclaim``, ``queues``, a
-``list`` or a read of more than ``INLINE_FILES`` batch files) runs in the store's own
-threads (``_threads``), not in the event loop's shared default executor. The rest runs on
-the event loop: ``reserve``, ``abort``, ``stats``, ``load_delivered`` and small reads
-make many short system calls and no fsync (but for the one that gives a queue of an older
-release its incarnation, once), and in a thread each of those calls gives up
-the GIL and must win it back from the busy event loop (measured: the delivery benchmark's
-dir-store replica spent 2.4-3.2 ms of CPU per event with everything in threads, about half
-of it in the kernel, mostly futex calls of that contention; with these on the loop 12-21 %
-less than the run beside it).
+Threads: a ``commit`` writes and fsyncs through the kernel's ring (``_ring``: io_uring
+or Linux AIO, else threads) and renames under the shard's lock on the loop, in a thread
+only when that lock is held by someone else. The rest of what fsyncs (the rewrite of
+``remove`` and ``update``, ``create``, ``delete``, ``save_delivered``) and what may touch
+many files (``reclaim``, ``queues``, a ``list`` or a read of more than ``INLINE_FILES``
+batch files) runs in the store's own threads (``_threads``), not in the event loop's
+shared default executor. The rest runs on the event loop: ``reserve``, ``abort``,
+``stats``, ``load_delivered`` and small reads make many short system calls and no fsync
+(but for the one that gives a queue of an older release its incarnation, once), and in a
+thread each of those calls gives up the GIL and must win it back from the busy event loop
+(measured: the delivery benchmark's dir-store replica spent 2.4-3.2 ms of CPU per event
+with everything in threads, about half of it in the kernel, mostly futex calls of that
+contention; with these on the loop 12-21 % less than the run beside it).
 """
 
 from __future__ import annotations
