@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import multiprocessing
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -213,3 +215,29 @@ async def test_commits_go_through_the_kernels_ring_on_linux(tmp_path: Path) -> N
     store's threads, the slower way, and the ring variant above would test nothing new."""
     assert LocalDirStore(tmp_path).commit_io in ("io_uring", "linux-aio")
     assert LocalDirStore(tmp_path, ring=False).commit_io == "threads"
+
+
+async def test_a_commit_waits_for_a_held_shard_lock_without_holding_up_the_event_loop(
+    tmp_path: Path,
+) -> None:
+    """A commit renames under the shard's lock on the event loop only when the lock is free;
+    held by someone else (a rewrite, a long read, another process), it waits in a thread."""
+    store = LocalDirStore(tmp_path)
+    await store.create(QUEUE, 1, QueueLimits())
+    reservation = await store.reserve(QUEUE, 0, 1, 1, NOW)
+    holder = os.open(_lock_file(tmp_path, 0), os.O_RDWR)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    release = threading.Timer(1.0, os.close, [holder])
+    release.start()
+    try:
+        commit = asyncio.create_task(store.commit(reservation, [("e1", b"1")], NOW))
+        started = time.monotonic()
+        for _ in range(10):
+            await asyncio.sleep(0.01)
+        assert time.monotonic() - started < 0.5, "the event loop waited for the lock"
+        assert not commit.done()
+        entries = await asyncio.wait_for(commit, 10)
+    finally:
+        release.join()
+    assert await store.list(QUEUE, 0) == entries
+    assert (await store.stats(QUEUE, NOW)).reservations == 0

@@ -168,15 +168,22 @@ class LocalDirStore:
                 entries = await self._threads.run(
                     self._place, reservation, events, now, tmp, wait=True
                 )
-            dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:
+            _unlink(str(tmp))
+            raise QueueNotFound(f"queue {queue} has no shard {shard} (any more)") from None
+        # The batch is in: its reservation goes whatever happens to the fsync (cancelled,
+        # failed), or it would count twice until it expired.
+        try:
+            try:
+                dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+            except FileNotFoundError:
+                raise QueueNotFound(f"queue {queue} was deleted meanwhile") from None
             try:
                 await self._ring.fsync(dir_fd)
             finally:
                 os.close(dir_fd)
-        except FileNotFoundError:
-            tmp.unlink(missing_ok=True)
-            raise QueueNotFound(f"queue {queue} has no shard {shard} (any more)") from None
-        self._release(reservation)
+        finally:
+            self._release(reservation)
         return entries
 
     async def _write_durably(self, queue: QueueName, data: bytes) -> Path:
