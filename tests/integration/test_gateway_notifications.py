@@ -106,6 +106,28 @@ def test_round_trip_with_key_metadata_and_tag_filters(
     assert client.list(bucket) == [config]
 
 
+def test_a_gateway_with_a_private_ca_is_reached_over_https_with_aws_ca_bundle(
+    rgw: LocalService,
+    bucket: str,
+    topic_arn: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The CA given as boto3 takes it (``AWS_CA_BUNDLE``, what the chart's
+    ``gateway.caConfigMap`` sets) is the one notifications are verified with too; without
+    it, every BucketNotification of such a gateway failed (ConnectError)."""
+    monkeypatch.setenv("AWS_CA_BUNDLE", rgw["RGW_CA_PEM"])
+    config = NotificationConfig(id="over-tls", topic_arn=topic_arn, events=("s3:ObjectCreated:*",))
+    tls = dataclasses.replace(connection(rgw), endpoint=rgw["RGW_TLS_ENDPOINT"])
+    with NotificationClient(tls) as over_tls:
+        over_tls.put(bucket, config)
+        assert over_tls.get(bucket, "over-tls") == config
+        over_tls.delete(bucket, "over-tls", [topic_arn])
+        assert over_tls.list(bucket) == []
+    monkeypatch.delenv("AWS_CA_BUNDLE")
+    with NotificationClient(tls) as unverified, pytest.raises(GatewayUnreachable):
+        unverified.list(bucket)
+
+
 def test_no_events_means_the_gateways_default(
     client: NotificationClient, s3: Any, bucket: str, topic_arn: str
 ) -> None:

@@ -176,7 +176,9 @@ class NotificationClient:
         self._credentials = Credentials(connection.access_key, connection.secret_key)
         self._region = connection.region
         self._kind = connection.kind
-        self._http = httpx.Client(timeout=TIMEOUT)
+        # The CA boto3 would use: httpx alone reads SSL_CERT_FILE, not AWS_CA_BUNDLE, and
+        # failed every request to a gateway with a private CA.
+        self._http = httpx.Client(timeout=TIMEOUT, verify=connection.ssl_context())
         self._topics = topics if topics is not None else TopicClient(connection)
 
     def close(self) -> None:
