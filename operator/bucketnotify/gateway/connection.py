@@ -11,6 +11,7 @@ from urllib.parse import quote, urlencode
 
 import boto3
 from botocore.config import Config
+from botocore.httpsession import get_cert_path
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -67,9 +68,9 @@ class GatewayConnection:
 
     def ssl_context(self) -> ssl.SSLContext:
         """What boto3 verifies the gateway's certificate with, for our own HTTP clients: the
-        CA bundle named by ``AWS_CA_BUNDLE`` (a private CA, docs/operator.md), else the
-        system's."""
-        return _verifying(os.environ.get("AWS_CA_BUNDLE") or None)
+        CA bundle named by ``AWS_CA_BUNDLE`` (a private CA, docs/operator.md), else the one
+        botocore ships or takes from certifi (not the system's: slim images have none)."""
+        return _verifying(os.environ.get("AWS_CA_BUNDLE") or str(get_cert_path(True)))
 
     def s3(self) -> S3Client:
         return boto3.client(
@@ -83,7 +84,7 @@ class GatewayConnection:
 
 
 @functools.lru_cache(maxsize=4)
-def _verifying(ca_bundle: str | None) -> ssl.SSLContext:
+def _verifying(ca_bundle: str) -> ssl.SSLContext:
     # One per bundle: a context costs about 1 MiB and, on a loaded machine, up to a third
     # of a second of CPU to build.
     return ssl.create_default_context(cafile=ca_bundle)
