@@ -25,7 +25,7 @@ from typing import Any
 
 from bucketnotify.delivery.stores._threads import IOThreads
 
-__all__ = ["Ring"]
+__all__ = ["Ring", "write_all_blocking"]
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class Ring:
         """All of ``data`` at the start of the (new, empty) file ``fd``."""
         context = self._context_of(asyncio.get_running_loop())
         if context is None:
-            await self._threads.run(_write_all, fd, data)
+            await self._threads.run(write_all_blocking, fd, data)
             return
         offset = 0
         while offset < len(data):
@@ -129,7 +129,9 @@ def _os_error(exc: SystemError) -> OSError:
     return OSError(code, message) if code is not None else OSError(message)
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all_blocking(fd: int, data: bytes) -> None:
+    """All of ``data`` with ``os.write``: a write of a regular file is short only when the
+    disk filled or a signal came."""
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]

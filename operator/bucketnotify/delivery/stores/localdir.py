@@ -103,7 +103,7 @@ from bucketnotify.delivery.stores._format import (
     updated,
     usage_of_counts,
 )
-from bucketnotify.delivery.stores._ring import Ring
+from bucketnotify.delivery.stores._ring import Ring, write_all_blocking
 from bucketnotify.delivery.stores._threads import IOThreads
 
 __all__ = ["LocalDirStore"]
@@ -700,9 +700,7 @@ def _write_tmp(directory: Path, data: bytes, *, sync: bool = True) -> Path:
     fd, name = tempfile.mkstemp(dir=directory, prefix="w-")
     try:
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            write_all_blocking(fd, data)
             if sync:
                 os.fsync(fd)
         finally:
