@@ -248,6 +248,7 @@ async def _deliver(
         await service.run(stop)
     finally:
         await runner.cleanup()
+        await store.aclose()
         if writer is not None:
             # Last: the rounds and the ingest are done, so every record is in the buffer.
             await writer.aclose()

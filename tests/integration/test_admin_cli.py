@@ -12,7 +12,7 @@ import json
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -67,9 +67,9 @@ class Queues:
 
 
 @pytest.fixture(params=["dir", "s3"])
-def queues(
+async def queues(
     request: pytest.FixtureRequest, tmp_path: Path, rgw: LocalService, namespace: str
-) -> Iterator[Queues]:
+) -> AsyncIterator[Queues]:
     """An empty store of each kind, and the CLI settings that point at it."""
     leases = {
         "BUCKETNOTIFY_DELIVERY_LEASE_NAMESPACE": namespace,
@@ -85,7 +85,9 @@ def queues(
     s3 = connection(rgw).s3()
     s3.create_bucket(Bucket=bucket)
     env = {"BUCKETNOTIFY_DELIVERY_STORE": f"s3://{bucket}", **gateway_settings(rgw), **leases}
-    yield Queues(S3Store(connection(rgw), bucket), env)
+    store = S3Store(connection(rgw), bucket)
+    yield Queues(store, env)
+    await store.aclose()
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
         for obj in page.get("Contents", []):
             s3.delete_object(Bucket=bucket, Key=obj["Key"])

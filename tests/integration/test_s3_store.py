@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -18,7 +18,9 @@ import pytest
 from bucketnotify.delivery.queue import QueueFull, QueueLimits, QueueName, Reservation
 from bucketnotify.delivery.stores import s3 as s3_module
 from bucketnotify.delivery.stores.s3 import S3Store
-from bucketnotify.gateway.errors import GatewayNotFound, GatewayUnreachable
+from bucketnotify.gateway.connection import GatewayConnection
+from bucketnotify.gateway.errors import GatewayAccessDenied, GatewayNotFound, GatewayUnreachable
+from devstack.programs import free_port
 from tests.localservices import LocalService
 from tests.queue_contract import NOW, QUEUE, QueueStoreContract, Reopen, bodies, put
 from tests.s3 import connection
@@ -36,6 +38,23 @@ def bucket(rgw: LocalService) -> Iterator[str]:
         for obj in page.get("Contents", []):
             s3.delete_object(Bucket=name, Key=obj["Key"])
     s3.delete_bucket(Bucket=name)
+
+
+@pytest.fixture()
+async def stores(rgw: LocalService) -> AsyncIterator[Callable[..., S3Store]]:
+    """``stores(bucket, prefix, via=connection, **options)``: S3Store instances of the test
+    user (or of ``via``), closed after the test."""
+    opened: list[S3Store] = []
+
+    def open_store(
+        bucket: str, *args: Any, via: GatewayConnection | None = None, **options: Any
+    ) -> S3Store:
+        opened.append(S3Store(via or connection(rgw), bucket, *args, **options))
+        return opened[-1]
+
+    yield open_store
+    for store in opened:
+        await store.aclose()
 
 
 def count_calls(store: S3Store, monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -83,37 +102,39 @@ class TestS3Store(QueueStoreContract):
         return f"t-{uuid.uuid4().hex[:10]}/"
 
     @pytest.fixture()
-    async def store(self, rgw: LocalService, bucket: str, prefix: str) -> S3Store:
-        store = S3Store(connection(rgw), bucket, prefix)
+    async def store(self, stores: Callable[..., S3Store], bucket: str, prefix: str) -> S3Store:
+        store = stores(bucket, prefix)
         await store.ensure_bucket()
         return store
 
     @pytest.fixture()
-    def reopen(self, rgw: LocalService, bucket: str, prefix: str) -> Reopen:
-        return lambda: S3Store(connection(rgw), bucket, prefix)
+    def reopen(self, stores: Callable[..., S3Store], bucket: str, prefix: str) -> Reopen:
+        return lambda: stores(bucket, prefix)
 
     @pytest.fixture()
     def raw(self, rgw: LocalService, bucket: str, prefix: str) -> BucketRaw:
         return BucketRaw(connection(rgw).s3(), bucket, prefix)
 
 
-async def test_ensure_bucket_is_idempotent(rgw: LocalService) -> None:
+async def test_ensure_bucket_is_idempotent(
+    rgw: LocalService, stores: Callable[..., S3Store]
+) -> None:
     name = f"queues-{uuid.uuid4().hex[:10]}"
-    store = S3Store(connection(rgw), name)
+    store = stores(name)
     with pytest.raises(GatewayNotFound):
         await store.queues()  # no bucket yet: an error, not an empty store
     try:
         await store.ensure_bucket()
         await store.ensure_bucket()
-        assert await S3Store(connection(rgw), name).queues() == []
+        assert await stores(name).queues() == []
     finally:
         connection(rgw).s3().delete_bucket(Bucket=name)
 
 
 async def test_commit_is_one_put_and_one_delete(
-    rgw: LocalService, bucket: str, monkeypatch: pytest.MonkeyPatch
+    rgw: LocalService, stores: Callable[..., S3Store], bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = S3Store(connection(rgw), bucket, f"t-{uuid.uuid4().hex[:10]}/")
+    store = stores(bucket, f"t-{uuid.uuid4().hex[:10]}/")
     await store.create(QUEUE, 2, QueueLimits())
     reservation = await store.reserve(QUEUE, 0, 100, 100 * 20, NOW)
     calls = count_calls(store, monkeypatch)
@@ -136,11 +157,11 @@ async def test_commit_is_one_put_and_one_delete(
 
 
 async def test_reserves_waiting_for_their_turn_share_one_scan_and_keep_the_limit(
-    rgw: LocalService, bucket: str, monkeypatch: pytest.MonkeyPatch
+    rgw: LocalService, stores: Callable[..., S3Store], bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The ingest's group commit reserves every shard it touches at once: the reserves
     that queue up behind one scan are checked together against the next, one by one."""
-    store = S3Store(connection(rgw), bucket, f"t-{uuid.uuid4().hex[:10]}/")
+    store = stores(bucket, f"t-{uuid.uuid4().hex[:10]}/")
     await store.create(QUEUE, 8, QueueLimits(max_entries=4, max_bytes=1000))
     await put(store, 0, b"committed")
     calls = count_calls(store, monkeypatch)
@@ -159,9 +180,9 @@ async def test_reserves_waiting_for_their_turn_share_one_scan_and_keep_the_limit
 
 
 async def test_a_rewrite_cut_short_is_finished_by_the_next_removal(
-    rgw: LocalService, bucket: str, monkeypatch: pytest.MonkeyPatch
+    rgw: LocalService, stores: Callable[..., S3Store], bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = S3Store(connection(rgw), bucket, f"t-{uuid.uuid4().hex[:10]}/")
+    store = stores(bucket, f"t-{uuid.uuid4().hex[:10]}/")
     await store.create(QUEUE, 1, QueueLimits())
     entries = await put(store, 0, b"1", b"2", b"3")
     await store.list(QUEUE, 0)
@@ -178,12 +199,14 @@ async def test_a_rewrite_cut_short_is_finished_by_the_next_removal(
     # Straight on, without a list: the old name must go with the batch, or it comes back.
     await store.remove(QUEUE, 0, [entries[1].id, entries[2].id])
     assert await store.list(QUEUE, 0) == []
-    assert await S3Store(connection(rgw), bucket, store.prefix).list(QUEUE, 0) == []
+    assert await stores(bucket, store.prefix).list(QUEUE, 0) == []
 
 
-async def test_the_bucket_holds_the_documented_layout(rgw: LocalService, bucket: str) -> None:
+async def test_the_bucket_holds_the_documented_layout(
+    rgw: LocalService, stores: Callable[..., S3Store], bucket: str
+) -> None:
     prefix = f"t-{uuid.uuid4().hex[:10]}/"
-    store = S3Store(connection(rgw), bucket, prefix)
+    store = stores(bucket, prefix)
     await store.create(QUEUE, 2, QueueLimits())
     (entry,) = await put(store, 1, b"{}")
     reservation = await store.reserve(QUEUE, 0, 1, 1, NOW)
@@ -199,11 +222,11 @@ async def test_the_bucket_holds_the_documented_layout(rgw: LocalService, bucket:
 
 
 async def test_far_below_its_limits_a_commit_is_one_put(
-    rgw: LocalService, bucket: str, monkeypatch: pytest.MonkeyPatch
+    rgw: LocalService, stores: Callable[..., S3Store], bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With the writers known, the first reserve scans and leaves headroom; reserves within
     it need neither the LISTs nor a marker, so reserve and commit are one PUT together."""
-    store = S3Store(connection(rgw), bucket, f"t-{uuid.uuid4().hex[:10]}/", writers=lambda: 2)
+    store = stores(bucket, f"t-{uuid.uuid4().hex[:10]}/", writers=lambda: 2)
     await store.create(QUEUE, 2, QueueLimits())
     await put(store, 0, b"first")  # scans, sets the headroom
     calls = count_calls(store, monkeypatch)
@@ -221,12 +244,12 @@ async def test_far_below_its_limits_a_commit_is_one_put(
 
 
 async def test_every_replica_has_a_headroom_of_its_own_at_once(
-    rgw: LocalService, bucket: str, monkeypatch: pytest.MonkeyPatch
+    rgw: LocalService, stores: Callable[..., S3Store], bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The other replica's cover does not use up this one's share: after one scan each,
     both commit with one PUT, and the limits still hold exactly (both covers counted)."""
     prefix = f"t-{uuid.uuid4().hex[:10]}/"
-    a, b = (S3Store(connection(rgw), bucket, prefix, writers=lambda: 2) for _ in range(2))
+    a, b = (stores(bucket, prefix, writers=lambda: 2) for _ in range(2))
     await a.create(QUEUE, 2, QueueLimits(max_entries=40, max_bytes=10_000))
     await put(a, 0, b"a0")  # scans; A's cover: 40 / (2 x 2) - 1 = 9
     await put(b, 1, b"b0")  # scans; B's cover: 10 - 2 = 8 (A's cover not subtracted)
@@ -243,13 +266,13 @@ async def test_every_replica_has_a_headroom_of_its_own_at_once(
 
 
 async def test_a_batch_its_writer_lists_is_not_read_back_unless_rewritten_since(
-    rgw: LocalService, bucket: str, monkeypatch: pytest.MonkeyPatch
+    rgw: LocalService, stores: Callable[..., S3Store], bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The replica that committed a batch lists it with the LIST alone (no GET). Once
     another replica has rewritten it (an update after a failed push: same name, new
     content), the writer reads the stored batch, not what it wrote."""
     prefix = f"t-{uuid.uuid4().hex[:10]}/"
-    writer, other = (S3Store(connection(rgw), bucket, prefix) for _ in range(2))
+    writer, other = (stores(bucket, prefix) for _ in range(2))
     await writer.create(QUEUE, 2, QueueLimits())
     written = await put(writer, 0, b"first", b"second")
     calls = count_calls(writer, monkeypatch)
@@ -266,14 +289,14 @@ async def test_a_batch_its_writer_lists_is_not_read_back_unless_rewritten_since(
 
 
 async def test_reserves_from_the_headroom_never_take_two_writers_past_the_limit(
-    rgw: LocalService, bucket: str
+    rgw: LocalService, stores: Callable[..., S3Store], bucket: str
 ) -> None:
     """Two replicas writing one queue of 40 entries as fast as they can: together they
     commit exactly 40, then both are refused, though most reserves skipped the scan.
     Reserves of the two that collide on the last entries may both step back: a replica
     refused while the queue still has room tries again (the gateway would)."""
     prefix = f"t-{uuid.uuid4().hex[:10]}/"
-    replicas = [S3Store(connection(rgw), bucket, prefix, writers=lambda: 2) for _ in range(2)]
+    replicas = [stores(bucket, prefix, writers=lambda: 2) for _ in range(2)]
     await replicas[0].create(QUEUE, 4, QueueLimits(max_entries=40, max_bytes=10_000))
     committed = [0, 0]
 
@@ -297,12 +320,12 @@ async def test_reserves_from_the_headroom_never_take_two_writers_past_the_limit(
 
 
 async def test_two_replicas_reserving_the_last_room_at_the_same_instant_do_not_both_get_it(
-    rgw: LocalService, bucket: str, monkeypatch: pytest.MonkeyPatch
+    rgw: LocalService, stores: Callable[..., S3Store], bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Both scan before either has PUT its marker, so both first see room for one more:
     the scan after the PUTs shows each the other's marker, and the limit holds."""
     prefix = f"t-{uuid.uuid4().hex[:10]}/"
-    replicas = [S3Store(connection(rgw), bucket, prefix) for _ in range(2)]
+    replicas = [stores(bucket, prefix) for _ in range(2)]
     await replicas[0].create(QUEUE, 2, QueueLimits(max_entries=2, max_bytes=1000))
     await put(replicas[0], 0, b"committed")
     both_scanned = asyncio.Barrier(2)
@@ -340,12 +363,12 @@ async def test_two_replicas_reserving_the_last_room_at_the_same_instant_do_not_b
 
 
 async def test_a_headroom_counts_for_the_other_replicas_until_it_is_used_up(
-    rgw: LocalService, bucket: str, monkeypatch: pytest.MonkeyPatch
+    rgw: LocalService, stores: Callable[..., S3Store], bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A's headroom (limit / (2 x 2) = 10 minus the 1 committed: 9) is granted without any
     request, so B must count it before A uses it; A itself does not count it twice."""
     prefix = f"t-{uuid.uuid4().hex[:10]}/"
-    a, b = (S3Store(connection(rgw), bucket, prefix, writers=lambda: 2) for _ in range(2))
+    a, b = (stores(bucket, prefix, writers=lambda: 2) for _ in range(2))
     await a.create(QUEUE, 2, QueueLimits(max_entries=40, max_bytes=10_000))
     await put(a, 0, b"first")  # scans; headroom and its cover: 9 entries
     with pytest.raises(QueueFull):
@@ -365,3 +388,52 @@ async def test_a_headroom_counts_for_the_other_replicas_until_it_is_used_up(
     s3 = connection(rgw).s3()
     listed = s3.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}data/")
     assert [o["Key"] for o in listed["Contents"] if "/reservations/" in o["Key"]] == []
+
+
+async def test_refusals_and_silence_of_the_gateway_are_our_errors_without_the_secret(
+    rgw: LocalService, stores: Callable[..., S3Store], bucket: str
+) -> None:
+    """Each of the four requests the store sends itself (LIST, PUT, GET, DELETE): wrong keys
+    are access denied, and no message holds the secret; a port nothing listens on is
+    unreachable (the ingest answers 503 to that, which the gateway retries)."""
+    prefix = f"t-{uuid.uuid4().hex[:10]}/"
+    wrong_secret = "not-the-secret-0123456789abcdef0123456789"
+    refused = stores(bucket, prefix, via=connection(rgw, secret=wrong_secret))
+    nobody = replace(connection(rgw), endpoint=f"http://127.0.0.1:{free_port()}")
+    silent = stores(bucket, prefix, via=nobody)
+    for store, error in ((refused, GatewayAccessDenied), (silent, GatewayUnreachable)):
+        calls = {
+            "ListObjectsV2": store.queues(),
+            "PutObject": store.create(QUEUE, 1, QueueLimits()),
+            "GetObject": store.load_delivered(QUEUE, 0),
+            "DeleteObject": store.delete(QUEUE),
+        }
+        for operation, call in calls.items():
+            with pytest.raises(error) as raised:
+                await call
+            assert str(raised.value).startswith(operation), raised.value
+            assert wrong_secret not in str(raised.value)
+
+
+async def test_a_gateway_with_a_private_ca_is_reached_over_https_with_aws_ca_bundle(
+    rgw: LocalService,
+    stores: Callable[..., S3Store],
+    bucket: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The store verifies the gateway with the CA boto3 would use (``AWS_CA_BUNDLE``, what
+    the chart's ``gateway.caConfigMap`` sets); without it the private CA is refused."""
+    prefix = f"t-{uuid.uuid4().hex[:10]}/"
+    tls = replace(connection(rgw), endpoint=rgw["RGW_TLS_ENDPOINT"])
+    monkeypatch.setenv("AWS_CA_BUNDLE", rgw["RGW_CA_PEM"])
+    writer = stores(bucket, prefix, via=tls)
+    await writer.create(QUEUE, 1, QueueLimits())
+    await put(writer, 0, b"over tls")
+    reader = stores(bucket, prefix, via=tls)  # reads the batch back: GET over TLS
+    [entry] = await reader.list(QUEUE, 0)
+    assert entry.body == b"over tls"
+    await reader.remove(QUEUE, 0, [entry.id])
+    assert await writer.queues() == [QUEUE]
+    monkeypatch.delenv("AWS_CA_BUNDLE")
+    with pytest.raises(GatewayUnreachable):
+        await stores(bucket, prefix, via=tls).queues()

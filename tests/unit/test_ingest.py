@@ -269,3 +269,4 @@ async def test_a_queue_store_that_does_not_answer_gets_503_and_one_warning(
     warnings = [r for r in caplog.records if "queue store is unavailable" in r.getMessage()]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
     assert SECRET not in caplog.text
+    await store.aclose()

@@ -141,6 +141,12 @@ class QueueAccess:
     store: QueueStore
     leases: LeaseSettings
 
+    async def __aenter__(self) -> QueueAccess:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.store.aclose()
+
 
 def _settings(model: type[S]) -> S:
     try:

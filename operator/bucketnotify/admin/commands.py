@@ -265,8 +265,7 @@ async def _persistent(cluster: Cluster, namespace: str, name: str) -> QueueName:
 
 async def topic_stats(args: argparse.Namespace) -> Done:
     namespace = _namespace(args)
-    queues = open_queues()
-    async with await Cluster.connect(args.request_timeout) as cluster:
+    async with open_queues() as queues, await Cluster.connect(args.request_timeout) as cluster:
         queue = await _persistent(cluster, namespace, args.name)
         stats = await queue_stats(queues.store, queue, time.time())
         holders = await cluster.holders(queues.leases)
@@ -278,16 +277,18 @@ async def topic_stats(args: argparse.Namespace) -> Done:
 
 async def topic_dump(args: argparse.Namespace) -> Done:
     namespace = _namespace(args)
-    queues = open_queues()
-    async with await Cluster.connect(args.request_timeout) as cluster:
-        queue = await _persistent(cluster, namespace, args.name)
-    # The shards the store has (a missing queue is an error here, not an empty dump).
-    shards = sorted((await queue_stats(queues.store, queue, time.time())).shards)
-    if args.shard is not None:
-        if args.shard not in shards:
-            raise AdminError(f"topic {queue} has no shard {args.shard}: it has 0 to {shards[-1]}")
-        shards = [args.shard]
-    found = await pending(queues.store, queue, shards, args.max_entries)
+    async with open_queues() as queues:
+        async with await Cluster.connect(args.request_timeout) as cluster:
+            queue = await _persistent(cluster, namespace, args.name)
+        # The shards the store has (a missing queue is an error here, not an empty dump).
+        shards = sorted((await queue_stats(queues.store, queue, time.time())).shards)
+        if args.shard is not None:
+            if args.shard not in shards:
+                raise AdminError(
+                    f"topic {queue} has no shard {args.shard}: it has 0 to {shards[-1]}"
+                )
+            shards = [args.shard]
+        found = await pending(queues.store, queue, shards, args.max_entries)
     return Done(document([dump_entry(shard, entry) for shard, entry in found], "json"))
 
 

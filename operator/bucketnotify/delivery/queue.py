@@ -198,3 +198,6 @@ class QueueStore(Protocol):
 
     async def load_delivered(self, queue: QueueName, shard: int) -> EventIds:
         """What ``save_delivered`` kept last; empty when nothing was."""
+
+    async def aclose(self) -> None:
+        """Let go of connections and the like; a store used again afterwards reopens them."""

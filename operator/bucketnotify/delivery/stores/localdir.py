@@ -259,6 +259,10 @@ class LocalDirStore:
     async def load_delivered(self, queue: QueueName, shard: int) -> list[str]:
         return self._load_delivered(queue, shard)
 
+    async def aclose(self) -> None:
+        # Files are opened and closed per call; the ring and the threads serve any loop.
+        return None
+
     async def _read_batches(
         self, queue: QueueName, shard: int, batch_ids: set[str]
     ) -> dict[str, list[Entry]]:

@@ -15,7 +15,8 @@ a bucket. Layout (names as in ``_format``: a LIST answers ``stats`` and ``reserv
 Meta objects have a prefix of their own so that ``queues`` is one LIST, whatever the queues
 hold, and no namespace name can collide with it.
 
-Requests:
+Requests (PUT, GET, DELETE and LIST are sent on the event loop by ``gateway.objects``, at
+a third of boto3's CPU; only ``ensure_bucket`` goes through boto3):
 
 - ``reserve``: LIST of the reservations, LIST of the shards (one per 1000 batch objects in
   the queue), PUT of the marker, then the same two LISTs again (see "Reservations across
@@ -145,6 +146,7 @@ from bucketnotify.delivery.stores._format import (
 from bucketnotify.delivery.stores._threads import IOThreads
 from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.gateway.errors import GatewayError, mapped_errors
+from bucketnotify.gateway.objects import ObjectClient
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -213,7 +215,7 @@ class S3Store:
     ) -> None:
         """``meta_cache_s``: how long a queue's shards and limits are reused, so a change
         made through another replica applies here that much later. ``max_requests``: at
-        most this many requests in flight (botocore's connection pool holds 10).
+        most this many requests in flight, each on a connection of its own.
         ``writers``: how many replicas may write to these queues now, at most (0 while
         unknown); it sizes the headroom, and without it every reserve scans (see
         "Reserving without a scan")."""
@@ -222,9 +224,10 @@ class S3Store:
         self.bucket = bucket
         self.prefix = prefix
         self._s3: S3Client = connection.s3()
+        self._objects = ObjectClient(connection, bucket, max_requests)
         self._meta_cache_s = meta_cache_s
         self._requests = asyncio.Semaphore(max_requests)
-        self._threads = IOThreads("s3-store", max_requests)
+        self._threads = IOThreads("s3-store", 1)
         self._wanted: dict[QueueName, list[_Wanted]] = {}
         self._meta: dict[QueueName, tuple[float, int, QueueLimits]] = {}
         self._reserving: dict[QueueName, asyncio.Lock] = {}
@@ -238,7 +241,17 @@ class S3Store:
 
     async def ensure_bucket(self) -> None:
         """Create the bucket unless it exists; idempotent."""
-        await self._call(f"CreateBucket {self.bucket}", self._ensure_bucket)
+        operation = f"CreateBucket {self.bucket}"
+
+        def ensure() -> None:
+            with mapped_errors(operation):
+                self._ensure_bucket()
+
+        await self._call(operation, lambda: self._threads.run(ensure))
+
+    async def aclose(self) -> None:
+        """Closes the connections to the gateway; a later call opens new ones."""
+        await self._objects.aclose()
 
     def _ensure_bucket(self) -> None:
         try:
@@ -714,68 +727,35 @@ class S3Store:
 
         await _all(*(one(b, e) for b, e in changes.items()))
 
-    # Requests: blocking boto3 calls in the store's own threads (``_threads``), errors
-    # mapped, a bounded number
+    # Requests: the four hot ones on the loop (``ObjectClient``), the bucket's creation
+    # through boto3 in a thread; a bounded number in flight
 
-    async def _call(self, operation: str, request: Callable[[], T]) -> T:
-        def mapped() -> T:
-            with mapped_errors(operation):
-                return request()
-
+    async def _call(self, operation: str, request: Callable[[], Awaitable[T]]) -> T:
+        """``operation`` names the request for the errors of the calls that need it."""
         async with self._requests:
-            return await self._threads.run(mapped)
+            return await request()
 
     async def _put(self, key: str, body: bytes, content_type: str) -> str:
         """Writes the object; returns its ETag."""
-        response = await self._call(
-            f"PutObject {key}",
-            lambda: self._s3.put_object(
-                Bucket=self.bucket, Key=key, Body=body, ContentType=content_type
-            ),
+        return await self._call(
+            f"PutObject {key}", lambda: self._objects.put(key, body, content_type)
         )
-        return response.get("ETag", "")
 
     async def _get(self, key: str) -> bytes | None:
         """The object's body; None when there is no such key."""
-
-        def get() -> bytes | None:
-            try:
-                return self._s3.get_object(Bucket=self.bucket, Key=key)["Body"].read()
-            except ClientError as exc:
-                if exc.response.get("Error", {}).get("Code") == "NoSuchKey":
-                    return None
-                raise
-
-        return await self._call(f"GetObject {key}", get)
+        return await self._call(f"GetObject {key}", lambda: self._objects.get(key))
 
     async def _delete_key(self, key: str) -> None:
         # DeleteObject of a missing key succeeds, so a second try or a lost race is fine.
-        await self._call(
-            f"DeleteObject {key}",
-            lambda: self._s3.delete_object(Bucket=self.bucket, Key=key),
-        )
+        await self._call(f"DeleteObject {key}", lambda: self._objects.delete(key))
 
     async def _list_page(
         self, prefix: str, token: str | None
     ) -> tuple[list[tuple[str, str]], str | None]:
         """One page of (key, ETag) under ``prefix``, in key order, and the token of the next."""
-
-        def page() -> tuple[list[tuple[str, str]], str | None]:
-            if token:
-                response = self._s3.list_objects_v2(
-                    Bucket=self.bucket, Prefix=prefix, MaxKeys=LIST_PAGE, ContinuationToken=token
-                )
-            else:
-                response = self._s3.list_objects_v2(
-                    Bucket=self.bucket, Prefix=prefix, MaxKeys=LIST_PAGE
-                )
-            keys = [
-                (o["Key"], o.get("ETag", "")) for o in response.get("Contents", []) if "Key" in o
-            ]
-            more = response.get("IsTruncated") and response.get("NextContinuationToken")
-            return keys, more or None
-
-        return await self._call(f"ListObjectsV2 {prefix}", page)
+        return await self._call(
+            f"ListObjectsV2 {prefix}", lambda: self._objects.list_page(prefix, LIST_PAGE, token)
+        )
 
     async def _list_keys(self, prefix: str) -> list[str]:
         keys: list[str] = []
