@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import httpx
+import aiohttp
 
 from bucketnotify.delivery.queue import QueueName
 from bucketnotify.metrics import DeliveryMetrics
@@ -81,7 +81,7 @@ class WakeUps:
         self._address_of = address_of
         self._metrics = metrics
         self._timeout_s = timeout_s
-        self._client: httpx.AsyncClient | None = None
+        self._client: aiohttp.ClientSession | None = None
         self._pending: dict[str, set[Shard]] = {}
         self._sending: dict[str, asyncio.Task[None]] = {}
         self._warned: dict[str, float] = {}
@@ -100,14 +100,20 @@ class WakeUps:
     async def _flush(self, address: str) -> None:
         if self._client is None:
             # Plain HTTP inside the cluster: a wake-up carries nothing worth protecting.
-            self._client = httpx.AsyncClient(timeout=self._timeout_s, trust_env=False)
+            # aiohttp rather than httpx: less than half the CPU per request, measured (a wake-up
+            # goes out for most commits of a replica that owns half the shards).
+            self._client = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self._timeout_s), trust_env=False
+            )
         try:
             while shards := self._pending.pop(address, None):
                 body = {"shards": [list(s) for s in sorted(shards)]}
                 try:
-                    response = await self._client.post(f"http://{address}{WAKE_PATH}", json=body)
-                    outcome = "ok" if response.status_code == 204 else "refused"
-                except httpx.HTTPError as exc:
+                    async with self._client.post(
+                        f"http://{address}{WAKE_PATH}", json=body
+                    ) as response:
+                        outcome = "ok" if response.status == 204 else "refused"
+                except (aiohttp.ClientError, TimeoutError) as exc:
                     # Expected while a peer restarts; the survey catches what this missed.
                     # Failing for long means the replicas cannot reach each other: say so.
                     self._warn(address, exc)
@@ -135,4 +141,4 @@ class WakeUps:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._pending.clear()
         if self._client is not None:
-            await self._client.aclose()
+            await self._client.close()
