@@ -128,6 +128,8 @@ class ObjectClient:
                 method,
                 URL(url, encoded=True),
                 data=body if method == "PUT" else None,
+                # A signed request is not sent anywhere else; boto3 does not follow either.
+                allow_redirects=False,
                 headers=dict(request.headers.items()),
             ) as response:
                 data = await response.read()
