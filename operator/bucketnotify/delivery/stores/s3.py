@@ -731,7 +731,7 @@ class S3Store:
     # through boto3 in a thread; a bounded number in flight
 
     async def _call(self, operation: str, request: Callable[[], Awaitable[T]]) -> T:
-        """``operation`` names the request for the errors of the calls that need it."""
+        """``operation``: ``<S3 operation> <key or prefix>``, what the tests count requests by."""
         async with self._requests:
             return await request()
 
