@@ -38,7 +38,9 @@ __all__ = ["ObjectClient"]
 
 TIMEOUT = aiohttp.ClientTimeout(total=None, connect=5, sock_connect=5, sock_read=20)
 
-_S3 = "{http://s3.amazonaws.com/doc/2006-03-01/}"
+# Any namespace or none: Ceph answers in S3's, and a gateway that answered in none would
+# otherwise read as an empty bucket (queues never listed, events never delivered).
+_ANY = "{*}"
 
 
 class ObjectClient:
@@ -95,17 +97,9 @@ class ObjectClient:
         operation = f"ListObjectsV2 {prefix}"
         response = await self._send("GET", url, operation)
         try:
-            root = ET.fromstring(response.body)  # noqa: S314 - the gateway's own answer
+            return list_page_of(response.body)
         except ET.ParseError:
             raise GatewayError(f"{operation}: the gateway's answer is not XML") from None
-        keys = [
-            (key, contents.findtext(f"{_S3}ETag") or "")
-            for contents in root.iterfind(f"{_S3}Contents")
-            if (key := contents.findtext(f"{_S3}Key"))
-        ]
-        truncated = root.findtext(f"{_S3}IsTruncated") == "true"
-        following = root.findtext(f"{_S3}NextContinuationToken") if truncated else None
-        return keys, following or None
 
     def _url(self, key: str) -> str:
         # botocore's encoding of a key: everything but unreserved characters and "/".
@@ -163,6 +157,20 @@ class ObjectClient:
         return self._session
 
 
+def list_page_of(body: bytes) -> tuple[list[tuple[str, str]], str | None]:
+    """(key, ETag) pairs of a ListObjectsV2 answer, and its continuation token if truncated;
+    raises ``ET.ParseError`` when the body is no XML."""
+    root = ET.fromstring(body)  # noqa: S314 - the gateway's own answer
+    keys = [
+        (key, contents.findtext(f"{_ANY}ETag") or "")
+        for contents in root.iterfind(f"{_ANY}Contents")
+        if (key := contents.findtext(f"{_ANY}Key"))
+    ]
+    truncated = (root.findtext(f"{_ANY}IsTruncated") or "").strip().lower() == "true"
+    following = root.findtext(f"{_ANY}NextContinuationToken") if truncated else None
+    return keys, following or None
+
+
 class _Response(NamedTuple):
     status: int
     body: bytes
@@ -180,6 +188,6 @@ def _message(body: bytes) -> str:
 def _error_field(body: bytes, name: str) -> str:
     """A field of the gateway's S3 error document; empty when there is none."""
     try:
-        return (ET.fromstring(body).findtext(name) or "").strip()  # noqa: S314
+        return (ET.fromstring(body).findtext(f"{_ANY}{name}") or "").strip()  # noqa: S314
     except ET.ParseError:
         return ""
