@@ -29,8 +29,9 @@ from types import FrameType
 from typing import Any
 
 from bench.delivery import PARTITIONS, _best_effort, source_revision
+from bench.gateway import Gateway
 from bench.kube import SetupError, new_namespace, wait_even_ownership
-from bench.operator_scale import Gateway, apply_list, is_ready, kubectl_bulk, list_objects
+from bench.operator_scale import apply_list, is_ready, kubectl_bulk, list_objects
 from bench.proxy import RoundRobinProxy
 from bench.receiver import Receiver
 from bench.workload import delete_everything, object_body, percentiles, s3_client

@@ -49,6 +49,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.delivery import OPERATOR_LEASE, source_revision
+from bench.gateway import Gateway
 from bench.kube import Kubectl, SetupError, new_namespace, wait_lease_held
 from bench.workload import s3_client
 from devstack import services
@@ -86,60 +87,6 @@ class Observed:
     """Ready reasons of the objects not done at the last LIST."""
     lists: int = 0
     list_seconds: float = 0.0
-
-
-class Gateway:
-    """The shared gateway's counters and topic list, read the way an administrator would."""
-
-    def __init__(self, rgw: Service) -> None:
-        self.conf = rgw["CEPH_CONF"]
-        self.asok = str(Path(self.conf).parent / "client.rgw.local.asok")
-
-    def requests(self) -> int | None:
-        """Requests radosgw served since it started (all clients), None when unreadable."""
-        result = subprocess.run(
-            ["ceph", "-c", self.conf, "--admin-daemon", self.asok, "perf", "dump"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        if result.returncode != 0:
-            return None
-        value: int = json.loads(result.stdout)["rgw"]["req"]
-        return value
-
-    def topics(self) -> list[dict[str, Any]]:
-        result = subprocess.run(
-            ["radosgw-admin", "-c", self.conf, "topic", "list"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        if result.returncode != 0 and "(2) No such file" in result.stderr:
-            return []  # a tenant that never had a topic has no topics object yet
-        if result.returncode != 0:
-            raise SetupError(f"radosgw-admin topic list failed: {result.stderr.strip()}")
-        listed: list[dict[str, Any]] = json.loads(result.stdout)["topics"]
-        return listed
-
-    def remove(self, names: list[str]) -> None:
-        for name in names:
-            subprocess.run(
-                ["radosgw-admin", "-c", self.conf, "topic", "rm", f"--topic={name}"],
-                capture_output=True,
-                timeout=120,
-                check=False,
-            )
-
-    def topic_names(self, *marks: str) -> list[str]:
-        """Names of gateway topics (notification copies included) containing any mark."""
-        names = [str(t["topic"]["name"]) for t in self.topics()]
-        return sorted(n for n in names if any(m in n for m in marks))
-
-
-# --- process figures ------------------------------------------------------------------------
 
 
 def memory_kib(pid: int) -> dict[str, int]:
