@@ -14,6 +14,7 @@ gateway's error code, not the keys.
 
 from __future__ import annotations
 
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -33,6 +34,7 @@ __all__ = [
     "GatewayNotFound",
     "GatewayServerError",
     "GatewayUnreachable",
+    "error_code",
     "error_for_response",
     "mapped_errors",
 ]
@@ -95,6 +97,16 @@ def error_for_response(operation: str, status: int, code: str, detail: str = "")
     if status >= 500:
         return GatewayServerError(message)
     return GatewayError(message)
+
+
+def error_code(body: bytes) -> tuple[str, str]:
+    """The Code and Message of the gateway's S3 error document (in any XML namespace or
+    none); empty when the body is no such document."""
+    try:
+        root = ET.fromstring(body)  # noqa: S314 - the gateway's own answer
+    except ET.ParseError:
+        return "", ""
+    return (root.findtext("{*}Code") or "").strip(), (root.findtext("{*}Message") or "").strip()
 
 
 @contextmanager

@@ -49,6 +49,7 @@ from bucketnotify.gateway.errors import (
     GatewayInvalidArgument,
     GatewayServerError,
     GatewayUnreachable,
+    error_code,
     error_for_response,
 )
 from bucketnotify.gateway.topics import TopicClient
@@ -246,7 +247,7 @@ class NotificationClient:
         response = self._exchange("PUT", bucket, None, body, operation)
         if response.is_success:
             return
-        code, detail = _error_code(response.content)
+        code, detail = error_code(response.content)
         if code == "NoSuchKey":
             # Ceph 16's answer when a topic of the configuration does not exist. When ours
             # are in place, it was another entry's (its topic deleted since it was set up):
@@ -351,7 +352,7 @@ class NotificationClient:
         response = self._exchange(method, bucket, id, body, operation)
         if response.is_success:
             return response.content
-        code, detail = _error_code(response.content)
+        code, detail = error_code(response.content)
         raise error_for_response(operation, response.status_code, code, detail)
 
     def _exchange(
@@ -409,15 +410,6 @@ def _child_text(element: ET.Element, name: str, strip: bool = True) -> str:
         if _local(child.tag) == name:
             return (child.text or "").strip() if strip else child.text or ""
     return ""
-
-
-def _error_code(body: bytes) -> tuple[str, str]:
-    """The S3 error's Code and Message; empty when the body is no S3 error document."""
-    try:
-        root = ET.fromstring(body)  # noqa: S314 - the gateway's own answer
-    except ET.ParseError:
-        return "", ""
-    return _child_text(root, "Code"), _child_text(root, "Message")
 
 
 def _rules(filter_element: ET.Element | None, name: str) -> tuple[FilterRule, ...]:

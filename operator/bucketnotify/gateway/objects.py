@@ -32,7 +32,12 @@ from botocore.credentials import Credentials
 from yarl import URL
 
 from bucketnotify.gateway.connection import GatewayConnection
-from bucketnotify.gateway.errors import GatewayError, GatewayUnreachable, error_for_response
+from bucketnotify.gateway.errors import (
+    GatewayError,
+    GatewayUnreachable,
+    error_code,
+    error_for_response,
+)
 
 __all__ = ["ObjectClient"]
 
@@ -135,9 +140,12 @@ class ObjectClient:
             ) from None
         except aiohttp.ClientError as exc:
             raise GatewayError(f"{operation}: {type(exc).__name__}") from None
-        if status < 300 or (missing_ok and status == 404 and _code(data) == "NoSuchKey"):
+        if status < 300:
             return _Response(status, data, etag)
-        raise error_for_response(operation, status, _code(data), _message(data))
+        code, message = error_code(data)
+        if missing_ok and status == 404 and code == "NoSuchKey":
+            return _Response(status, data, etag)
+        raise error_for_response(operation, status, code, message)
 
     def _http(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
@@ -175,19 +183,3 @@ class _Response(NamedTuple):
     status: int
     body: bytes
     etag: str
-
-
-def _code(body: bytes) -> str:
-    return _error_field(body, "Code")
-
-
-def _message(body: bytes) -> str:
-    return _error_field(body, "Message")
-
-
-def _error_field(body: bytes, name: str) -> str:
-    """A field of the gateway's S3 error document; empty when there is none."""
-    try:
-        return (ET.fromstring(body).findtext(f"{_ANY}{name}") or "").strip()  # noqa: S314
-    except ET.ParseError:
-        return ""
