@@ -145,7 +145,7 @@ from bucketnotify.delivery.stores._format import (
 )
 from bucketnotify.delivery.stores._threads import IOThreads
 from bucketnotify.gateway.connection import GatewayConnection
-from bucketnotify.gateway.errors import GatewayError, mapped_errors
+from bucketnotify.gateway.errors import GatewayError, GatewayUnreachable, mapped_errors
 from bucketnotify.gateway.objects import ObjectClient
 
 if TYPE_CHECKING:
@@ -154,12 +154,19 @@ if TYPE_CHECKING:
 __all__ = ["S3Store"]
 
 T = TypeVar("T")
+_Page = tuple[list[tuple[str, str]], str | None]
+"""One LIST page: (key, ETag) in key order, and the token of the next page or None."""
 
 _log = logging.getLogger(__name__)
 
 LIST_PAGE = 1000
 COLLISION_ATTEMPTS = 3
 """How often a turn that collided with another writer's reserves tries again."""
+SHARED_LIST_KEYS = 100
+"""At most this many keys in a LIST shared by the shards of a queue: more means a backlog,
+where a LIST per shard reads less (see "One LIST for the shards listing at once")."""
+CROWDED_S = 1.0
+"""How long a queue whose shared LIST was cut short lists per shard instead."""
 
 
 @dataclass
@@ -212,13 +219,15 @@ class S3Store:
         meta_cache_s: float = 5.0,
         max_requests: int = 10,
         writers: Callable[[], int] | None = None,
+        list_gather_s: float = 0.002,
     ) -> None:
         """``meta_cache_s``: how long a queue's shards and limits are reused, so a change
         made through another replica applies here that much later. ``max_requests``: at
         most this many requests in flight, each on a connection of its own.
         ``writers``: how many replicas may write to these queues now, at most (0 while
         unknown); it sizes the headroom, and without it every reserve scans (see
-        "Reserving without a scan")."""
+        "Reserving without a scan"). ``list_gather_s``: how long the first shard of a
+        queue to list waits for others to share its LIST."""
         if prefix and not prefix.endswith("/"):
             prefix += "/"
         self.bucket = bucket
@@ -238,6 +247,11 @@ class S3Store:
         self._headroom: dict[QueueName, _Headroom] = {}
         self._unmarked: dict[str, tuple[Reservation, _Headroom]] = {}
         """Reservations granted from a headroom, by id: no marker of their own."""
+        self._list_gather_s = list_gather_s
+        self._listings: dict[QueueName, asyncio.Future[_Page]] = {}
+        """The shared LIST of each queue's shards still gathering shards, not yet sent."""
+        self._crowded: dict[QueueName, float] = {}
+        self._listing_tasks: set[asyncio.Task[None]] = set()
 
     async def ensure_bucket(self) -> None:
         """Create the bucket unless it exists; idempotent."""
@@ -251,6 +265,9 @@ class S3Store:
 
     async def aclose(self) -> None:
         """Closes the connections to the gateway; a later call opens new ones."""
+        # A shared LIST still gathering is sent and answered first: its shards wait for it.
+        if self._listing_tasks:
+            await asyncio.gather(*self._listing_tasks, return_exceptions=True)
         await self._objects.aclose()
 
     def _ensure_bucket(self) -> None:
@@ -749,12 +766,12 @@ class S3Store:
         # DeleteObject of a missing key succeeds, so a second try or a lost race is fine.
         await self._call(f"DeleteObject {key}", lambda: self._objects.delete(key))
 
-    async def _list_page(
-        self, prefix: str, token: str | None
-    ) -> tuple[list[tuple[str, str]], str | None]:
-        """One page of (key, ETag) under ``prefix``, in key order, and the token of the next."""
+    async def _list_page(self, prefix: str, token: str | None, max_keys: int = 0) -> _Page:
+        """One page of (key, ETag) under ``prefix``, in key order, and the token of the next;
+        ``max_keys``: at most this many keys (``LIST_PAGE`` when 0)."""
+        size = max_keys or LIST_PAGE
         return await self._call(
-            f"ListObjectsV2 {prefix}", lambda: self._objects.list_page(prefix, LIST_PAGE, token)
+            f"ListObjectsV2 {prefix}", lambda: self._objects.list_page(prefix, size, token)
         )
 
     async def _list_keys(self, prefix: str) -> list[str]:
@@ -779,9 +796,13 @@ class S3Store:
         chosen: list[Batch] = []
         etags: dict[str, str] = {}
         held = 0
+        shared = await self._shared_keys(queue, shard)
         token: str | None = None
         while True:
-            keys, token = await self._list_page(start, token)
+            if shared is not None:
+                keys, shared = shared, None  # all the shard holds: no page follows
+            else:
+                keys, token = await self._list_page(start, token)
             for key, etag in keys:
                 name = key[len(start) :]
                 etags[name] = etag
@@ -798,6 +819,53 @@ class S3Store:
                 held += parsed.count
             if token is None:
                 return chosen, etags
+
+    async def _shared_keys(self, queue: QueueName, shard: int) -> list[tuple[str, str]] | None:
+        """The shard's keys and ETags from a LIST of all the queue's shards, shared with the
+        shards of the queue listing at about the same time; None when the queue holds too
+        much for one (the caller lists the shard on its own)."""
+        if time.monotonic() < self._crowded.get(queue, 0.0):
+            return None
+        shared = self._listings.get(queue)
+        if shared is None:
+            shared = asyncio.get_running_loop().create_future()
+            self._listings[queue] = shared
+            task = asyncio.create_task(self._list_shared(queue, shared))
+            self._listing_tasks.add(task)
+            task.add_done_callback(self._listing_tasks.discard)
+        # Shielded: a caller that goes away must not cancel the LIST the others wait for.
+        page, token = await asyncio.shield(shared)
+        prefix = self._shard(queue, shard)
+        if token is not None and (
+            not page or page[-1][0] <= prefix or page[-1][0].startswith(prefix)
+        ):
+            # Cut short before the end of this shard's names: a backlog somewhere in the
+            # queue. Per shard for a while, rather than a shared LIST wasted every round.
+            self._crowded[queue] = time.monotonic() + CROWDED_S
+            return None
+        return [(key, etag) for key, etag in page if key.startswith(prefix)]
+
+    async def _list_shared(self, queue: QueueName, shared: asyncio.Future[_Page]) -> None:
+        try:
+            try:
+                await asyncio.sleep(self._list_gather_s)
+            finally:
+                # Sent from now on: a shard asking later may have been woken by a commit
+                # this LIST would miss, so it waits for the next one.
+                if self._listings.get(queue) is shared:
+                    del self._listings[queue]
+            page = await self._list_page(
+                f"{self._data(queue)}shard-", None, min(LIST_PAGE, SHARED_LIST_KEYS)
+            )
+        except asyncio.CancelledError:
+            # Only the loop's end cancels it: the shards waiting see a failed round, not a
+            # cancellation of their own.
+            shared.set_exception(GatewayUnreachable("ListObjectsV2: cancelled"))
+            raise
+        except Exception as exc:
+            shared.set_exception(exc)
+            return
+        shared.set_result(page)
 
     # Last in the class: below this, `list` would name the method, not the builtin.
     async def list(self, queue: QueueName, shard: int, max_entries: int = 1024) -> list[Entry]:
