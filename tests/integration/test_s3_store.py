@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from bucketnotify.delivery.queue import QueueFull, QueueLimits, QueueName, Reservation
+from bucketnotify.delivery.queue import Entry, QueueFull, QueueLimits, QueueName, Reservation
 from bucketnotify.delivery.stores import s3 as s3_module
 from bucketnotify.delivery.stores.s3 import S3Store
 from bucketnotify.gateway.connection import GatewayConnection
@@ -200,6 +200,96 @@ async def test_a_rewrite_cut_short_is_finished_by_the_next_removal(
     await store.remove(QUEUE, 0, [entries[1].id, entries[2].id])
     assert await store.list(QUEUE, 0) == []
     assert await stores(bucket, store.prefix).list(QUEUE, 0) == []
+
+
+def record_lists(store: S3Store, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The prefixes of the LISTs the store sends from now on, relative to the queue's data."""
+    prefixes: list[str] = []
+    real = store._call
+    data = f"{store.prefix}data/{QUEUE.namespace}/{QUEUE.topic}/"
+
+    async def recorded(operation: str, request: Any) -> Any:
+        name, _, prefix = operation.partition(" ")
+        if name == "ListObjectsV2":
+            prefixes.append(prefix.removeprefix(data))
+        return await real(operation, request)
+
+    monkeypatch.setattr(store, "_call", recorded)
+    return prefixes
+
+
+async def test_shards_listing_at_once_share_one_list(
+    rgw: LocalService, stores: Callable[..., S3Store], bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The owner's shards of a queue woken together (by one group commit) list with one
+    LIST of all the queue's shards, each reading only its own batches from it."""
+    prefix = f"t-{uuid.uuid4().hex[:10]}/"
+    writer, owner = stores(bucket, prefix), stores(bucket, prefix)
+    await writer.create(QUEUE, 4, QueueLimits())
+    written = [await put(writer, shard, f"s{shard}".encode()) for shard in range(4)]
+    lists = record_lists(owner, monkeypatch)
+    calls = count_calls(owner, monkeypatch)
+    listed = await asyncio.gather(*(owner.list(QUEUE, shard) for shard in range(4)))
+    assert listed == written
+    assert lists == ["shard-"]
+    assert sorted(calls) == ["GetObject"] * 4 + ["ListObjectsV2"]
+
+
+async def test_a_list_asked_for_after_a_commit_finds_it_while_other_shards_share_lists(
+    rgw: LocalService, stores: Callable[..., S3Store], bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shared LIST serves only the shards that asked before it was sent: a shard woken
+    by a commit after that must get a LIST of its own, or the commit waits unseen."""
+    prefix = f"t-{uuid.uuid4().hex[:10]}/"
+    writer = stores(bucket, prefix, writers=lambda: 1)  # commits of one PUT: they land fast
+    owner = stores(bucket, prefix)
+    await writer.create(QUEUE, 4, QueueLimits())
+    lists = record_lists(owner, monkeypatch)
+    real_page = owner._objects.list_page
+
+    async def slow_answers(prefix: str, max_keys: int, token: str | None) -> Any:
+        # Answers that take long to arrive: a LIST in flight, sent before a commit landed.
+        page = await real_page(prefix, max_keys, token)
+        await asyncio.sleep(0.02)
+        return page
+
+    monkeypatch.setattr(owner._objects, "list_page", slow_answers)
+
+    async def shard_owner(shard: int) -> None:
+        for n in range(10):
+            await asyncio.sleep(0.003 * ((n * 7 + shard * 3) % 5))
+            committed = await put(writer, shard, f"s{shard}-{n}".encode())
+            listed = await owner.list(QUEUE, shard)
+            assert listed == committed, f"shard {shard} round {n}"
+            await owner.remove(QUEUE, shard, [e.id for e in listed])
+
+    await asyncio.gather(*(shard_owner(shard) for shard in range(4)))
+    assert set(lists) == {"shard-"}
+
+
+async def test_a_queue_holding_more_than_a_shared_list_is_listed_shard_by_shard(
+    rgw: LocalService, stores: Callable[..., S3Store], bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backlog does not fit one shared LIST: shards whose batches it cut off list on
+    their own, and the queue lists per shard for a while instead of wasting shared LISTs."""
+    monkeypatch.setattr(s3_module, "SHARED_LIST_KEYS", 4)
+    prefix = f"t-{uuid.uuid4().hex[:10]}/"
+    store = stores(bucket, prefix)
+    await store.create(QUEUE, 3, QueueLimits())
+    written: dict[int, list[Entry]] = {shard: [] for shard in range(3)}
+    for n in range(3):
+        for shard in range(3):
+            written[shard] += await put(store, shard, f"s{shard}-{n}".encode())
+    lists = record_lists(store, monkeypatch)
+    listed = await asyncio.gather(*(store.list(QUEUE, shard) for shard in range(3)))
+    assert listed == [written[shard] for shard in range(3)]
+    # The shared page holds shard 0's three batches and one of shard 1's: shard 0 is
+    # served from it, the other two list on their own.
+    assert sorted(lists) == ["shard-", "shard-1/", "shard-2/"]
+    lists.clear()
+    listed = await asyncio.gather(*(store.list(QUEUE, shard) for shard in range(3)))
+    assert listed == [written[shard] for shard in range(3)]
+    assert sorted(lists) == ["shard-0/", "shard-1/", "shard-2/"]
 
 
 async def test_the_bucket_holds_the_documented_layout(

@@ -28,7 +28,8 @@ a third of boto3's CPU; only ``ensure_bucket`` goes through boto3):
   limits most reserves skip all of it ("Reserving without a scan").
 - ``commit`` of N events: one PUT of the batch and one DELETE of the marker, whatever N is,
   so the ingest's group commit makes the cost per event small.
-- ``list``: one LIST per 1000 batch objects up to ``max_entries``, and a GET per batch object,
+- ``list``: one LIST per 1000 batch objects up to ``max_entries`` (shared by the shards that
+  list at once, see "One LIST for the shards listing at once"), and a GET per batch object,
   in parallel, except for batches this replica wrote itself lately and nobody rewrote since
   (the LIST's ETag is the one its PUT got): those it still holds (``_Written``). The owner
   of a shard is often the replica that took its events. ``remove``: a DELETE per batch
@@ -70,6 +71,15 @@ written (the events matter more than the bound); that overshoots by its size.
 appear out of that order (one with an earlier id lands later). Events of one object are
 ordered whenever their commits do not overlap, and nothing that lands late is skipped,
 because every ``list`` starts from the oldest entry.
+
+One LIST for the shards listing at once: one group commit wakes the owners of several
+shards of a queue at once, and each would LIST its own shard. Instead, the first to ask
+waits ``list_gather_s`` for the others and one LIST of all the queue's shards (at most
+``SHARED_LIST_KEYS`` keys) serves them all, each taking its own names. Once sent, a LIST
+serves nobody else: a shard asking later may have been woken by a commit that landed after
+it, so it waits for the next. A LIST cut short before the end of a shard's names means a
+backlog somewhere in the queue; that shard lists on its own, as does every shard of the
+queue for ``CROWDED_S`` (one LIST of everything would read more than each shard needs).
 
 Reserving without a scan: while a queue is far below its limits, a reserve needs neither
 the LISTs nor a marker, so a commit is one PUT. With ``writers`` set (an upper bound of the
@@ -322,6 +332,7 @@ class S3Store:
         await self._delete_key(self._meta_key(queue))
         self._meta.pop(queue, None)
         self._headroom.pop(queue, None)
+        self._crowded.pop(queue, None)
         for key in list(self._cache):
             if key[0] == queue:
                 del self._cache[key]
