@@ -542,7 +542,7 @@ def _figures(result: dict[str, Any]) -> dict[str, float | None]:
     }
 
 
-def report(results: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+def report(results: list[dict[str, Any]], cpus: int) -> tuple[str, dict[str, Any]]:
     header = (
         f"{'scenario':<34}{'events/s':>9}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'max ms':>9}"
         f"{'dup/1000':>9}{'missing':>8}{'PUT/s':>8}{'PUT p99':>9}"
@@ -617,6 +617,7 @@ def report(results: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
                 f"{r['scenario'] if i == 0 else '':<34}{label:<34}"
                 f"{row['throughput']:>9}{row['p50']:>9}{row['p99']:>9}"
             )
+    lines += throughput_budget(ok, cpus)
     return "\n".join(lines), ratios
 
 
@@ -665,6 +666,81 @@ def cpu_per_event(results: list[dict[str, Any]]) -> list[str]:
             f"{_num(everything, 2):>9}{_num(r.get('gateway_requests_per_event'), 2):>9}  {goal}"
         )
     return lines
+
+
+GOAL_THROUGHPUT = {
+    "bucketnotify-sync": ("gateway-sync", 0.9),
+    "bucketnotify-persistent": ("gateway-persistent", 0.9),
+    "bucketnotify-sync-s3": ("gateway-persistent", 0.8),
+}
+"""Events/s as a share of a gateway scenario's in the same run (issue 16)."""
+
+
+def throughput_budget(results: list[dict[str, Any]], cpus: int) -> list[str]:
+    """What each throughput goal leaves for our processes on this machine.
+
+    Every process of a scenario shares the machine's cores: the gateway, its OSD, the PUT
+    clients, the receiver, the API server and ours. At the goal's rate the cores give at
+    most ``cpus / rate`` CPU seconds per event to all of them together; what the others
+    spent per event in our scenario is taken off, and the rest is the most ours may spend
+    for the goal to be reachable at all (an upper bound: it assumes every core fully busy,
+    which eight clients waiting for their PUTs never achieve). ``busy`` is the share of
+    the cores the measured processes used, for the baseline and for ours: close to each
+    other and high, the throughput ratio is then the ratio of CPU per event."""
+    by_name = {r["scenario"]: r for r in results}
+
+    def busy(r: dict[str, Any]) -> float | None:
+        span = r.get("span_s")
+        if not span:
+            return None
+        return sum(v or 0 for v in r["cpu_s"].values()) / (cpus * span)
+
+    rows = []
+    for r in results:
+        goal = GOAL_THROUGHPUT.get(r["scenario"])
+        if goal is None or goal[0] not in by_name or not r["received"]:
+            continue
+        base_name, share = goal
+        base = by_name[base_name]
+        rate = share * base["throughput_eps"]
+        available = 1000 * cpus / rate
+        ours_names = [k for k in r["cpu_s"] if k.startswith(("replica-", "operator", "proxy"))]
+        ours = 1000 * sum(r["cpu_s"][k] or 0 for k in ours_names) / r["received"]
+        others = (
+            1000 * sum(v or 0 for k, v in r["cpu_s"].items() if k not in ours_names) / r["received"]
+        )
+        budget = available - others
+        r["throughput_budget"] = {
+            "goal": f"{share:g}x {base_name}",
+            "rate_eps": rate,
+            "cpu_ms_per_event_available": available,
+            "others_ms": others,
+            "ours_budget_ms": budget,
+            "ours_ms": ours,
+            "busy": busy(r),
+            "baseline_busy": busy(base),
+        }
+        rows.append(
+            f"{r['scenario']:<26}{f'{share:g}x {base_name}':<24}{_num(rate):>7}"
+            f"{_num(available, 2):>10}{_num(others, 2):>9}{_num(budget, 2):>9}{_num(ours, 2):>9}"
+            f"{_percent(busy(base)):>9}{_percent(busy(r)):>7}"
+        )
+    if not rows:
+        return []
+    return [
+        "",
+        f"throughput goals against {cpus} CPUs: at the goal's rate the cores give 'CPU' ms per"
+        " event to every process together; the others of our scenario (gateway, OSD, clients,"
+        " receiver, API server) spent 'others'; ours must fit in 'budget' (an upper bound:"
+        " every core fully busy); 'busy' is the share of the cores used, baseline and ours",
+        f"{'scenario':<26}{'goal':<24}{'rate':>7}{'CPU':>10}{'others':>9}{'budget':>9}"
+        f"{'ours':>9}{'busy':>9}{'ours':>7}",
+        *rows,
+    ]
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"
 
 
 def ramp_report(steps: list[tuple[int, list[dict[str, Any]]]]) -> str:
@@ -842,7 +918,7 @@ def main(argv: list[str] | None = None) -> int:
         for scenario in chosen.values():
             print(f"== {scenario.name}: {scenario.summary}", flush=True)
             results.append(run_scenario(run, scenario))
-        table, ratios = report(results)
+        table, ratios = report(results, os.cpu_count() or 1)
         path = args.out / f"delivery-{run.id}.json"
         document = {
             "benchmark": "delivery",
