@@ -35,6 +35,7 @@ from bucketnotify.delivery.ownership import LeaseSettings, Ownership
 from bucketnotify.delivery.record_targets import records_target_for
 from bucketnotify.delivery.recording import Recorder, RecordWriter
 from bucketnotify.delivery.service import DeliveryService, ServiceTimings
+from bucketnotify.delivery.stores.localdir import LocalDirStore
 from bucketnotify.delivery.stores.open import StoreConfigError
 from bucketnotify.delivery.stores.open import open_store as _store
 from bucketnotify.delivery.stores.s3 import S3Store
@@ -207,7 +208,7 @@ async def _deliver(
         ),
         address=settings.advertised_address,
     )
-    if isinstance(store, S3Store):
+    if isinstance(store, S3Store | LocalDirStore):
         # One more than the members seen: a replica joining now is counted before its
         # Lease shows. 0 (reserve with a scan every time) until the first Lease round.
         store.writers = lambda: ownership.members and ownership.members + 1

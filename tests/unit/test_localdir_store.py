@@ -9,11 +9,21 @@ import multiprocessing
 import os
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from bucketnotify.delivery.queue import QueueFull, QueueLimits, QueueName
+from bucketnotify.delivery.queue import (
+    QueueFull,
+    QueueLimits,
+    QueueName,
+    QueueStore,
+    Reservation,
+    ShardStats,
+)
 from bucketnotify.delivery.stores.localdir import TMP_MAX_AGE_S, LocalDirStore
 from tests.queue_contract import NOW, QUEUE, QueueStoreContract, Reopen, bodies, put
 
@@ -43,16 +53,182 @@ class TestLocalDirStore(QueueStoreContract):
         return bool(request.param)
 
     @pytest.fixture()
-    def store(self, tmp_path: Path, ring: bool) -> LocalDirStore:
-        return LocalDirStore(tmp_path / "queues", ring=ring)
+    def writers(self) -> Callable[[], int] | None:
+        return None  # every reserve scans
 
     @pytest.fixture()
-    def reopen(self, tmp_path: Path, ring: bool) -> Reopen:
-        return lambda: LocalDirStore(tmp_path / "queues", ring=ring)
+    def store(self, tmp_path: Path, ring: bool, writers: Callable[[], int] | None) -> LocalDirStore:
+        return LocalDirStore(tmp_path / "queues", ring=ring, writers=writers)
+
+    @pytest.fixture()
+    def reopen(self, tmp_path: Path, ring: bool, writers: Callable[[], int] | None) -> Reopen:
+        return lambda: LocalDirStore(tmp_path / "queues", ring=ring, writers=writers)
 
     @pytest.fixture()
     def raw(self, tmp_path: Path) -> DirectoryRaw:
         return DirectoryRaw(tmp_path / "queues")
+
+
+class TestLocalDirStoreWithHeadroom(TestLocalDirStore):
+    """The contract again with the writers known, as the delivery service runs the store:
+    most reserves come from a headroom, without the queue's lock or a marker."""
+
+    @pytest.fixture()
+    def writers(self) -> Callable[[], int] | None:
+        return lambda: 1
+
+    # Two properties read differently under a headroom: a reserve granted from it has no
+    # marker, so the stats do not count it as a reservation; its cover (never in the
+    # stats) holds its room for every other writer instead.
+
+    async def test_stats_are_exact_per_shard(self, store: QueueStore, reopen: Reopen) -> None:
+        await put(store, 0, b"12", b"345")  # scans: a marker, then a cover
+        await put(store, 2, b"6789")
+        await store.reserve(QUEUE, 2, 3, 30, NOW)  # from the headroom
+        await reopen().reserve(QUEUE, 3, 1, 1, NOW)  # another writer scans: a marker
+        stats = await store.stats(QUEUE, NOW)
+        assert stats.shards == {
+            0: ShardStats(entries=2, bytes=5, reservations=0),
+            1: ShardStats(entries=0, bytes=0, reservations=0),
+            2: ShardStats(entries=1, bytes=4, reservations=0),
+            3: ShardStats(entries=0, bytes=0, reservations=1),
+        }
+        assert (stats.entries, stats.bytes, stats.reservations) == (3, 9, 1)
+        assert await reopen().stats(QUEUE, NOW) == stats
+
+    async def test_everything_survives_into_another_instance(
+        self, store: QueueStore, reopen: Reopen
+    ) -> None:
+        entries = await put(store, 0, b"1", b"2", b"3")
+        pending: Reservation = await store.reserve(QUEUE, 1, 1, 1, NOW)
+        other = reopen()
+        assert await other.list(QUEUE, 0) == entries
+        assert await other.queues() == [QUEUE]
+        # Not a reservation in the stats, but its room is held by the cover: of the 1000
+        # entries, 3 are committed and the cover holds 1000 / 2 - 3 = 497.
+        assert (await other.stats(QUEUE, NOW)).reservations == 0
+        with pytest.raises(QueueFull):
+            await other.reserve(QUEUE, 2, 501, 501, NOW)
+        await other.abort(await other.reserve(QUEUE, 2, 500, 500, NOW))
+        await other.commit(pending, [("e", b"x")], NOW)  # a reservation is plain data
+        assert bodies(await store.list(QUEUE, 1)) == [b"x"]
+
+        await other.remove(QUEUE, 0, [entries[0].id])
+        assert await store.list(QUEUE, 0) == entries[1:]
+        await store.update(QUEUE, 0, [replace(entries[1], attempts=1)])
+        assert (await other.list(QUEUE, 0))[0].attempts == 1
+
+
+def _count_scans(store: LocalDirStore, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How often ``store`` scans its queue (counts every shard under the queue's lock)."""
+    scans: list[int] = []
+    real = store._usage
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        scans.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store, "_usage", counting)
+    return scans
+
+
+def _markers(root: Path) -> list[str]:
+    return sorted(os.listdir(root / QUEUE.namespace / QUEUE.topic / "reservations"))
+
+
+async def test_far_below_its_limits_a_reserve_neither_scans_nor_leaves_a_marker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = LocalDirStore(tmp_path, writers=lambda: 1)
+    await store.create(QUEUE, 2, QueueLimits())
+    await put(store, 0, b"first")  # scans, leaves a headroom and its cover
+    [cover] = _markers(tmp_path)
+    assert cover.endswith(".cover")
+    scans = _count_scans(store, monkeypatch)
+    pending = await store.reserve(QUEUE, 1, 2, 20, NOW)
+    assert scans == [] and _markers(tmp_path) == [cover]
+    await store.commit(pending, [("a", b"second"), ("b", b"third")], NOW)
+    for n in range(20):
+        await put(store, n % 2, f"more-{n}".encode())
+    assert scans == []
+    listed = await store.list(QUEUE, 0) + await store.list(QUEUE, 1)
+    assert len(listed) == 23
+    stats = await store.stats(QUEUE, NOW)
+    assert (stats.entries, stats.reservations) == (23, 0)
+
+
+async def test_a_headroom_counts_for_another_writer_until_it_is_used_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A's headroom (40 / (2 x 2) = 10 minus the 1 committed: 9) is granted without a
+    scan, so B must count it before A uses it; A itself does not count it twice."""
+    a, b = (LocalDirStore(tmp_path, writers=lambda: 2) for _ in range(2))
+    await a.create(QUEUE, 2, QueueLimits(max_entries=40, max_bytes=10_000))
+    await put(a, 0, b"first")
+    with pytest.raises(QueueFull):
+        await b.reserve(QUEUE, 1, 31, 31, NOW)  # 1 + 9 + 31 > 40
+    mine = await b.reserve(QUEUE, 1, 20, 20, NOW)
+    await b.commit(mine, [(f"b{n}", b"x") for n in range(20)], NOW)
+    scans = _count_scans(a, monkeypatch)
+    for n in range(9):
+        await put(a, 0, f"a{n}".encode())
+    assert scans == [], "all nine from the headroom"
+    # 30 held: the next reserve scans, and the used-up cover must not count again.
+    await put(a, 0, *(f"c{n}".encode() for n in range(10)))
+    assert scans == [1]
+    assert (await a.stats(QUEUE, NOW)).entries == 40
+    for store in (a, b):
+        with pytest.raises(QueueFull):
+            await put(store, 0, b"one more")
+    # The used-up cover went with the scan that replaced it; B's scan left none (full).
+    assert not [m for m in _markers(tmp_path) if m.endswith(".cover")]
+
+
+async def test_writers_said_too_few_still_cannot_take_the_queue_past_its_limit(
+    tmp_path: Path,
+) -> None:
+    """Three writers each told it is the only one: each would take half the limit as its
+    headroom, and three halves are more than the queue holds. A cover is checked like a
+    reservation, so the third gets none, and together they commit at most the limit."""
+    writers = [LocalDirStore(tmp_path, writers=lambda: 1) for _ in range(3)]
+    await writers[0].create(QUEUE, 1, QueueLimits(max_entries=100, max_bytes=100_000))
+    committed = 0
+    for n in range(80):
+        for index, store in enumerate(writers):
+            try:
+                await put(store, 0, f"w{index}-{n}".encode())
+            except QueueFull:
+                continue
+            committed += 1
+    assert committed == (await writers[0].stats(QUEUE, NOW)).entries
+    assert committed <= 100
+
+
+async def test_new_limits_end_the_headroom(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path, writers=lambda: 1)
+    await store.create(QUEUE, 1, QueueLimits(max_entries=100, max_bytes=100_000))
+    await put(store, 0, b"first")  # a headroom of 100 / 2 - 1 = 49
+    # Another process lowers the limit: the meta file changes, and the next reserve sees it.
+    await LocalDirStore(tmp_path).create(QUEUE, 1, QueueLimits(max_entries=2, max_bytes=100_000))
+    await put(store, 0, b"second")
+    with pytest.raises(QueueFull):
+        await put(store, 0, b"third")
+    assert not [m for m in _markers(tmp_path) if m.endswith(".cover")]
+
+
+async def test_an_expired_cover_is_reclaimed_and_not_counted_as_a_reservation(
+    tmp_path: Path,
+) -> None:
+    crashed = LocalDirStore(tmp_path, writers=lambda: 1)
+    await crashed.create(QUEUE, 1, QueueLimits(max_entries=10, max_bytes=100_000))
+    await put(crashed, 0, b"first")  # leaves a cover of 4, then its writer dies
+    survivor = LocalDirStore(tmp_path)
+    with pytest.raises(QueueFull):
+        await survivor.reserve(QUEUE, 0, 6, 6, NOW)  # 1 + 4 + 6 > 10
+    later = NOW + QueueLimits().reservation_timeout_s + 1
+    assert await survivor.reclaim(QUEUE, later) == 0  # not a reservation
+    assert _markers(tmp_path) == []
+    await survivor.abort(await survivor.reserve(QUEUE, 0, 9, 9, later))
 
 
 @pytest.mark.parametrize(

@@ -70,7 +70,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,6 +84,7 @@ from bucketnotify.delivery.queue import (
     Reservation,
 )
 from bucketnotify.delivery.stores._format import (
+    COVER_SUFFIX,
     BatchName,
     batch_of,
     batches,
@@ -95,14 +96,16 @@ from bucketnotify.delivery.stores._format import (
     decode_meta,
     encode_batch,
     encode_meta,
+    held,
     new_batch_id,
     new_entries,
     new_reservation,
-    parse_reservation,
+    parse_marker,
     reservation_name,
     updated,
     usage_of_counts,
 )
+from bucketnotify.delivery.stores._headroom import Headroom, Headrooms
 from bucketnotify.delivery.stores._ring import Ring, write_all_blocking
 from bucketnotify.delivery.stores._threads import IOThreads
 
@@ -124,10 +127,23 @@ perhaps not cached after a restart) go to a thread."""
 class LocalDirStore:
     """A ``QueueStore`` in the directory ``root`` (created when missing)."""
 
-    def __init__(self, root: Path, *, io_threads: int = IO_THREADS, ring: bool = True) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        io_threads: int = IO_THREADS,
+        ring: bool = True,
+        writers: Callable[[], int] | None = None,
+    ) -> None:
+        """``writers``: how many processes may write to these queues now, at most (0 while
+        unknown); it sizes the headroom, and without it every reserve scans (see "Reserving
+        without a scan")."""
         self.root = Path(root)
         self._threads = IOThreads("localdir-store", io_threads)
         self._ring = Ring(self._threads, enabled=ring)
+        self.writers = writers
+        self._headrooms = Headrooms()
+        self._metas: dict[QueueName, tuple[Hashable, int, QueueLimits]] = {}
 
     @property
     def commit_io(self) -> str:
@@ -137,9 +153,13 @@ class LocalDirStore:
 
     async def create(self, queue: QueueName, shards: int, limits: QueueLimits) -> None:
         await self._threads.run(self._create, queue, shards, limits)
+        if (room := self._headrooms.pop(queue)) is not None:
+            self._retire(room)
 
     async def delete(self, queue: QueueName) -> None:
         await self._threads.run(self._delete, queue)
+        self._headrooms.pop(queue)  # its cover went with the queue
+        self._metas.pop(queue, None)
 
     async def reserve(
         self, queue: QueueName, shard: int, entries: int, size: int, now: float
@@ -333,15 +353,41 @@ class LocalDirStore:
             _fsync_dir(directory.parent)
         shutil.rmtree(trash, ignore_errors=True)
 
-    def _meta(self, queue: QueueName) -> tuple[int, QueueLimits]:
+    def _meta(self, queue: QueueName) -> tuple[Hashable, int, QueueLimits]:
+        """The queue's identity as its meta file's (a new file whenever the shards or
+        limits change, or the queue is made again), its shards and its limits; decoded
+        only when the file changed, so a reserve from the headroom costs one stat."""
+        path = _in_queue_dir(self.root, queue, "meta.json")
         try:
-            return decode_meta(_read_file(self._dir(queue) / "meta.json"))
+            found = os.stat(path)
+            basis = (found.st_ino, found.st_mtime_ns, found.st_size)
+            cached = self._metas.get(queue)
+            if cached is not None and cached[0] == basis:
+                return cached
+            # Read after the stat: a file replaced in between is read anew next time.
+            meta = (basis, *decode_meta(_read_file(path)))
         except FileNotFoundError:
+            self._metas.pop(queue, None)
             raise QueueNotFound(f"queue {queue} does not exist") from None
+        self._metas[queue] = meta
+        return meta
 
-    def _reservations(self, queue: QueueName) -> list[Reservation]:
-        found = (parse_reservation(queue, n) for n in _names(self._dir(queue) / "reservations"))
-        return [r for r in found if r is not None]
+    def _markers(self, queue: QueueName) -> tuple[list[Reservation], list[Reservation]]:
+        """The reservation markers and the headroom covers."""
+        reservations: list[Reservation] = []
+        covers: list[Reservation] = []
+        for name in _names(self._dir(queue) / "reservations"):
+            if (marker := parse_marker(queue, name)) is not None:
+                (covers if marker[1] else reservations).append(marker[0])
+        return reservations, covers
+
+    def _cover_path(self, cover: Reservation) -> Path:
+        return self._dir(cover.queue) / "reservations" / (reservation_name(cover) + COVER_SUFFIX)
+
+    def _retire(self, room: Headroom) -> None:
+        """A headroom replaced or dropped: its cover goes once its last grant is done."""
+        if Headrooms.retire(room):
+            self._cover_path(room.cover).unlink(missing_ok=True)
 
     def _incarnation(self, queue: QueueName) -> str | None:
         """The id of the queue's current life; None for a queue an older release made."""
@@ -381,31 +427,74 @@ class LocalDirStore:
 
     def _usage(
         self, queue: QueueName, shards: int, now: float, incarnation: str | None
-    ) -> tuple[QueueStats, list[Reservation]]:
+    ) -> tuple[QueueStats, list[Reservation], list[Reservation]]:
+        """Stats (without the covers), the reservation markers and the covers."""
         # Reservations first: a commit renames its batch in and counts it before it drops
         # its reservation, so one not seen here is in the counts that follow.
-        reservations = self._reservations(queue)
+        reservations, covers = self._markers(queue)
         counts = {}
         for name in _names(self._dir(queue)):
             if name.startswith("shard-") and name[6:].isdigit():
                 shard = int(name[6:])
                 found = self._shard_counts(queue, shard, incarnation)
                 counts[shard] = (found.entries, found.bytes)
-        return usage_of_counts(shards, counts, reservations, now), reservations
+        return usage_of_counts(shards, counts, reservations, now), reservations, covers
 
     def _reserve(
         self, queue: QueueName, shard: int, entries: int, size: int, now: float
     ) -> Reservation:
+        if self._headrooms.fits(queue, entries, size, now):
+            try:
+                basis, shards, limits = self._meta(queue)
+            except QueueNotFound:
+                self._headrooms.pop(queue)  # its cover went with the queue
+                raise
+            granted, stale = self._headrooms.grant(
+                queue, shard, entries, size, now, shards, limits, basis
+            )
+            if stale is not None:
+                self._retire(stale)
+            if granted is not None:
+                return granted
         with _flock(self._lock(queue, "queue")):
-            shards, limits = self._meta(queue)
+            basis, shards, limits = self._meta(queue)
             check_request(shards, shard, entries, size)
             incarnation = self._ensure_incarnation(queue)
-            stats, reservations = self._usage(queue, shards, now, incarnation)
-            check_room(stats, reservations, limits, entries, size, now)
+            stats, reservations, covers = self._usage(queue, shards, now, incarnation)
+            counted = self._headrooms.counted(queue, reservations, covers)
+            check_room(stats, counted, limits, entries, size, now)
             reservation = new_reservation(queue, shard, entries, size, now, limits)
-            path = self._dir(queue) / "reservations" / reservation_name(reservation)
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            _create_marker(self._dir(queue) / "reservations" / reservation_name(reservation))
+            cover = self._new_cover(queue, limits, stats, reservations, counted, reservation, now)
+            if cover is not None:
+                _create_marker(self._cover_path(cover))
+            if (stale := self._headrooms.replace(queue, limits, cover, basis)) is not None:
+                self._retire(stale)
         return reservation
+
+    def _new_cover(
+        self,
+        queue: QueueName,
+        limits: QueueLimits,
+        stats: QueueStats,
+        reservations: list[Reservation],
+        counted: list[Reservation],
+        reservation: Reservation,
+        now: float,
+    ) -> Reservation | None:
+        """The cover of the headroom a scan leaves, or None (see Headrooms.new_cover)."""
+        writers = self.writers() if self.writers is not None else 0
+        not_covers = [*self._headrooms.counted(queue, reservations, []), reservation]
+        cover = Headrooms.new_cover(queue, limits, *held(stats, not_covers, now), now, writers)
+        if cover is None:
+            return None
+        # Under the queue's lock nobody reserves meanwhile, so the cover is checked like a
+        # reservation, against everything including the other writers' covers: the limits
+        # hold even with ``writers`` too low.
+        entries, size = held(stats, [*counted, reservation], now)
+        if entries + cover.entries > limits.max_entries or size + cover.bytes > limits.max_bytes:
+            return None
+        return cover
 
     def _place(
         self,
@@ -437,6 +526,10 @@ class LocalDirStore:
         return entries
 
     def _release(self, reservation: Reservation) -> None:
+        if self._headrooms.granted(reservation):
+            if (room := self._headrooms.done(reservation)) is not None:
+                self._cover_path(room.cover).unlink(missing_ok=True)
+            return
         path = self._dir(reservation.queue) / "reservations" / reservation_name(reservation)
         path.unlink(missing_ok=True)
 
@@ -506,21 +599,27 @@ class LocalDirStore:
         return {}
 
     def _stats(self, queue: QueueName, now: float) -> QueueStats:
-        shards, _ = self._meta(queue)
+        _, shards, _ = self._meta(queue)
         # None for a queue of an older release (counted from its names until reserve, under
         # the queue's lock, gives it an incarnation).
-        stats, _ = self._usage(queue, shards, now, self._incarnation(queue))
+        stats, _, _ = self._usage(queue, shards, now, self._incarnation(queue))
         return stats
 
     def _reclaim(self, queue: QueueName, now: float) -> int:
         directory = self._dir(queue)
         reclaimed = 0
-        for reservation in self._reservations(queue):
+        reservations, covers = self._markers(queue)
+        for reservation in reservations:
             if reservation.expires_at <= now:
                 path = directory / "reservations" / reservation_name(reservation)
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
                     reclaimed += 1
+        # Expired covers too (a writer that died with a headroom), not counted: they are
+        # not reservations in the stats either.
+        for cover in covers:
+            if cover.expires_at <= now:
+                self._cover_path(cover).unlink(missing_ok=True)
         # Leftovers of writers that died mid-write; real time, as the files' mtimes are.
         for name in _names(directory / ".tmp"):
             path = directory / ".tmp" / name
@@ -562,6 +661,10 @@ def _in_queue_dir(root: Path, queue: QueueName, name: str) -> Path:
 def _lock_path(root: Path, queue: QueueName, name: str) -> Path:
     check_queue_name(queue)
     return root / ".locks" / queue.namespace / queue.topic / f"{name}.lock"
+
+
+def _create_marker(path: Path) -> None:
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
 
 
 def _names(directory: Path) -> list[str]:

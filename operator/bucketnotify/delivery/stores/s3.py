@@ -83,22 +83,15 @@ queue for ``CROWDED_S`` (one LIST of everything would read more than each shard 
 
 Reserving without a scan: while a queue is far below its limits, a reserve needs neither
 the LISTs nor a marker, so a commit is one PUT. With ``writers`` set (an upper bound of the
-replicas that write to the store), each scan also gives this replica a *headroom*: what it
-may still reserve without another scan, ``limit / (2 * writers)`` minus what the scan found
-held besides the other replicas' covers, for entries and bytes alike (so every replica can
-have one at once, and all of them together stay under half the limit). The headroom is
-itself a marker, a *cover*
-(``<name>.cover``), PUT and re-checked with the turn's markers: every other writer counts
-it in full until it goes, so what is granted from it never needs a marker of its own.
-Reserves within the headroom take from it and are granted at once; one that does not fit
-takes the usual turn, which replaces the headroom and its cover (the old cover is deleted
-once the last reserve granted from it has committed or aborted). A replica counts its own
-covers by the grants still in flight instead, as its committed grants are in the batches.
-Grants stop half a reservation timeout before the cover expires, so their commits land
-while it still counts. A queue of default limits (a million entries, 128 MiB) is thus
-scanned about once per ``limit / (2 * writers)`` of commits, a small one
-(``maxQueueEntries: 2``) on every reserve, as before. The headroom lives as long as the
-cached meta's limits: a change of limits (seen within ``meta_cache_s``) drops it.
+replicas that write to the store), each scan also gives this replica a *headroom*
+(``_headroom``: the books, shared with the local store): what it may still reserve without
+another scan, ``limit / (2 * writers)`` minus what the scan found held besides the other
+replicas' covers. Its *cover* marker (``<name>.cover``) is PUT and re-checked with the
+turn's markers, and every other writer counts it in full until it goes. A queue of default
+limits (a million entries, 128 MiB) is thus scanned about once per ``limit / (2 *
+writers)`` of commits, a small one (``maxQueueEntries: 2``) on every reserve, as before.
+The headroom lives as long as the cached meta's limits: a change of limits (seen within
+``meta_cache_s``) drops it.
 
 The bucket must never get a notification configuration: Ceph 16 aborts radosgw on a
 multi-object delete in a bucket with one, and our own writes would notify themselves.
@@ -153,6 +146,7 @@ from bucketnotify.delivery.stores._format import (
     updated,
     usage,
 )
+from bucketnotify.delivery.stores._headroom import Headroom, Headrooms
 from bucketnotify.delivery.stores._threads import IOThreads
 from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.gateway.errors import GatewayError, GatewayUnreachable, mapped_errors
@@ -185,23 +179,6 @@ class _Cached:
 
     batch: Batch
     entries: list[Entry]
-
-
-@dataclass
-class _Headroom:
-    """What this replica may still reserve in a queue without a scan, and the cover marker
-    that makes it count for every other replica's check (module docstring)."""
-
-    limits: QueueLimits
-    entries: int
-    bytes: int
-    cover: Reservation
-    usable_until: float
-    """Epoch seconds: grants stop half a reservation timeout before the cover expires, so
-    their commits land while it still counts."""
-    outstanding: int = 0
-    """Grants neither committed nor aborted: the cover stays until they are."""
-    superseded: bool = False
 
 
 @dataclass
@@ -254,9 +231,7 @@ class S3Store:
         self._cache: dict[tuple[QueueName, int], dict[str, _Cached]] = {}
         self._written = _Written()
         self.writers = writers
-        self._headroom: dict[QueueName, _Headroom] = {}
-        self._unmarked: dict[str, tuple[Reservation, _Headroom]] = {}
-        """Reservations granted from a headroom, by id: no marker of their own."""
+        self._headrooms = Headrooms()
         self._list_gather_s = list_gather_s
         self._listings: dict[QueueName, asyncio.Future[_Page]] = {}
         """The shared LIST of each queue's shards still gathering shards, not yet sent."""
@@ -321,7 +296,7 @@ class S3Store:
             raise ValueError(f"a queue needs at least one shard, not {shards}")
         await self._put(self._meta_key(queue), encode_meta(shards, limits), "application/json")
         self._meta[queue] = (time.monotonic(), shards, limits)
-        if (room := self._headroom.pop(queue, None)) is not None:
+        if (room := self._headrooms.pop(queue)) is not None:
             await self._retire(room)
 
     async def delete(self, queue: QueueName) -> None:
@@ -331,7 +306,7 @@ class S3Store:
         # meta): it stays until the queue is created and deleted again.
         await self._delete_key(self._meta_key(queue))
         self._meta.pop(queue, None)
-        self._headroom.pop(queue, None)
+        self._headrooms.pop(queue)
         self._crowded.pop(queue, None)
         for key in list(self._cache):
             if key[0] == queue:
@@ -401,54 +376,21 @@ class S3Store:
         self, queue: QueueName, shard: int, entries: int, size: int, now: float
     ) -> Reservation | None:
         """A reservation without scan or marker, or None when it takes the usual turn."""
-        room = self._headroom.get(queue)
-        if room is None or entries > room.entries or size > room.bytes or now > room.usable_until:
+        if not self._headrooms.fits(queue, entries, size, now):
             return None
         # The cached meta: a deleted queue is refused as in a turn, new limits end the room.
         shards, limits = await self._get_meta(queue)
-        if limits != room.limits or not 0 <= shard < shards or entries < 1 or size < 0:
-            if limits != room.limits and self._headroom.get(queue) is room:
-                del self._headroom[queue]
-                await self._retire(room)
-            return None
-        room = self._headroom.get(queue)  # another reserve may have taken it meanwhile
-        if room is None or entries > room.entries or size > room.bytes:
-            return None
-        room.entries -= entries
-        room.bytes -= size
-        room.outstanding += 1
-        reservation = new_reservation(queue, shard, entries, size, now, limits)
-        self._unmarked[reservation.id] = (reservation, room)
-        return reservation
+        granted, stale = self._headrooms.grant(queue, shard, entries, size, now, shards, limits)
+        if stale is not None:
+            await self._retire(stale)
+        return granted
 
-    def _new_cover(
-        self, queue: QueueName, limits: QueueLimits, held_entries: int, held_bytes: int, now: float
-    ) -> Reservation | None:
-        """The cover of a new headroom, or None when the queue is too full for one.
-
-        ``held``: the queue's entries and bytes and every reservation, but the other
-        replicas' covers. A cover is at most ``limit / (2 * writers)`` minus that, so the
-        writers' current covers together stay under half the limit, and the checks, which
-        count every cover in full, leave the other half to what the queue holds and what
-        is reserved with a scan. (Subtracting the others' covers too let only one replica
-        have a headroom at a time.)"""
-        writers = self.writers() if self.writers is not None else 0
-        if writers < 1:
-            return None
-        entries = limits.max_entries // (2 * writers) - held_entries
-        size = limits.max_bytes // (2 * writers) - held_bytes
-        if entries < 1 or size < 1:
-            return None
-        return new_reservation(queue, 0, entries, size, now, limits)
-
-    async def _retire(self, room: _Headroom) -> None:
+    async def _retire(self, room: Headroom) -> None:
         """A headroom replaced or dropped: its cover goes once its last grant is done."""
-        room.superseded = True
-        room.entries = room.bytes = 0
-        if room.outstanding == 0:
+        if Headrooms.retire(room):
             await self._drop_cover(room)
 
-    async def _drop_cover(self, room: _Headroom) -> None:
+    async def _drop_cover(self, room: Headroom) -> None:
         try:
             await self._delete_key(self._marker(room.cover, cover=True))
         except GatewayError as exc:
@@ -482,7 +424,7 @@ class S3Store:
             shards, limits = await self._get_meta(queue, fresh=True)
         found, reservations, covers = await self._scan(queue)
         # Each one granted is counted against the ones after it.
-        counted = self._counted(queue, reservations, covers)
+        counted = self._headrooms.counted(queue, reservations, covers)
         granted: list[tuple[_Wanted, Reservation]] = []
         for w in waiting:
             if w.granted.done():
@@ -498,12 +440,17 @@ class S3Store:
             counted = [*counted, reservation]
             granted.append((w, reservation))
         now = max(w.now for w in waiting)
-        current = self._headroom.get(queue)
-        # Without the other replicas' covers: see _new_cover (with them, the second replica
-        # never got a headroom and scanned on every reserve: 772 scans in 2,000 events).
-        not_covers = [*self._counted(queue, reservations, []), *(r for _, r in granted)]
-        cover = self._new_cover(
-            queue, limits, *held(usage(shards, found, not_covers, now), not_covers, now), now
+        # Without the other replicas' covers: see Headrooms.new_cover (with them, the second
+        # replica never got a headroom and scanned on every reserve: 772 scans in 2,000
+        # events).
+        not_covers = [*self._headrooms.counted(queue, reservations, []), *(r for _, r in granted)]
+        writers = self.writers() if self.writers is not None else 0
+        cover = Headrooms.new_cover(
+            queue,
+            limits,
+            *held(usage(shards, found, not_covers, now), not_covers, now),
+            now,
+            writers,
         )
         markers = [self._put_marker(r) for _, r in granted]
         if cover is not None:
@@ -530,19 +477,8 @@ class S3Store:
                             QueueFull("no room: other replicas reserved the rest meanwhile")
                         )
             return True
-        if cover is not None:
-            if current is not None:
-                await self._retire(current)
-            self._headroom[queue] = _Headroom(
-                limits,
-                cover.entries,
-                cover.bytes,
-                cover,
-                cover.expires_at - limits.reservation_timeout_s / 2,
-            )
-        elif current is not None and self._headroom.get(queue) is current:
-            del self._headroom[queue]
-            await self._retire(current)
+        if (replaced := self._headrooms.replace(queue, limits, cover)) is not None:
+            await self._retire(replaced)
         for w, reservation in placed:
             if not w.granted.done():  # else its caller went away; the marker expires
                 w.granted.set_result(reservation)
@@ -556,21 +492,9 @@ class S3Store:
         Each writer PUTs its markers before it scans again, so of two writers reserving at
         once at least the later scan sees both."""
         found, reservations, covers = await self._scan(queue)
-        counted = self._counted(queue, reservations, covers)
+        counted = self._headrooms.counted(queue, reservations, covers)
         entries, size = held(usage(shards, found, counted, now), counted, now)
         return entries <= limits.max_entries and size <= limits.max_bytes
-
-    def _counted(
-        self, queue: QueueName, reservations: list[Reservation], covers: list[Reservation]
-    ) -> list[Reservation]:
-        """What a check counts besides the batches: every marker but this replica's own
-        covers, which would count its committed grants twice; its grants still in flight
-        stand in for them."""
-        own = {room.cover.id for _, room in self._unmarked.values()}
-        if (current := self._headroom.get(queue)) is not None:
-            own.add(current.cover.id)
-        in_flight = [r for r, _ in self._unmarked.values() if r.queue == queue]
-        return [*reservations, *(c for c in covers if c.id not in own), *in_flight]
 
     async def _put_marker(self, reservation: Reservation, *, cover: bool = False) -> None:
         # The name says it all; the body is for people looking at the bucket.
@@ -600,23 +524,20 @@ class S3Store:
         else:
             entries = []
         # After the batch, never before: see "Reservations across replicas" above.
-        if reservation.id in self._unmarked:
+        if self._headrooms.granted(reservation):
             await self._granted_done(reservation)
         else:
             await self._delete_key(self._marker(reservation))
         return entries
 
     async def abort(self, reservation: Reservation) -> None:
-        if reservation.id in self._unmarked:
-            # Its room is not given back: the headroom only ever errs on the safe side.
+        if self._headrooms.granted(reservation):
             await self._granted_done(reservation)
             return
         await self._delete_key(self._marker(reservation))
 
     async def _granted_done(self, reservation: Reservation) -> None:
-        _, room = self._unmarked.pop(reservation.id)
-        room.outstanding -= 1
-        if room.superseded and room.outstanding == 0:
+        if (room := self._headrooms.done(reservation)) is not None:
             await self._drop_cover(room)
 
     async def reclaim(self, queue: QueueName, now: float) -> int:
