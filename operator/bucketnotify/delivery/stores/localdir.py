@@ -6,6 +6,7 @@ Layout under ``root`` (names as in ``_format``: a listing is all ``stats`` needs
     <namespace>/<topic>/incarnation                random id of this queue's life
     <namespace>/<topic>/shard-<n>/<batch name>     one file per committed batch, JSON lines
     <namespace>/<topic>/reservations/<name>        one empty file per open reservation
+    <namespace>/<topic>/reservations/<name>.cover  one per writer's headroom
     <namespace>/<topic>/delivered-<n>              identities recently delivered from
                                                    shard n, one per line
     <namespace>/<topic>/.tmp/                      files being written
@@ -29,6 +30,13 @@ processes' clocks say, and a lister never sees an entry appear before one it saw
 Lock files live outside the queue directory so that ``delete`` (an atomic rename into
 ``.trash``) does not pull them from under a waiting process. flock works on local file
 systems; a network file system is not supported.
+
+Reserving without a scan: with ``writers`` set (as the delivery service does), a reserve
+under the queue's lock also leaves this process a headroom (``_headroom``), held by a
+cover file every other writer counts in full. A reserve that fits in it takes no lock,
+reads no record and creates no marker: it stats the meta file (a change of limits, or a
+queue made again, ends the headroom) and is granted. A cover is checked like a
+reservation, so the limits hold exactly even with ``writers`` too low.
 
 Costs: ``reserve`` and ``stats`` read one small record per shard, whatever the backlog:
 each shard's lock file keeps its entries and bytes, changed under the shard's exclusive
