@@ -74,6 +74,8 @@ async def test_records_are_committed_to_their_shard_before_the_answer(
         ),
         (f"/v1/topics/team-b/orders/{TOKEN}", json.dumps({"Records": [event("a")]}).encode(), 404),
         (URL, b"x" * (MAX_BODY_BYTES + 1), 413),
+        (URL, json.dumps({"Records": [event("a", n="N")]}).replace('"N"', "1e400").encode(), 400),
+        (URL, json.dumps({"Records": [event("a", n="N")]}).replace('"N"', "NaN").encode(), 400),
     ],
     ids=[
         "not-json",
@@ -84,6 +86,8 @@ async def test_records_are_committed_to_their_shard_before_the_answer(
         "bad-token",
         "unknown-topic",
         "too-large",
+        "number-beyond-a-float",
+        "NaN",
     ],
 )
 async def test_bad_requests_enqueue_nothing(
@@ -93,6 +97,20 @@ async def test_bad_requests_enqueue_nothing(
     response = await client.post(path, data=payload, headers={"Content-Type": "application/json"})
     assert response.status == status
     assert await pending(store) == 0
+
+
+async def test_a_record_is_queued_as_sent_to_its_last_digit(
+    setup: tuple[TestClient[Any, Any], LocalDirStore],
+) -> None:
+    """Numbers the faster JSON reader would round (beyond 64 bits) and text beyond ASCII
+    are queued exactly, in the gateway's key order, as compact UTF-8 JSON."""
+    client, store = setup
+    record = event("ключ-€", size=123456789012345678901234, opaqueData="✓ 0.1")
+    response = await client.post(URL, data=json.dumps({"Records": [record]}).encode())
+    assert response.status == 200
+    assert await response.json() == {"committed": 1}
+    [stored] = await store.list(QUEUE, shard_of("b", "ключ-€", 4))
+    assert stored.body == json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 async def test_a_full_queue_answers_503_and_keeps_what_it_had(

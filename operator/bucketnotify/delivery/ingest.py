@@ -34,7 +34,6 @@ import asyncio
 import errno
 import hashlib
 import hmac
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -43,6 +42,7 @@ from typing import Any
 
 from aiohttp import web
 
+from bucketnotify import compact_json
 from bucketnotify.delivery.groupcommit import GroupCommit
 from bucketnotify.delivery.queue import QueueFull, QueueName, QueueStore, Reservation, shard_of
 from bucketnotify.delivery.recording import Recorder
@@ -262,20 +262,18 @@ class Ingest:
             time.perf_counter() - started
         )
         self.metrics.event_triggered.labels(namespace, name).inc(len(records))
-        return web.json_response({"committed": len(records)}, status=200)
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
+        return web.Response(
+            body=b'{"committed":%d}' % len(records), content_type="application/json"
+        )
 
 
 def _records(raw: bytes) -> tuple[Sequence[dict[str, Any]], list[bytes]] | None:
     """The body's event records and each one as it is queued (compact UTF-8 JSON); None
     when the body is not the gateway's JSON."""
     try:
-        # UTF-8 without a BOM (RFC 8259), as the gateway sends: json.loads would also take
-        # UTF-16/32 and NaN/Infinity, which no endpoint could be sent on as JSON.
-        body = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
+        # UTF-8 without a BOM (RFC 8259), as the gateway sends, and no NaN, Infinity or
+        # number beyond a float, which no endpoint could be sent on as JSON.
+        body = compact_json.loads(raw, finite=True)
     except (UnicodeError, ValueError, RecursionError):
         return None
     if not isinstance(body, dict) or not isinstance(body.get("Records"), list):
@@ -293,13 +291,10 @@ def _records(raw: bytes) -> tuple[Sequence[dict[str, Any]], list[bytes]] | None:
             # Lone surrogates (from \ud800 escapes) cannot be hashed, sharded or forwarded
             # as UTF-8, and nesting deeper than the encoder's recursion limit cannot be
             # forwarded at all: both fail here, before anything is queued.
-            encoded.append(_QUEUED.encode(record).encode())
+            encoded.append(compact_json.dumps(record))
         except (KeyError, TypeError, UnicodeError, ValueError, RecursionError):
             return None
     return records, encoded
-
-
-_QUEUED = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
 def build_app(ingest: Ingest, unready: Callable[[], str | None] = lambda: None) -> web.Application:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -36,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from itertools import islice
 from typing import Any
 
+from bucketnotify import compact_json
 from bucketnotify.delivery.endpoints.base import Delivery, Endpoint, PushOutcome, object_of
 from bucketnotify.delivery.queue import Entry, QueueName, QueueStore
 from bucketnotify.records import Outcome
@@ -194,7 +194,7 @@ async def process_shard(
     blocked: set[tuple[str, str]] = set()
 
     for entry in entries:
-        record: dict[str, Any] = json.loads(entry.body)
+        record: dict[str, Any] = compact_json.loads(entry.body)
         obj = object_of(record)
         if entry.event_id in delivered:
             result.duplicates += 1

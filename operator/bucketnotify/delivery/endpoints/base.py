@@ -16,7 +16,6 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-import json
 import logging
 import traceback
 from collections.abc import Sequence
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, NamedTuple, Protocol, Self
 
+from bucketnotify import compact_json
 from bucketnotify.delivery.endpoints.errors import (
     EndpointError,
     PushTimeout,
@@ -173,7 +173,7 @@ class Credentials(NamedTuple):
 
 def event_body(record: dict[str, Any]) -> bytes:
     """The JSON every endpoint kind carries: ``{"Records":[record]}``, compact UTF-8."""
-    return json.dumps({"Records": [record]}, separators=(",", ":"), ensure_ascii=False).encode()
+    return compact_json.dumps({"Records": [record]})
 
 
 def object_of(record: dict[str, Any]) -> tuple[str, str]:

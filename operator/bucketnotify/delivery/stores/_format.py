@@ -32,6 +32,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 
+from bucketnotify import compact_json
 from bucketnotify.delivery.queue import (
     Entry,
     QueueFull,
@@ -151,7 +152,7 @@ def decode_batch(batch: str, data: bytes) -> list[Entry]:
     for line in data.splitlines():
         if not line.strip():
             continue
-        row = json.loads(line)
+        row = compact_json.loads(line)
         entries.append(
             Entry(
                 id=entry_id(batch, int(row["i"])),
