@@ -15,16 +15,19 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from typing import Any
 
 import orjson
 
 __all__ = ["dumps", "loads"]
 
-_LONG_DIGITS = re.compile(rb"\d{19}")
-"""Where an integer may need more than 64 bits (orjson would read it as a float): such
-text goes to ``json``. Digits in strings match too; they only cost the faster path."""
+_DIGITS = bytes(0x30 if 0x30 <= c <= 0x39 else 0x20 for c in range(256))
+"""Every digit to ``0``, everything else to a space (``bytes.translate``)."""
+_LONG_RUN = b"0" * 19
+"""A run of this many digits may be an integer beyond 64 bits (orjson would read it as a
+float): such text goes to ``json``. Digits in strings count too; they only cost the faster
+path. (A regular expression took ten times as long as the translation, most of orjson's
+gain.)"""
 
 _COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
@@ -45,7 +48,7 @@ def loads(data: bytes, *, finite: bool = False) -> Any:
     ``json.loads`` would guess from bytes). ``finite``: refuse NaN, Infinity and numbers
     beyond a float too, which no JSON reader takes back once written. Raises ValueError
     (invalid UTF-8 or JSON) or RecursionError (nested too deep)."""
-    if _LONG_DIGITS.search(data) is None:
+    if _LONG_RUN not in data.translate(_DIGITS):
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:
