@@ -36,9 +36,9 @@ import hashlib
 import hmac
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -53,6 +53,8 @@ from bucketnotify.probes import probes_app
 log = logging.getLogger(__name__)
 
 __all__ = ["MAX_BODY_BYTES", "Ingest", "IngestTopic", "build_app", "event_id"]
+
+T = TypeVar("T")
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 STORE_WARNING_S = 5.0
@@ -145,12 +147,11 @@ class Ingest:
     async def _write(self, queue: QueueName, by_shard: dict[int, list[tuple[str, bytes]]]) -> float:
         """One store write: every reservation is taken before anything is committed."""
         now = time.time()
-        reserved = await asyncio.gather(
-            *(
+        reserved = await _settled(
+            [
                 self.store.reserve(queue, shard, len(events), sum(len(b) for _, b in events), now)
                 for shard, events in by_shard.items()
-            ),
-            return_exceptions=True,
+            ]
         )
         failure = next((r for r in reserved if isinstance(r, BaseException)), None)
         if failure is not None:
@@ -164,9 +165,8 @@ class Ingest:
         # their identity when delivered: a duplicate, never a loss.
         committed_at = time.time()
         try:
-            outcomes = await asyncio.gather(
-                *(self.store.commit(r, by_shard[r.shard], committed_at) for r in reservations),
-                return_exceptions=True,
+            outcomes = await _settled(
+                [self.store.commit(r, by_shard[r.shard], committed_at) for r in reservations]
             )
             failed = [
                 (r, o)
@@ -265,6 +265,17 @@ class Ingest:
         return web.Response(
             body=b'{"committed":%d}' % len(records), content_type="application/json"
         )
+
+
+async def _settled(calls: list[Coroutine[Any, Any, T]]) -> list[T | BaseException]:
+    """``gather(..., return_exceptions=True)``, but a lone call (one event, one shard: the
+    usual request) is awaited as it is, without a task of its own."""
+    if len(calls) == 1:
+        try:
+            return [await calls[0]]
+        except Exception as exc:
+            return [exc]
+    return await asyncio.gather(*calls, return_exceptions=True)
 
 
 def _records(raw: bytes) -> tuple[Sequence[dict[str, Any]], list[bytes]] | None:

@@ -751,8 +751,7 @@ class DeliveryService:
             if result is not None and _settled(result) and self._ownership.address:
                 left = awake_until - time.monotonic()
                 if left > 0:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(wake.wait(), min(left, self.timings.idle_max_s))
+                    await _woken(wake, min(left, self.timings.idle_max_s))
                     delay = self.timings.round_interval_s
                     continue
                 # Nothing left that it listed, and nothing committed since the listing (that
@@ -770,8 +769,7 @@ class DeliveryService:
             else:
                 # Nothing to do, or only failures: poll, and hit the endpoint, less often.
                 delay = min(max(delay, self.timings.round_interval_s) * 2, self.timings.idle_max_s)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), delay)
+            await _woken(wake, delay)
             if wake.is_set():
                 delay = self.timings.round_interval_s
         await self._save_delivered(runtime, shard, delivered, final=True)
@@ -786,8 +784,7 @@ class DeliveryService:
         saved, at = runtime.delivered_saved.get(shard, (0, 0.0))
         if delivered.added != saved:
             due = max(0.0, DELIVERED_SAVE_S - (time.monotonic() - at))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), due)
+            if await _woken(wake, due):
                 return
             await self._save_delivered(runtime, shard, delivered, final=True)
         await wake.wait()
@@ -1023,3 +1020,12 @@ def _log_lost(queue: QueueName, shard: int, result: RoundResult) -> None:
         log.warning(
             "%s shard %d: %d more events lost this round", queue, shard, len(lost) - LOST_NAMED
         )
+
+
+async def _woken(wake: asyncio.Event, timeout_s: float) -> bool:
+    """Wait for ``wake`` at most ``timeout_s``; whether it was set. (``asyncio.wait_for``
+    would make a task of every wait: one per round of every shard.)"""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            await wake.wait()
+    return wake.is_set()

@@ -27,7 +27,6 @@ Decisions are made here; the store and the endpoint are adapters behind their in
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -267,10 +266,7 @@ async def process_shard(
 
     # Wave i sends the i-th pending entry of every object whose earlier entries succeeded.
     wave = 0
-    # Not for a round with nothing to push (an idle poll): no task per empty round.
-    ticking = asyncio.create_task(
-        progress.every(PROGRESS_S if chains else 0), name=f"progress {queue}/{shard}"
-    )
+    progress.start(PROGRESS_S)
     try:
         while True:
             batch = [
@@ -293,10 +289,13 @@ async def process_shard(
                 deliveries.append(Delivery(entry.id, record, entry.body))
 
             by_id = {e.id: (e, r) for e, r in batch}
-            await asyncio.gather(*(push(d, by_id) for d in deliveries))
+            if len(deliveries) == 1:
+                await push(deliveries[0], by_id)  # no task for the usual lone event
+            else:
+                await asyncio.gather(*(push(d, by_id) for d in deliveries))
             wave += 1
     finally:
-        await progress.stop(ticking)
+        await progress.stop()
 
     if not owned():
         result.fenced = True
@@ -331,23 +330,39 @@ async def process_shard(
 
 
 class _Progress:
-    """Removals of a long round's delivered entries every so often while it goes on."""
+    """Removals of a long round's delivered entries every so often while it goes on.
+
+    A timer, not a task per round: most rounds end within milliseconds, long before the
+    first removal is due, and a task each would cost them more than the rest of their
+    bookkeeping."""
 
     def __init__(self, save: Callable[[], Awaitable[None]]) -> None:
         self._save = save
-        self._stop = asyncio.Event()
+        self._timer: asyncio.TimerHandle | None = None
+        self._saving: asyncio.Task[None] | None = None
+        self._stopped = False
 
-    async def every(self, seconds: float) -> None:
-        while seconds and not self._stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), seconds)
-                return
-            await self._save()
+    def start(self, seconds: float) -> None:
+        loop = asyncio.get_running_loop()
 
-    async def stop(self, ticking: asyncio.Task[None]) -> None:
+        def due() -> None:
+            self._timer = None
+            self._saving = loop.create_task(self._save_and_again(seconds))
+
+        self._timer = loop.call_later(seconds, due)
+
+    async def _save_and_again(self, seconds: float) -> None:
+        await self._save()
+        if not self._stopped:
+            self.start(seconds)
+
+    async def stop(self) -> None:
         """Let a removal under way finish (never cut one short), then no more."""
-        self._stop.set()
-        await ticking
+        self._stopped = True
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._saving is not None:
+            await self._saving
 
 
 def _refused(outcome: EventOutcome) -> EventOutcome:

@@ -246,6 +246,8 @@ class BaseEndpoint(abc.ABC):
         except Exception as exc:
             error = self._as_endpoint_error(exc, "connecting")
             return [outcome_of(d.id, error, self._secrets) for d in batch]
+        if len(batch) == 1:
+            return [await self._send_one(batch[0])]  # no task for the usual lone event
         return list(await asyncio.gather(*(self._send_one(d) for d in batch)))
 
     async def aclose(self) -> None:
