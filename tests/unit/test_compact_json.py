@@ -17,8 +17,10 @@ values = st.recursive(
     st.none()
     | st.booleans()
     | st.integers(min_value=-(2**80), max_value=2**80)
+    | st.sampled_from([2**63, -(2**63) - 1, 2**64, 10**19, -(10**19), 10**25])
     | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(),
+    | st.text()
+    | st.from_regex(r"[0-9a-z.\\\"]{0,30}", fullmatch=True),
     lambda children: (
         st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
     ),
@@ -60,6 +62,23 @@ def test_integers_beyond_64_bits_keep_every_digit() -> None:
         "size": 1234567890123456789012
     }
     assert compact_json.dumps([2**70]) == b"[1180591620717411303424]"
+    assert compact_json.loads(b"-9223372036854775809") == -(2**63) - 1  # ends the text
+    assert compact_json.loads(b"[12345678901234567890123 ]") == [12345678901234567890123]
+
+
+def test_long_digit_runs_ending_a_string_take_the_faster_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The gateway's request ids end in twenty digits: not a number, no reason for json."""
+
+    def slower(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("json ran")
+
+    record = {"x-amz-request-id": "ec17cee9-fe30.4101.12074218314347841223", "size": 100}
+    monkeypatch.setattr(compact_json.json, "loads", slower)
+    assert compact_json.loads(json.dumps(record).encode()) == record
+    line = {"body": json.dumps(record)}  # a store's batch line: escaped quotes
+    assert compact_json.loads(json.dumps(line).encode()) == line
 
 
 @pytest.mark.parametrize("text", [b"NaN", b"[-Infinity]", b'{"n": 1e400}'])

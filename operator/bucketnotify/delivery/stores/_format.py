@@ -16,9 +16,11 @@ never lose an entry, nor bring back one whose removal returned.
 
 A batch body is JSON lines, one entry each, in order. The entry's id is
 ``<batch-id>.<index:06d>``: the index is kept in the line and the batch id comes from the
-name, so a body can be written before the id is chosen. Bodies are bytes: they go through
+name, so a body can be written before the id is chosen. Bodies are bytes: UTF-8 (every
+event the ingest takes) is kept as a JSON string, anything else goes through
 ``surrogateescape`` and ASCII-only JSON, so any bytes come back unchanged and an event that
-is JSON (all of them) stays readable to someone looking at the queue.
+is JSON (all of them) stays readable to someone looking at the queue. Lines written
+ASCII-only throughout (as this store once wrote every line) read the same.
 """
 
 from __future__ import annotations
@@ -141,10 +143,16 @@ def encode_batch(entries: Sequence[Entry]) -> bytes:
             "ingest_time": entry.ingest_time,
             "attempts": entry.attempts,
             "not_before": entry.not_before,
-            "body": entry.body.decode("utf-8", "surrogateescape"),
         }
-        lines.append(json.dumps(line, ensure_ascii=True, separators=(",", ":")) + "\n")
-    return "".join(lines).encode("ascii")
+        try:
+            line["body"] = entry.body.decode("utf-8")
+        except UnicodeDecodeError:
+            line["body"] = entry.body.decode("utf-8", "surrogateescape")
+            text = json.dumps(line, ensure_ascii=True, separators=(",", ":"))
+            lines.append(text.encode("ascii") + b"\n")
+        else:
+            lines.append(compact_json.dumps(line) + b"\n")
+    return b"".join(lines)
 
 
 def decode_batch(batch: str, data: bytes) -> list[Entry]:
