@@ -21,9 +21,7 @@ import orjson
 
 __all__ = ["dumps", "loads"]
 
-_CLASSES = bytes(
-    0x30 if 0x30 <= c <= 0x39 else 0x22 if c in b'"\\' else 0x20 for c in range(256)
-)
+_CLASSES = bytes(0x30 if 0x30 <= c <= 0x39 else 0x22 if c in b'"\\' else 0x20 for c in range(256))
 """For ``bytes.translate``: every digit to ``0``, a quote or backslash to ``"``, the rest to
 a space."""
 _LONG_RUN = b"0" * 19

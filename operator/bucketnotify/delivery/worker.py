@@ -266,7 +266,8 @@ async def process_shard(
 
     # Wave i sends the i-th pending entry of every object whose earlier entries succeeded.
     wave = 0
-    progress.start(PROGRESS_S)
+    if chains:  # no timer for a round with nothing to push (an idle poll)
+        progress.start(PROGRESS_S)
     try:
         while True:
             batch = [
