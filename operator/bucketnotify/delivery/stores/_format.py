@@ -146,12 +146,11 @@ def encode_batch(entries: Sequence[Entry]) -> bytes:
         }
         try:
             line["body"] = entry.body.decode("utf-8")
-        except UnicodeDecodeError:
+            lines.append(compact_json.dumps(line) + b"\n")
+        except UnicodeError:  # a body (or an identity) that is not UTF-8
             line["body"] = entry.body.decode("utf-8", "surrogateescape")
             text = json.dumps(line, ensure_ascii=True, separators=(",", ":"))
             lines.append(text.encode("ascii") + b"\n")
-        else:
-            lines.append(compact_json.dumps(line) + b"\n")
     return b"".join(lines)
 
 

@@ -476,7 +476,10 @@ class LocalDirStore:
             _create_marker(self._dir(queue) / "reservations" / reservation_name(reservation))
             cover = self._new_cover(queue, limits, stats, reservations, counted, reservation, now)
             if cover is not None:
-                _create_marker(self._cover_path(cover))
+                try:
+                    _create_marker(self._cover_path(cover))
+                except OSError:
+                    cover = None  # no headroom this time; the reserve itself holds
             if (stale := self._headrooms.replace(queue, limits, cover, basis)) is not None:
                 self._retire(stale)
         return reservation
