@@ -571,9 +571,7 @@ def report(results: list[dict[str, Any]], cpus: int) -> tuple[str, dict[str, Any
         ]
     for r in ok:
         cpu = r["cpu_s"]
-        mine = sum(
-            v or 0 for k, v in cpu.items() if k.startswith(("replica-", "operator", "proxy"))
-        )
+        mine = sum(cpu[k] or 0 for k in _ours(cpu))
         lines.append(
             f"{r['scenario']:<34}{_num(r.get('setup_s'), 1):>9}{_num(r.get('warmup_s'), 1):>9}"
             f"{_num(mine if r['config']['stack'] == 'bucketnotify' else None, 1):>9}"
@@ -621,6 +619,11 @@ def report(results: list[dict[str, Any]], cpus: int) -> tuple[str, dict[str, Any
     return "\n".join(lines), ratios
 
 
+def _ours(cpu_s: dict[str, float | None]) -> list[str]:
+    """The names of our processes among those whose CPU was measured."""
+    return [k for k in cpu_s if k.startswith(("replica-", "operator", "proxy"))]
+
+
 GOAL_OURS_MS = {"dir": 1.5}
 """CPU per delivered event, our processes only (issue 16)."""
 GOAL_ALL_MS = {"s3": 3.0}
@@ -647,7 +650,7 @@ def cpu_per_event(results: list[dict[str, Any]]) -> list[str]:
         f"{'scenario':<34}{'ours':>9}{'rgw+osd':>9}{'extra':>9}{'all':>9}{'gw req':>9}  goal",
     ]
     for r in results:
-        ours_names = [k for k in r["cpu_s"] if k.startswith(("replica-", "operator", "proxy"))]
+        ours_names = _ours(r["cpu_s"])
         ours = per_event(r, *ours_names) if r["config"]["stack"] == "bucketnotify" else None
         gateway = per_event(r, "radosgw", "ceph-osd")
         extra = gateway - base_ms if gateway is not None and base_ms is not None else None
@@ -704,7 +707,7 @@ def throughput_budget(results: list[dict[str, Any]], cpus: int) -> list[str]:
         base = by_name[base_name]
         rate = share * base["throughput_eps"]
         available = 1000 * cpus / rate
-        ours_names = [k for k in r["cpu_s"] if k.startswith(("replica-", "operator", "proxy"))]
+        ours_names = _ours(r["cpu_s"])
         ours = 1000 * sum(r["cpu_s"][k] or 0 for k in ours_names) / r["received"]
         others = (
             1000 * sum(v or 0 for k, v in r["cpu_s"].items() if k not in ours_names) / r["received"]

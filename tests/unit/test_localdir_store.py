@@ -136,6 +136,10 @@ def _markers(root: Path) -> list[str]:
     return sorted(os.listdir(root / QUEUE.namespace / QUEUE.topic / "reservations"))
 
 
+def _covers(root: Path) -> list[str]:
+    return [m for m in _markers(root) if m.endswith(".cover")]
+
+
 async def test_far_below_its_limits_a_reserve_neither_scans_nor_leaves_a_marker(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -181,7 +185,7 @@ async def test_a_headroom_counts_for_another_writer_until_it_is_used_up(
         with pytest.raises(QueueFull):
             await put(store, 0, b"one more")
     # The used-up cover went with the scan that replaced it; B's scan left none (full).
-    assert not [m for m in _markers(tmp_path) if m.endswith(".cover")]
+    assert _covers(tmp_path) == []
 
 
 async def test_writers_said_too_few_still_cannot_take_the_queue_past_its_limit(
@@ -213,7 +217,7 @@ async def test_new_limits_end_the_headroom(tmp_path: Path) -> None:
     await put(store, 0, b"second")
     with pytest.raises(QueueFull):
         await put(store, 0, b"third")
-    assert not [m for m in _markers(tmp_path) if m.endswith(".cover")]
+    assert _covers(tmp_path) == []
 
 
 async def test_an_expired_cover_is_reclaimed_and_not_counted_as_a_reservation(

@@ -173,9 +173,6 @@ class Headrooms:
         it unless the queue went with its cover."""
         return self._rooms.pop(queue, None)
 
-    def current(self, queue: QueueName) -> Headroom | None:
-        return self._rooms.get(queue)
-
     @staticmethod
     def retire(room: Headroom) -> bool:
         """A headroom replaced or dropped grants no more; True when its cover can go now

@@ -218,7 +218,7 @@ class LocalDirStore:
     async def _write_durably(self, queue: QueueName, data: bytes) -> str:
         """A new file in the queue's ``.tmp`` holding ``data``, written and fsynced."""
         try:
-            fd, name = _new_tmp(_tmp_dir(self.root, queue))
+            fd, name = _new_tmp(os.fspath(_in_queue_dir(self.root, queue, ".tmp")))
         except FileNotFoundError:
             raise QueueNotFound(f"queue {queue} does not exist") from None
         try:
@@ -530,7 +530,9 @@ class LocalDirStore:
             # reader count the names.
             _write_record(lock, stamp, None, incarnation)
             entries = new_entries(batch, events, now)
-            os.rename(tmp, f"{_shard_path(self.root, queue, shard)}/{BatchName.of(batch, entries)}")
+            os.rename(
+                tmp, f"{os.fspath(self._shard_dir(queue, shard))}/{BatchName.of(batch, entries)}"
+            )
             counts = record.counts_for(incarnation)
             if counts is not None:
                 added = _Counts(len(entries), sum(len(e.body) for e in entries))
@@ -824,16 +826,6 @@ def _new_tmp(directory: str) -> tuple[int, str]:
             return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), name
         except FileExistsError:
             continue
-
-
-@functools.lru_cache(maxsize=1024)
-def _tmp_dir(root: Path, queue: QueueName) -> str:
-    return str(_queue_dir(root, queue) / ".tmp")
-
-
-@functools.lru_cache(maxsize=16384)
-def _shard_path(root: Path, queue: QueueName, shard: int) -> str:
-    return str(_queue_dir(root, queue) / f"shard-{shard}")
 
 
 def _write_tmp(directory: Path, data: bytes, *, sync: bool = True) -> Path:
