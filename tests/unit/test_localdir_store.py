@@ -421,3 +421,142 @@ async def test_a_commit_waits_for_a_held_shard_lock_without_holding_up_the_event
         release.join()
     assert await store.list(QUEUE, 0) == entries
     assert (await store.stats(QUEUE, NOW)).reservations == 0
+
+
+def _batch_reads(store: LocalDirStore, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many times ``remove`` fell back to reading the batches it changes."""
+    reads = [0]
+    read = store._read_batches
+
+    async def counted(*args: Any) -> Any:
+        reads[0] += 1
+        return await read(*args)
+
+    monkeypatch.setattr(store, "_read_batches", counted)
+    return reads
+
+
+async def test_removing_whole_listed_batches_reads_no_batch_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The owner's usual remove (all of what it just listed) deletes the batches from the
+    ids that list read, and leaves the shard's counts exact and trusted."""
+    store = LocalDirStore(tmp_path)
+    await store.create(QUEUE, 1, QueueLimits())
+    await put(store, 0, b"a", b"b")
+    kept = await put(store, 0, b"c")
+    reads = _batch_reads(store, monkeypatch)
+    listed = await store.list(QUEUE, 0)
+    await store.remove(QUEUE, 0, [e.id for e in listed[:2]])
+    assert reads == [0]
+    assert await store.list(QUEUE, 0) == kept
+    counted = [0]
+    count = store._count
+
+    def counting(*args: Any) -> Any:
+        counted[0] += 1
+        return count(*args)
+
+    monkeypatch.setattr(store, "_count", counting)
+    assert (await store.stats(QUEUE, NOW)).shards[0] == ShardStats(1, 1, 0)
+    assert counted == [0], "the shard was counted from its names: its record was not clean"
+    assert (await LocalDirStore(tmp_path).stats(QUEUE, NOW)).shards[0] == ShardStats(1, 1, 0)
+
+
+async def test_a_batch_only_partly_removed_keeps_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = LocalDirStore(tmp_path)
+    await store.create(QUEUE, 1, QueueLimits())
+    await put(store, 0, b"a", b"b", b"c")
+    reads = _batch_reads(store, monkeypatch)
+    listed = await store.list(QUEUE, 0)
+    await store.remove(QUEUE, 0, [listed[0].id, listed[2].id])
+    assert reads == [1]
+    assert bodies(await store.list(QUEUE, 0)) == [b"b"]
+    assert (await store.stats(QUEUE, NOW)).shards[0] == ShardStats(1, 1, 0)
+
+
+async def test_a_batch_another_instance_shrank_after_the_list_is_read_again(
+    tmp_path: Path,
+) -> None:
+    """The ids a list read are trusted only for the name it read them under: another
+    instance that removed an entry since then renamed the batch, and the rest of a
+    remove of the old ids must still leave what nobody removed."""
+    store, other = LocalDirStore(tmp_path), LocalDirStore(tmp_path)
+    await store.create(QUEUE, 1, QueueLimits())
+    await put(store, 0, b"a", b"b", b"c")
+    listed = await store.list(QUEUE, 0)
+    await other.remove(QUEUE, 0, [listed[0].id])
+    # As if the shard's entries had all been removed once (a retry after a lost answer)
+    # and were then written back by the other owner's rewrite: the old ids minus one.
+    await store.remove(QUEUE, 0, [listed[0].id, listed[1].id])
+    assert bodies(await store.list(QUEUE, 0)) == [b"c"]
+
+
+async def test_a_remove_waits_for_a_held_shard_lock_without_holding_up_the_event_loop(
+    tmp_path: Path,
+) -> None:
+    store = LocalDirStore(tmp_path)
+    await store.create(QUEUE, 1, QueueLimits())
+    await put(store, 0, b"a")
+    listed = await store.list(QUEUE, 0)
+    holder = os.open(_lock_file(tmp_path, 0), os.O_RDWR)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    release = threading.Timer(1.0, os.close, [holder])
+    release.start()
+    try:
+        remove = asyncio.create_task(store.remove(QUEUE, 0, [e.id for e in listed]))
+        started = time.monotonic()
+        for _ in range(10):
+            await asyncio.sleep(0.01)
+        assert time.monotonic() - started < 0.5, "the event loop waited for the lock"
+        assert not remove.done()
+        await asyncio.wait_for(remove, 10)
+    finally:
+        release.join()
+    assert await store.list(QUEUE, 0) == []
+    assert (await store.stats(QUEUE, NOW)).shards[0] == ShardStats(0, 0, 0)
+
+
+async def test_a_removed_batch_goes_with_the_stale_superset_a_crash_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = LocalDirStore(tmp_path)
+    await store.create(QUEUE, 1, QueueLimits())
+    await put(store, 0, b"a", b"b")
+    entries = await store.list(QUEUE, 0)
+    raw = DirectoryRaw(tmp_path)
+    (superset,) = raw.names(QUEUE, 0)
+    # A rewrite that crashed after its rename: the superset stays beside the new batch.
+    data = raw.read(QUEUE, 0, superset)
+    await store.remove(QUEUE, 0, [entries[0].id])
+    raw.write(QUEUE, 0, superset, data)
+    assert len(raw.names(QUEUE, 0)) == 2
+    assert bodies(await store.list(QUEUE, 0)) == [b"b"]
+    reads = _batch_reads(store, monkeypatch)
+    await store.remove(QUEUE, 0, [entries[1].id])
+    assert reads == [0]
+    assert raw.names(QUEUE, 0) == []
+
+
+async def test_a_list_waits_for_a_held_shard_lock_without_holding_up_the_event_loop(
+    tmp_path: Path,
+) -> None:
+    store = LocalDirStore(tmp_path)
+    await store.create(QUEUE, 1, QueueLimits())
+    entries = await put(store, 0, b"a")
+    holder = os.open(_lock_file(tmp_path, 0), os.O_RDWR)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    release = threading.Timer(1.0, os.close, [holder])
+    release.start()
+    try:
+        listing = asyncio.create_task(store.list(QUEUE, 0))
+        started = time.monotonic()
+        for _ in range(10):
+            await asyncio.sleep(0.01)
+        assert time.monotonic() - started < 0.5, "the event loop waited for the lock"
+        assert not listing.done()
+        assert await asyncio.wait_for(listing, 10) == entries
+    finally:
+        release.join()

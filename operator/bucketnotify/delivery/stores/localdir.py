@@ -49,16 +49,19 @@ deleted and created again (another incarnation), a lock file of an older release
 record), a commit by an older release still running (it rewrites only the batch time,
 which the record repeats at its end): the next reader counts the shard from its names
 once, under the exclusive lock, and writes the record back. ``list`` reads only the
-files it returns; ``remove`` and ``update`` list the shard's names. Commits of one shard
-take turns only for the rename; the write and fsync of the file happen outside the lock.
+files it returns; ``remove`` and ``update`` list the shard's names. A ``remove`` of whole
+batches the last ``list`` read (what an owner does after a push) reads no batch file: the
+ids that list saw under each name say what the batch holds. Commits of one shard take
+turns only for the rename; the write and fsync of the file happen outside the lock.
 
 Threads: a ``commit`` writes and fsyncs through the kernel's ring (``_ring``: io_uring
 or Linux AIO, else threads) and renames under the shard's lock on the loop, in a thread
-only when that lock is held by someone else. The rest of what fsyncs (the rewrite of
-``remove`` and ``update``, ``create``, ``delete``, ``save_delivered``) and what may touch
-many files (``reclaim``, ``queues``, a ``list`` or a read of more than ``INLINE_FILES``
-batch files) runs in the store's own threads (``_threads``), not in the event loop's
-shared default executor. The rest runs on the event loop: ``reserve``, ``abort``,
+only when that lock is held by someone else; so does a ``remove`` of whole listed batches
+(unlinks under the lock, the directory's fsync through the ring after it), and so do small
+reads. The rest of what fsyncs (the rewrite of a partial ``remove`` and of ``update``,
+``create``, ``delete``, ``save_delivered``) and what may touch many files (``reclaim``,
+``queues``, a ``list`` or a read of more than ``INLINE_FILES`` batch files) runs in the
+store's own threads (``_threads``), not in the event loop's shared default executor. The rest runs on the event loop: ``reserve``, ``abort``,
 ``stats``, ``load_delivered`` and small reads make many short system calls and no fsync
 (but for the one that gives a queue of an older release its incarnation, once), and in a
 thread each of those calls gives up the GIL and must win it back from the busy event loop
@@ -153,6 +156,8 @@ class LocalDirStore:
         self.writers = writers
         self._headrooms = Headrooms()
         self._metas: dict[QueueName, tuple[Hashable, int, QueueLimits]] = {}
+        # Per shard, the entry ids of each batch name the last ``list`` read (see remove).
+        self._listed: dict[tuple[QueueName, int], dict[str, frozenset[str]]] = {}
 
     @property
     def commit_io(self) -> str:
@@ -169,6 +174,8 @@ class LocalDirStore:
         await self._threads.run(self._delete, queue)
         self._headrooms.pop(queue)  # its cover went with the queue
         self._metas.pop(queue, None)
+        for key in [k for k in self._listed if k[0] == queue]:
+            del self._listed[key]
 
     async def reserve(
         self, queue: QueueName, shard: int, entries: int, size: int, now: float
@@ -237,9 +244,62 @@ class LocalDirStore:
 
     async def remove(self, queue: QueueName, shard: int, entry_ids: Sequence[str]) -> None:
         removed = set(entry_ids)
+        if await self._remove_listed(queue, shard, removed):
+            return
         await self._change(
             queue, shard, removed, lambda entries: [e for e in entries if e.id not in removed]
         )
+
+    async def _remove_listed(self, queue: QueueName, shard: int, removed: set[str]) -> bool:
+        """Remove what the owner does nearly always remove: whole batches its last ``list``
+        read. On the loop, without reading a batch file: under the shard's lock the names
+        say which batches are there, and each one's ids are known from that list (a name
+        stands for one set of ids: a rewrite that drops entries changes the count in the
+        name, one that updates them keeps the ids). Then the directory fsync through the
+        ring, outside the lock. False, having changed nothing, when a batch is only partly
+        removed or was not read by that list, or the lock is held: ``_change`` does it."""
+        wanted = {b for b in map(batch_of, removed) if b is not None}
+        if not wanted:
+            return True  # no id a store of ours made: nothing to remove
+        listed = self._listed.get((queue, shard))
+        if listed is None:
+            return False
+        directory = self._shard_dir(queue, shard)
+        try:
+            with _flock(self._lock(queue, f"shard-{shard}"), wait=False) as lock:
+                # The incarnation before the names: see _rewrite.
+                incarnation = self._incarnation(queue)
+                stamp = _read_record(lock).stamp
+                present = list(batches(_names(directory)))
+                going = [b for b in present if b.current.batch in wanted]
+                for batch in going:
+                    ids = listed.get(str(batch.current))
+                    if ids is None or not ids <= removed:
+                        return False
+                path = os.fspath(directory)
+                if going:
+                    _write_record(lock, stamp, None, incarnation)
+                    for batch in going:
+                        # Stale supersets first: until the current one goes, it still wins.
+                        for name in (*batch.stale, batch.current):
+                            _unlink(f"{path}/{name}")
+                        listed.pop(str(batch.current), None)
+                    kept = [b.current for b in present if b.current.batch not in wanted]
+                    total = _Counts(sum(n.count for n in kept), sum(n.bytes for n in kept))
+                    _write_record(lock, stamp, total, incarnation)
+                # Opened under the lock: the directory the names went from, even if the
+                # queue is deleted before the fsync. Fsynced also when nothing was there,
+                # so that a remove retried after a failed fsync is durable when it returns.
+                dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        except _LockBusy:
+            return False
+        except FileNotFoundError:
+            return True  # the queue was deleted: its entries went with it
+        try:
+            await self._ring.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        return True
 
     async def update(self, queue: QueueName, shard: int, entries: Sequence[Entry]) -> None:
         by_id = {e.id: e for e in entries}
@@ -296,7 +356,8 @@ class LocalDirStore:
         self, queue: QueueName, shard: int, batch_ids: set[str]
     ) -> dict[str, list[Entry]]:
         if len(batch_ids) <= INLINE_FILES:
-            return self._read(queue, shard, batch_ids)
+            with contextlib.suppress(_LockBusy):
+                return self._read(queue, shard, batch_ids, wait=False)
         return await self._threads.run(self._read, queue, shard, batch_ids)
 
     # Paths
@@ -547,15 +608,22 @@ class LocalDirStore:
         path = self._dir(reservation.queue) / "reservations" / reservation_name(reservation)
         path.unlink(missing_ok=True)
 
-    def _list(self, queue: QueueName, shard: int, max_entries: int) -> list[Entry]:
+    def _list(
+        self, queue: QueueName, shard: int, max_entries: int, *, wait: bool = True
+    ) -> list[Entry]:
         directory = self._shard_dir(queue, shard)
         entries: list[Entry] = []
-        with _flock(self._lock(queue, f"shard-{shard}"), shared=True), _deleted_queue():
+        listed: dict[str, frozenset[str]] = {}
+        # Replaced, not added to, so it holds no more than one list read.
+        self._listed[queue, shard] = listed
+        with _flock(self._lock(queue, f"shard-{shard}"), shared=True, wait=wait), _deleted_queue():
             for batch in batches(_names(directory)):
                 if len(entries) >= max_entries:
                     break
-                data = _read_file(directory / str(batch.current))
-                entries += decode_batch(batch.current.batch, data)
+                name = str(batch.current)
+                found = decode_batch(batch.current.batch, _read_file(directory / name))
+                listed[name] = frozenset(e.id for e in found)
+                entries += found
             return entries[:max_entries]
         return []
 
@@ -601,10 +669,13 @@ class LocalDirStore:
             total = _Counts(sum(n for n, _ in counts.values()), sum(b for _, b in counts.values()))
             _write_record(lock, stamp, total, incarnation)
 
-    def _read(self, queue: QueueName, shard: int, batch_ids: set[str]) -> dict[str, list[Entry]]:
+    def _read(
+        self, queue: QueueName, shard: int, batch_ids: set[str], *, wait: bool = True
+    ) -> dict[str, list[Entry]]:
         directory = self._shard_dir(queue, shard)
         found: dict[str, list[Entry]] = {}
-        with _flock(self._lock(queue, f"shard-{shard}"), shared=True), _deleted_queue():
+        lock = self._lock(queue, f"shard-{shard}")
+        with _flock(lock, shared=True, wait=wait), _deleted_queue():
             for batch in batches(_names(directory)):
                 if batch.current.batch in batch_ids:
                     data = _read_file(directory / str(batch.current))
@@ -656,7 +727,10 @@ class LocalDirStore:
     async def list(self, queue: QueueName, shard: int, max_entries: int = 1024) -> list[Entry]:
         # The names outside the lock are a hint: how many files the listing will read.
         if len(_names(self._shard_dir(queue, shard))) <= INLINE_FILES:
-            return self._list(queue, shard, max_entries)
+            # A lock held by a writer (another process's rewrite or count) is waited for
+            # in a thread, not with the event loop.
+            with contextlib.suppress(_LockBusy):
+                return self._list(queue, shard, max_entries, wait=False)
         return await self._threads.run(self._list, queue, shard, max_entries)
 
 
