@@ -61,13 +61,14 @@ only when that lock is held by someone else; so does a ``remove`` of whole liste
 reads. The rest of what fsyncs (the rewrite of a partial ``remove`` and of ``update``,
 ``create``, ``delete``, ``save_delivered``) and what may touch many files (``reclaim``,
 ``queues``, a ``list`` or a read of more than ``INLINE_FILES`` batch files) runs in the
-store's own threads (``_threads``), not in the event loop's shared default executor. The rest runs on the event loop: ``reserve``, ``abort``,
-``stats``, ``load_delivered`` and small reads make many short system calls and no fsync
-(but for the one that gives a queue of an older release its incarnation, once), and in a
-thread each of those calls gives up the GIL and must win it back from the busy event loop
-(measured: the delivery benchmark's dir-store replica spent 2.4-3.2 ms of CPU per event
-with everything in threads, about half of it in the kernel, mostly futex calls of that
-contention; with these on the loop 12-21 % less than the run beside it).
+store's own threads (``_threads``), not in the event loop's shared default executor.
+The rest runs on the event loop: ``reserve``, ``abort``, ``stats``, ``load_delivered``
+and small reads make many short system calls and no fsync (but for the one that gives a
+queue of an older release its incarnation, once), and in a thread each of those calls
+gives up the GIL and must win it back from the busy event loop (measured: the delivery
+benchmark's dir-store replica spent 2.4-3.2 ms of CPU per event with everything in
+threads, about half of it in the kernel, mostly futex calls of that contention; with
+these on the loop 12-21 % less than the run beside it).
 """
 
 from __future__ import annotations
