@@ -24,7 +24,7 @@ from bucketnotify.delivery.queue import (
     Reservation,
     ShardStats,
 )
-from bucketnotify.delivery.stores.localdir import TMP_MAX_AGE_S, LocalDirStore
+from bucketnotify.delivery.stores.localdir import INLINE_FILES, TMP_MAX_AGE_S, LocalDirStore
 from tests.queue_contract import NOW, QUEUE, QueueStoreContract, Reopen, bodies, put
 
 
@@ -560,3 +560,26 @@ async def test_a_list_waits_for_a_held_shard_lock_without_holding_up_the_event_l
         assert await asyncio.wait_for(listing, 10) == entries
     finally:
         release.join()
+
+
+async def test_a_list_of_many_batch_files_reads_them_in_a_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backlog's files (perhaps not cached after a restart) are read off the event loop;
+    the few of a shard that keeps up are read on it."""
+    store = LocalDirStore(tmp_path)
+    await store.create(QUEUE, 1, QueueLimits())
+    in_threads: list[str] = []
+    run = store._threads.run
+
+    async def counted(call: Any, *args: Any, **kwargs: Any) -> Any:
+        in_threads.append(call.__name__)
+        return await run(call, *args, **kwargs)
+
+    monkeypatch.setattr(store._threads, "run", counted)
+    few = [await put(store, 0, str(n).encode()) for n in range(INLINE_FILES)]
+    assert bodies(await store.list(QUEUE, 0)) == [str(n).encode() for n in range(INLINE_FILES)]
+    assert "_list" not in in_threads
+    more = await put(store, 0, b"more")
+    assert await store.list(QUEUE, 0) == [*(e for f in few for e in f), *more]
+    assert "_list" in in_threads

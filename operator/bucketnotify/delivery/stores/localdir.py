@@ -617,8 +617,12 @@ class LocalDirStore:
         listed: dict[str, frozenset[str]] = {}
         # Replaced, not added to, so it holds no more than one list read.
         self._listed[queue, shard] = listed
-        with _flock(self._lock(queue, f"shard-{shard}"), shared=True, wait=wait), _deleted_queue():
-            for batch in batches(_names(directory)):
+        lock = self._lock(queue, f"shard-{shard}")
+        with _flock(lock, shared=True, wait=wait), _deleted_queue():
+            found_batches = list(batches(_names(directory)))
+            if not wait and len(found_batches) > INLINE_FILES:
+                raise _TooManyFiles(f"{len(found_batches)} batches in {directory}")
+            for batch in found_batches:
                 if len(entries) >= max_entries:
                     break
                 name = str(batch.current)
@@ -726,12 +730,10 @@ class LocalDirStore:
 
     # Last in the class: below this, `list` would name the method, not the builtin.
     async def list(self, queue: QueueName, shard: int, max_entries: int = 1024) -> list[Entry]:
-        # The names outside the lock are a hint: how many files the listing will read.
-        if len(_names(self._shard_dir(queue, shard))) <= INLINE_FILES:
-            # A lock held by a writer (another process's rewrite or count) is waited for
-            # in a thread, not with the event loop.
-            with contextlib.suppress(_LockBusy):
-                return self._list(queue, shard, max_entries, wait=False)
+        # On the loop unless the shard holds more than INLINE_FILES batches or a writer
+        # (another process's rewrite or count) holds its lock: then in a thread.
+        with contextlib.suppress(_LockBusy, _TooManyFiles):
+            return self._list(queue, shard, max_entries, wait=False)
         return await self._threads.run(self._list, queue, shard, max_entries)
 
 
@@ -766,6 +768,10 @@ def _names(directory: Path) -> list[str]:
 
 class _LockBusy(Exception):
     """The lock is held by another open file (``_flock(..., wait=False)``)."""
+
+
+class _TooManyFiles(Exception):
+    """More batch files than a read on the event loop may take (``INLINE_FILES``)."""
 
 
 @contextlib.contextmanager
