@@ -488,8 +488,7 @@ async def test_a_batch_another_instance_shrank_after_the_list_is_read_again(
     await put(store, 0, b"a", b"b", b"c")
     listed = await store.list(QUEUE, 0)
     await other.remove(QUEUE, 0, [listed[0].id])
-    # As if the shard's entries had all been removed once (a retry after a lost answer)
-    # and were then written back by the other owner's rewrite: the old ids minus one.
+    # The shard changed hands and back: the old ids now name a batch of two.
     await store.remove(QUEUE, 0, [listed[0].id, listed[1].id])
     assert bodies(await store.list(QUEUE, 0)) == [b"c"]
 
