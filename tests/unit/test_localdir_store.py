@@ -580,5 +580,10 @@ async def test_a_list_of_many_batch_files_reads_them_in_a_thread(
     assert bodies(await store.list(QUEUE, 0)) == [str(n).encode() for n in range(INLINE_FILES)]
     assert "_list" not in in_threads
     more = await put(store, 0, b"more")
-    assert await store.list(QUEUE, 0) == [*(e for f in few for e in f), *more]
+    listed = await store.list(QUEUE, 0)
+    assert listed == [*(e for f in few for e in f), *more]
     assert "_list" in in_threads
+    # A backlog's ids are not kept: its removal reads the batches (in a thread).
+    await store.remove(QUEUE, 0, [e.id for e in listed])
+    assert "_read" in in_threads
+    assert await store.list(QUEUE, 0) == []

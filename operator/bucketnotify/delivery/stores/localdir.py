@@ -50,8 +50,9 @@ record), a commit by an older release still running (it rewrites only the batch 
 which the record repeats at its end): the next reader counts the shard from its names
 once, under the exclusive lock, and writes the record back. ``list`` reads only the
 files it returns; ``remove`` and ``update`` list the shard's names. A ``remove`` of whole
-batches the last ``list`` read (what an owner does after a push) reads no batch file: the
-ids that list saw under each name say what the batch holds. Commits of one shard take
+batches the last ``list`` read (what an owner does after a push) of a shard that keeps up
+(at most ``INLINE_FILES`` batches) reads no batch file: the ids that list saw under each
+name say what the batch holds. Commits of one shard take
 turns only for the rename; the write and fsync of the file happen outside the lock.
 
 Threads: a ``commit`` writes and fsyncs through the kernel's ring (``_ring``: io_uring
@@ -615,19 +616,23 @@ class LocalDirStore:
         directory = self._shard_dir(queue, shard)
         entries: list[Entry] = []
         listed: dict[str, frozenset[str]] = {}
-        # Replaced, not added to, so it holds no more than one list read.
+        # Replaced, not added to: it holds the ids of one list, and only of a shard that
+        # keeps up (a backlog's thousand ids per shard would stay in memory while its
+        # endpoint is down; its removals read their batches).
         self._listed[queue, shard] = listed
         lock = self._lock(queue, f"shard-{shard}")
         with _flock(lock, shared=True, wait=wait), _deleted_queue():
             found_batches = list(batches(_names(directory)))
-            if not wait and len(found_batches) > INLINE_FILES:
+            few = len(found_batches) <= INLINE_FILES
+            if not wait and not few:
                 raise _TooManyFiles(f"{len(found_batches)} batches in {directory}")
             for batch in found_batches:
                 if len(entries) >= max_entries:
                     break
                 name = str(batch.current)
                 found = decode_batch(batch.current.batch, _read_file(directory / name))
-                listed[name] = frozenset(e.id for e in found)
+                if few:
+                    listed[name] = frozenset(e.id for e in found)
                 entries += found
             return entries[:max_entries]
         return []
