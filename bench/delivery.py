@@ -11,7 +11,10 @@ seconds more for late duplicates.
 Figures per scenario: throughput (events / first PUT start to last first arrival),
 end-to-end latency percentiles (PUT start to endpoint receipt of the first copy),
 duplicate deliveries, missing events, PUT rate and PUT latency (hand-off ``sync`` makes the
-PUT wait for our commit), and CPU seconds of the processes involved. The JSON file keeps
+PUT wait for our commit), and CPU seconds of the processes involved. A scenario that lost
+events (a PUT that failed or was never answered, an event that never arrived) has its
+events/s marked ``*`` and a line below the table saying what was lost: a PUT the gateway
+held for its 60 s timeout is in the span, so in events/s. The JSON file keeps
 everything; stdout gets a table and the ratios against the gateway scenarios of the same
 run (none if the run has none), and CPU milliseconds per
 delivered event (ours, and the gateway's and OSD's work beyond gateway-sync's). ``--ramp
@@ -553,13 +556,15 @@ def report(results: list[dict[str, Any]], cpus: int) -> tuple[str, dict[str, Any
             lines.append(f"{r['scenario']:<34}FAILED: {r['error'][:80]}")
             continue
         lat, put = r["latency_ms"], r["put_latency_ms"]
+        eps = _num(r["throughput_eps"]) + _lost_mark(r)
         lines.append(
-            f"{r['scenario']:<34}{_num(r['throughput_eps']):>9}{_num(lat['p50']):>9}"
+            f"{r['scenario']:<34}{eps:>9}{_num(lat['p50']):>9}"
             f"{_num(lat['p90']):>9}{_num(lat['p99']):>9}{_num(lat['max']):>9}"
             f"{_num(r['duplicates_per_1000']):>9}{r['missing']:>8}"
             f"{_num(r['put_rate_eps']):>8}{_num(put['p99']):>9}"
         )
 
+    lines += _losses([(None, r) for r in results])
     ok = [r for r in results if "error" not in r]
     if ok:
         lines += [
@@ -762,9 +767,33 @@ def ramp_report(steps: list[tuple[int, list[dict[str, Any]]]]) -> str:
             if "error" in r:
                 row += f"{'FAILED':>28}"
             else:
-                row += f"{_num(r['throughput_eps']):>14}{_num(r['latency_ms']['p99']):>14}"
+                eps = _num(r["throughput_eps"]) + _lost_mark(r)
+                row += f"{eps:>14}{_num(r['latency_ms']['p99']):>14}"
         lines.append(row)
+    lines += _losses([(clients, r) for clients, results in steps for r in results])
     return "\n".join(lines)
+
+
+def _lost_mark(result: dict[str, Any]) -> str:
+    return "*" if result.get("put_failed") or result.get("missing") else ""
+
+
+def _losses(results: list[tuple[int | None, dict[str, Any]]]) -> list[str]:
+    """A line per scenario (and client count) that lost events: PUTs the gateway failed or
+    never answered (their events are not counted as missing, and the time they took is in
+    the span, so in events/s) and events that never arrived."""
+    lines = []
+    for clients, r in results:
+        if "error" in r or not (r.get("put_failed") or r.get("missing")):
+            continue
+        where = r["scenario"] if clients is None else f"{r['scenario']}, {clients} clients"
+        line = f"  {where}: {r.get('put_failed', 0)} PUTs failed, {r['missing']} events missing"
+        if r.get("put_errors_sample"):
+            line += f" (first error: {r['put_errors_sample'][0]})"
+        lines.append(line)
+    if lines:
+        lines[:0] = ["", "* lost: PUTs that failed and events that never arrived"]
+    return lines
 
 
 def source_revision() -> dict[str, Any]:

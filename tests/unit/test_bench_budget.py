@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.delivery import throughput_budget
+from bench.delivery import ramp_report, report, throughput_budget
 
 
 def _result(
@@ -47,3 +47,59 @@ def test_no_budget_without_the_goal_baseline_in_the_run() -> None:
 
     assert throughput_budget([ours], cpus=2) == []
     assert "throughput_budget" not in ours
+
+
+def _measured(scenario: str, stack: str, **figures: Any) -> dict[str, Any]:
+    latency = {"p50": 10.0, "p90": 15.0, "p99": 20.0, "max": 30.0}
+    result = {
+        "scenario": scenario,
+        "config": {"stack": stack, "store": "dir"},
+        "events": 500,
+        "received": 500,
+        "missing": 0,
+        "put_failed": 0,
+        "put_errors_sample": [],
+        "throughput_eps": 300.0,
+        "put_rate_eps": 300.0,
+        "span_s": 1.6,
+        "duplicates_per_1000": 0.0,
+        "latency_ms": latency,
+        "put_latency_ms": latency,
+        "cpu_s": {"radosgw": 1.0, "ceph-osd": 0.5, "replica-1": 1.0},
+        "setup_s": 1.0,
+        "warmup_s": 0.1,
+        "load_average_1m": 1.0,
+    }
+    result.update(figures)
+    return result
+
+
+def test_a_put_the_gateway_never_answered_is_reported_not_hidden_in_events_per_second() -> None:
+    """Seen in a ramp: one PUT of gateway-sync timed out after 60 s, its event never came,
+    and the step showed 8 events/s with nothing to say why."""
+    hung = _measured(
+        "gateway-sync",
+        "gateway",
+        received=499,
+        put_failed=1,
+        put_errors_sample=['Read timeout on endpoint URL: "http://rgw/b/obj-000139"'],
+        throughput_eps=8.0,
+    )
+    lost = _measured("bucketnotify-sync", "bucketnotify", received=498, missing=2)
+    fine = _measured("bucketnotify-sync", "bucketnotify")
+
+    ramp = ramp_report([(1, [hung, fine]), (8, [fine, lost])]).splitlines()
+    assert ramp[3].split() == ["1", "8*", "20", "300", "20"]
+    assert ramp[4].split() == ["8", "300", "20", "300*", "20"]
+    assert ramp[-2:] == [
+        "  gateway-sync, 1 clients: 1 PUTs failed, 0 events missing"
+        ' (first error: Read timeout on endpoint URL: "http://rgw/b/obj-000139")',
+        "  bucketnotify-sync, 8 clients: 0 PUTs failed, 2 events missing",
+    ]
+
+    text, _ = report([hung, fine], cpus=2)
+    rows = text.splitlines()
+    assert rows[2].split()[:2] == ["gateway-sync", "8*"]
+    assert rows[3].split()[:2] == ["bucketnotify-sync", "300"]
+    assert "  gateway-sync: 1 PUTs failed, 0 events missing (first error: Read timeout" in text
+    assert "bucketnotify-sync:" not in text
