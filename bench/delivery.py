@@ -14,10 +14,10 @@ duplicate deliveries, missing events, PUT rate and PUT latency (hand-off ``sync`
 PUT wait for our commit), and CPU seconds of the processes involved. A scenario that lost
 events (a PUT that failed or was never answered, an event that never arrived) has its
 events/s marked ``*`` and a line below the table saying what was lost: a PUT the gateway
-held for its 60 s timeout is in the span, so in events/s. The JSON file keeps
-everything; stdout gets a table and the ratios against the gateway scenarios of the same
-run (none if the run has none), and CPU milliseconds per
-delivered event (ours, and the gateway's and OSD's work beyond gateway-sync's). ``--ramp
+left unanswered until the client's 60 s read timeout is in the span, so in events/s. The
+JSON file keeps everything; stdout gets a table and the ratios against the gateway
+scenarios of the same run (none if the run has none), and CPU milliseconds per delivered
+event (ours, and the gateway's and OSD's work beyond gateway-sync's). ``--ramp
 1,8,32,64`` runs the scenarios at each client count instead and prints throughput and p99
 per step, so the knee of each curve shows. Our processes' logs (and with
 ``--profile`` their cProfile files) are kept beside the JSON file.
@@ -784,7 +784,7 @@ def _losses(results: list[tuple[int | None, dict[str, Any]]]) -> list[str]:
     the span, so in events/s) and events that never arrived."""
     lines = []
     for clients, r in results:
-        if "error" in r or not (r.get("put_failed") or r.get("missing")):
+        if "error" in r or not _lost_mark(r):
             continue
         where = r["scenario"] if clients is None else f"{r['scenario']}, {clients} clients"
         line = f"  {where}: {r.get('put_failed', 0)} PUTs failed, {r['missing']} events missing"

@@ -52,8 +52,8 @@ once, under the exclusive lock, and writes the record back. ``list`` reads only 
 files it returns; ``remove`` and ``update`` list the shard's names. A ``remove`` of whole
 batches the last ``list`` read (what an owner does after a push) of a shard that keeps up
 (at most ``INLINE_FILES`` batches) reads no batch file: the ids that list saw under each
-name say what the batch holds. Commits of one shard take
-turns only for the rename; the write and fsync of the file happen outside the lock.
+name say what the batch holds. Commits of one shard take turns only for the rename; the
+write and fsync of the file happen outside the lock.
 
 Threads: a ``commit`` writes and fsyncs through the kernel's ring (``_ring``: io_uring
 or Linux AIO, else threads) and renames under the shard's lock on the loop, in a thread
