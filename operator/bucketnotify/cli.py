@@ -229,6 +229,8 @@ async def _deliver(
         metrics=metrics,
         recorder=Recorder(writer, identity) if writer is not None else None,
         allow_cleartext_secrets=settings.allow_cleartext_secrets,
+        # Replicas sharing an s3:// store commit to each other's shards: see delivery.direct.
+        direct=settings.direct_delivery and isinstance(store, LocalDirStore),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

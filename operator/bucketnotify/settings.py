@@ -100,6 +100,10 @@ class DeliveryServiceSettings(BaseSettings):
     store: str = "dir:///var/lib/bucketnotify/queues"
     """Queue store: dir://<absolute path> (one replica) or s3://<bucket> on the default
     gateway (BUCKETNOTIFY_GATEWAY_*), shared by all replicas."""
+    direct_delivery: bool = True
+    """On the ``dir://`` store, while this is the only replica: an event for an empty shard
+    is pushed to its endpoint before the ingest answers, and queued only if that push fails
+    (docs/operator.md, "Direct delivery"). The ``s3://`` store always queues first."""
     lease_namespace: str = "default"
     """Namespace of the ownership Leases."""
     partitions: int = Field(default=32, ge=1, le=1024)

@@ -43,6 +43,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from bucketnotify import compact_json
+from bucketnotify.delivery.direct import DirectDelivery
 from bucketnotify.delivery.groupcommit import GroupCommit
 from bucketnotify.delivery.queue import QueueFull, QueueName, QueueStore, Reservation, shard_of
 from bucketnotify.delivery.recording import Recorder
@@ -118,6 +119,7 @@ class Ingest:
         metrics: DeliveryMetrics | None = None,
         recorder: Recorder | None = None,
         recheck: Resolver | None = None,
+        direct: DirectDelivery | None = None,
     ) -> None:
         self.store = store
         self.metrics = metrics if metrics is not None else DeliveryMetrics()
@@ -134,6 +136,8 @@ class Ingest:
         self._recheck = recheck
         """Asked about a known Topic whose token does not match: the token Secret may have
         changed since it was read."""
+        self._direct = direct
+        """Pushes an event for an empty shard before answering (``delivery.direct``)."""
         self._groups = GroupCommit(self._write)
         self._store_warned_at = -STORE_WARNING_S
         self._store_refusals = 0
@@ -142,7 +146,10 @@ class Ingest:
         """All shards or none, durably, together with concurrent commits of the queue.
 
         Returns the ingest time the entries got (epoch seconds)."""
-        return await self._groups.commit(queue, by_shard)
+        if self._direct is None:
+            return await self._groups.commit(queue, by_shard)
+        async with self._direct.gate.committing((queue, shard) for shard in by_shard):
+            return await self._groups.commit(queue, by_shard)
 
     async def _write(self, queue: QueueName, by_shard: dict[int, list[tuple[str, bytes]]]) -> float:
         """One store write: every reservation is taken before anything is committed."""
@@ -242,6 +249,55 @@ class Ingest:
             s3 = record["s3"]
             shard = shard_of(s3["bucket"]["name"], s3["object"]["key"], topic.shards)
             by_shard.setdefault(shard, []).append((identity, body))
+        if self._direct is not None and len(by_shard) == 1:
+            (shard,) = by_shard
+            if self._direct.allowed(topic.queue, shard) and self._direct.gate.take(
+                (topic.queue, shard)
+            ):
+                try:
+                    return await self._push_first(topic, shard, records, ids, bodies)
+                finally:
+                    self._direct.gate.give_back((topic.queue, shard))
+        return await self._commit_and_answer(topic, records, ids, by_shard)
+
+    async def _push_first(
+        self,
+        topic: IngestTopic,
+        shard: int,
+        records: Sequence[dict[str, Any]],
+        ids: list[str],
+        bodies: list[bytes],
+    ) -> web.Response:
+        """Push the request's events (all of one shard, which the caller holds) in order;
+        commit the first that fails and all after it."""
+        assert self._direct is not None
+        at = time.time()
+        pushed = 0
+        for record, identity, body in zip(records, ids, bodies, strict=True):
+            if not await self._direct.push(topic.queue, shard, record, identity, body):
+                break
+            pushed += 1
+        if pushed:
+            if self._recorder is not None:
+                self._recorder.ingested(
+                    topic.queue, list(zip(records[:pushed], ids, strict=False)), topic.shards, at
+                )
+            self.metrics.event_triggered.labels(*_labels(topic)).inc(pushed)
+        if pushed == len(records):
+            return _committed_answer(len(records))
+        rest = {shard: list(zip(ids[pushed:], bodies[pushed:], strict=True))}
+        return await self._commit_and_answer(topic, records[pushed:], ids[pushed:], rest, pushed)
+
+    async def _commit_and_answer(
+        self,
+        topic: IngestTopic,
+        records: Sequence[dict[str, Any]],
+        ids: list[str],
+        by_shard: dict[int, list[tuple[str, bytes]]],
+        pushed: int = 0,
+    ) -> web.Response:
+        """Commit ``records`` (the request's, but for the first ``pushed``, delivered
+        already) and answer."""
         started = time.perf_counter()
         try:
             committed_at = await self.commit(topic.queue, by_shard)
@@ -258,13 +314,18 @@ class Ingest:
             self._recorder.ingested(
                 topic.queue, list(zip(records, ids, strict=True)), topic.shards, committed_at
             )
-        self.metrics.ingest_commit_seconds.labels(namespace, name).observe(
-            time.perf_counter() - started
-        )
-        self.metrics.event_triggered.labels(namespace, name).inc(len(records))
-        return web.Response(
-            body=b'{"committed":%d}' % len(records), content_type="application/json"
-        )
+        labels = _labels(topic)
+        self.metrics.ingest_commit_seconds.labels(*labels).observe(time.perf_counter() - started)
+        self.metrics.event_triggered.labels(*labels).inc(len(records))
+        return _committed_answer(pushed + len(records))
+
+
+def _labels(topic: IngestTopic) -> tuple[str, str]:
+    return topic.queue.namespace, topic.queue.topic
+
+
+def _committed_answer(events: int) -> web.Response:
+    return web.Response(body=b'{"committed":%d}' % events, content_type="application/json")
 
 
 async def _settled(calls: list[Coroutine[Any, Any, T]]) -> list[T | BaseException]:

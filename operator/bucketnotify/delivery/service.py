@@ -76,6 +76,7 @@ from bucketnotify.controller.topic_builder import (
     endpoint_topic_name,
     ingest_token_secret,
 )
+from bucketnotify.delivery.direct import ShardGate
 from bucketnotify.delivery.endpoints.base import Delivery, Endpoint, PushOutcome, object_of
 from bucketnotify.delivery.endpoints.errors import ConfigurationError
 from bucketnotify.delivery.endpoints.factory import open_endpoint
@@ -90,6 +91,7 @@ from bucketnotify.delivery.worker import (
     DeadLetterSink,
     DeliveredCache,
     DeliveryPolicy,
+    EventOutcome,
     RoundResult,
     process_shard,
 )
@@ -253,6 +255,7 @@ class DeliveryService:
         recorder: Recorder | None = None,
         events: TopicEvents | None = None,
         allow_cleartext_secrets: bool = False,
+        direct: bool = False,
     ) -> None:
         self.metrics = metrics if metrics is not None else DeliveryMetrics()
         self._allow_cleartext = allow_cleartext_secrets
@@ -275,6 +278,7 @@ class DeliveryService:
             self.metrics,
             recorder,
             recheck=self.recheck_token,
+            direct=self if direct else None,
         )
         # Unknown Topics looked up recently: a stray or hostile sender must not turn every
         # request into an API server call.
@@ -296,6 +300,11 @@ class DeliveryService:
         """Kubernetes Events on the Topics (delivery.events)."""
         self._wakeups = WakeUps(ownership.owner_address, self.metrics)
         self._surveys = 0
+        self.gate = ShardGate()
+        """Order between the ingest's direct pushes, commits and rounds (``direct``)."""
+        self._saves: dict[tuple[QueueName, int], asyncio.TimerHandle] = {}
+        """Shards whose directly delivered identities are to be saved (``_save_soon``)."""
+        self._saving: set[asyncio.Task[None]] = set()
 
     def app(self) -> web.Application:
         app = build_app(self.ingest, self.unready)
@@ -689,6 +698,82 @@ class DeliveryService:
                 if reclaimed:
                     log.warning("%s: reclaimed %d abandoned reservations", queue, reclaimed)
 
+    # --- direct delivery (delivery.direct) ---------------------------------------------------
+
+    def allowed(self, queue: QueueName, shard: int) -> bool:
+        # Another replica's commit to the shard would reach this owner only by a wake-up,
+        # after the gateway has its answer: a later event of the object pushed directly
+        # meanwhile would overtake it. So only while this replica is the only member.
+        loop = self._loops.get((queue, shard))
+        return (
+            not self._stopping
+            and self._ownership.members == 1
+            and loop is not None
+            and not loop.done()
+            and self._ownership.owns_shard(queue, shard)
+        )
+
+    async def push(
+        self, queue: QueueName, shard: int, record: dict[str, Any], event_id: str, body: bytes
+    ) -> bool:
+        runtime = self.topics.get((queue.namespace, queue.topic))
+        if runtime is None or runtime.queue != queue or runtime.endpoint is None:
+            return False
+        delivered = runtime.delivered.setdefault(shard, DeliveredCache())
+        at = time.time()
+        entry = Entry(id=event_id, event_id=event_id, body=body, ingest_time=at)
+        result = RoundResult(listed=1)
+        if event_id in delivered:
+            # The gateway sent it again (or retried a request it had no answer to).
+            result.duplicates = 1
+            result.outcomes.append(EventOutcome(Outcome.DUPLICATE, entry, record, 0, at))
+        else:
+            endpoint = _Metered(runtime.endpoint, self.metrics, queue)
+            (outcome,) = await endpoint.send([Delivery(entry.id, record, body)])
+            acked_at = time.time()
+            if outcome.ok:
+                result.delivered = 1
+                result.latencies.append(acked_at - at)
+                delivered.add(event_id)
+                result.outcomes.append(EventOutcome(Outcome.DELIVERED, entry, record, 1, acked_at))
+                self._save_soon(runtime, shard, delivered)
+            else:
+                # Queued next, where the rounds retry it: its 1 + maxRetries attempts are
+                # counted from there, the queue's own.
+                result.failed = 1
+                if outcome.error:
+                    result.errors.append(outcome.error)
+                result.outcomes.append(
+                    EventOutcome(Outcome.FAILED, entry, record, 1, acked_at, outcome.error)
+                )
+        self._count(queue, result)
+        self.events.round_done(queue, result)
+        if self._recorder is not None:
+            self._recorder.round(queue, shard, runtime.endpoint_kind, result)
+        if result.failed:
+            log.info(
+                "%s shard %d: direct push failed, event queued: %s",
+                queue,
+                shard,
+                result.errors[0] if result.errors else "no acknowledgement",
+            )
+        return not result.failed
+
+    def _save_soon(self, runtime: TopicRuntime, shard: int, delivered: DeliveredCache) -> None:
+        """Save the shard's delivered identities within ``DELIVERED_SAVE_S``: its loop,
+        asleep while events go directly, would not until its next round."""
+        unit = (runtime.queue, shard)
+        if unit in self._saves:
+            return
+
+        def due() -> None:
+            del self._saves[unit]
+            task = asyncio.create_task(self._save_delivered(runtime, shard, delivered, final=True))
+            self._saving.add(task)
+            task.add_done_callback(self._saving.discard)
+
+        self._saves[unit] = asyncio.get_running_loop().call_later(DELIVERED_SAVE_S, due)
+
     # --- processing -----------------------------------------------------------------------
 
     def _wake(self, queue: QueueName, shard: int) -> None:
@@ -706,6 +791,7 @@ class DeliveryService:
         """Start a loop for every owned shard that has none; loops end by themselves."""
         for done in [k for k, task in self._loops.items() if task.done()]:
             del self._loops[done]
+            self.gate.forget(done)  # a loop that failed or was cancelled did not say so
         if self._stopping:
             return
         if self._ownership.changed.is_set():
@@ -772,6 +858,7 @@ class DeliveryService:
             await _woken(wake, delay)
             if wake.is_set():
                 delay = self.timings.round_interval_s
+        self.gate.forget((queue, shard))
         await self._save_delivered(runtime, shard, delivered, final=True)
 
     async def _idle(
@@ -820,6 +907,15 @@ class DeliveryService:
             )
 
     async def _process(
+        self, runtime: TopicRuntime, endpoint: Endpoint, shard: int
+    ) -> RoundResult | None:
+        queue = runtime.queue
+        mark = await self.gate.round_starts((queue, shard))
+        result = await self._round(runtime, endpoint, shard)
+        self.gate.round_ended((queue, shard), mark, result is not None and _settled(result))
+        return result
+
+    async def _round(
         self, runtime: TopicRuntime, endpoint: Endpoint, shard: int
     ) -> RoundResult | None:
         queue = runtime.queue
@@ -987,6 +1083,11 @@ class DeliveryService:
             # owner starts from what this replica actually delivered.
             self._stopping = True
             await self._wait_loops(list(self._loops))
+            # The loops' last saves covered what was delivered directly too.
+            for timer in self._saves.values():
+                timer.cancel()
+            if self._saving:
+                await asyncio.wait(self._saving)
             await self._wakeups.aclose()
             await self._ownership.stop(release=True)
             for runtime in self.topics.values():

@@ -1,0 +1,153 @@
+"""Direct delivery: an event for an empty shard goes to its endpoint before the ingest answers.
+
+The queued path writes every event durably, lists it back, pushes it and removes it: on the
+``dir://`` store three fsyncs and a dozen file operations per batch, most of a replica's
+CPU. Yet while the endpoint keeps up, a shard is empty nearly all the time, and the event
+the ingest holds is the only one of its shard. So when this replica owns the shard and no
+other process writes its queues (the ``dir://`` store with one replica), the ingest pushes
+the event itself and answers the gateway once the endpoint has acknowledged it; only when
+the push fails is the event committed to the queue, still within the same request, and the
+shard's rounds retry it. Either way the gateway's 2xx means the event is delivered or
+durable, as before: nothing acknowledged is lost.
+
+Order per object stays, as ``ShardGate`` keeps three things apart on each shard:
+
+- a direct push goes only when the shard's last round left it empty, no commit to it has
+  begun since, and no other direct push or round is under way;
+- a commit to the shard first marks it as not empty (no direct push starts after that),
+  then waits for a direct push under way to end; the pushing request's own commit of a
+  failed event does not wait (it holds the shard), so that event is queued before any
+  later one of its object;
+- a round waits for a direct push under way, and the shard counts as empty again only
+  when a round has left nothing and no commit began or ended during it.
+
+Requests in flight together were never ordered (the gateway does not wait for one before
+sending the next); requests that wait for the shard are answered in their own time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from bucketnotify.delivery.queue import QueueName
+
+__all__ = ["DirectDelivery", "ShardGate"]
+
+Unit = tuple[QueueName, int]
+
+
+@dataclass
+class _Shard:
+    empty: bool = False
+    """The last round left nothing, and no commit has begun since."""
+    commits: int = 0
+    """Commits under way."""
+    committed: int = 0
+    """Commits ended, ever: a round that saw it change cannot call the shard empty."""
+    round: bool = False
+    pushing: asyncio.Future[None] | None = None
+    """Set while a direct push (and the commit of its event, if it failed) is under way."""
+    holder: asyncio.Task[Any] | None = None
+
+
+class ShardGate:
+    """Order between direct pushes, commits and rounds, per shard (see the module)."""
+
+    def __init__(self) -> None:
+        self._shards: dict[Unit, _Shard] = {}
+
+    def _of(self, unit: Unit) -> _Shard:
+        shard = self._shards.get(unit)
+        if shard is None:
+            shard = self._shards[unit] = _Shard()
+        return shard
+
+    def is_empty(self, unit: Unit) -> bool:
+        """Whether a direct push could take the shard now."""
+        shard = self._shards.get(unit)
+        return shard is not None and shard.empty
+
+    def take(self, unit: Unit) -> bool:
+        """Hold the shard for a direct push, if it is empty and free; ``give_back`` ends it."""
+        shard = self._shards.get(unit)
+        if (
+            shard is None
+            or not shard.empty
+            or shard.commits
+            or shard.round
+            or shard.pushing is not None
+        ):
+            return False
+        shard.pushing = asyncio.get_running_loop().create_future()
+        shard.holder = asyncio.current_task()
+        return True
+
+    def give_back(self, unit: Unit) -> None:
+        shard = self._shards[unit]
+        if shard.pushing is not None:
+            shard.pushing.set_result(None)
+        shard.pushing = shard.holder = None
+
+    async def _pushed(self, shard: _Shard) -> None:
+        while shard.pushing is not None and shard.holder is not asyncio.current_task():
+            await asyncio.shield(shard.pushing)
+
+    @asynccontextmanager
+    async def committing(self, units: Iterable[Unit]) -> AsyncIterator[None]:
+        """Around a commit to the shards ``units``."""
+        shards = [self._of(unit) for unit in units]
+        for shard in shards:
+            shard.empty = False
+            shard.commits += 1
+        try:
+            for shard in shards:
+                await self._pushed(shard)
+            yield
+        finally:
+            for shard in shards:
+                shard.commits -= 1
+                shard.committed += 1
+
+    async def round_starts(self, unit: Unit) -> int:
+        """Before a round: waits for a direct push under way; gives what ``round_ended``
+        needs back."""
+        shard = self._of(unit)
+        shard.round = True
+        shard.empty = False
+        await self._pushed(shard)
+        return shard.committed
+
+    def round_ended(self, unit: Unit, mark: int, left_empty: bool) -> None:
+        shard = self._of(unit)
+        shard.round = False
+        shard.empty = left_empty and not shard.commits and shard.committed == mark
+
+    def forget(self, unit: Unit) -> None:
+        """The shard's loop ended (moved away, Topic changed, stopping): not empty until a
+        new loop's round says so."""
+        shard = self._shards.get(unit)
+        if shard is not None:
+            shard.empty = False
+            if shard.pushing is None and not shard.commits and not shard.round:
+                del self._shards[unit]
+
+
+class DirectDelivery(Protocol):
+    """What the ingest needs to push events itself (the delivery service provides it)."""
+
+    gate: ShardGate
+
+    def allowed(self, queue: QueueName, shard: int) -> bool:
+        """This replica owns the shard and is the only writer of the store."""
+        ...
+
+    async def push(
+        self, queue: QueueName, shard: int, record: dict[str, Any], event_id: str, body: bytes
+    ) -> bool:
+        """Push one event (or recognise it as delivered already); True once it needs
+        nothing more, False when it must be queued. Counts and records the outcome."""
+        ...

@@ -1,0 +1,212 @@
+"""Direct delivery: an event for an empty shard is pushed before the ingest answers, and
+queued only when that push fails, in its object's order."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import kopf
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from bucketnotify.apiserver import ApiClient
+from bucketnotify.delivery.endpoints.base import Delivery
+from bucketnotify.delivery.endpoints.errors import RejectedError
+from bucketnotify.delivery.endpoints.testing import MockEndpoint
+from bucketnotify.delivery.ingest import IngestTopic, build_app
+from bucketnotify.delivery.ownership import Ownership
+from bucketnotify.delivery.queue import Entry, QueueLimits, QueueName
+from bucketnotify.delivery.service import DeliveryService
+from bucketnotify.delivery.stores.localdir import LocalDirStore
+from tests.delivery import OwnsEverything, one_shard_runtime
+from tests.kubeapi import UNREACHABLE
+from tests.records import event
+
+QUEUE = QueueName("ns", "t")
+TOKEN = "t0ken-0123456789"
+URL = f"/v1/topics/ns/t/{TOKEN}"
+
+
+class CountingStore(LocalDirStore):
+    commits = 0
+
+    async def commit(self, *args: Any, **kwargs: Any) -> None:
+        self.commits += 1
+        await super().commit(*args, **kwargs)
+
+    async def list(self, queue: QueueName, shard: int, max_entries: int = 1024) -> list[Entry]:
+        return await super().list(queue, shard, max_entries)
+
+
+class Alone(OwnsEverything):
+    address = "127.0.0.1:1"
+    """Others could wake it: its empty shard waits to be woken instead of polling."""
+    members = 1
+
+
+class NotAlone(Alone):
+    members = 2
+
+
+@dataclass
+class Replica:
+    service: DeliveryService
+    store: CountingStore
+    endpoint: MockEndpoint
+    client: TestClient[Any, Any]
+
+    async def post(self, *records: dict[str, Any]) -> int:
+        response = await self.client.post(URL, json={"Records": list(records)})
+        return response.status
+
+    def keys_delivered(self) -> list[str]:
+        return [d.record["s3"]["object"]["key"] for d in self.endpoint.delivered]
+
+    def versions_delivered(self) -> list[tuple[str, str]]:
+        return [(d.record["s3"]["object"]["key"], d.record["v"]) for d in self.endpoint.delivered]
+
+    async def queued(self) -> int:
+        return (await self.store.stats(QUEUE, 0)).entries
+
+
+async def until(done: Callable[[], bool | Awaitable[bool]], within_s: float, what: str) -> None:
+    deadline = time.monotonic() + within_s
+    while True:
+        result = done()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return
+        assert time.monotonic() < deadline, f"timed out after {within_s} s waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture()
+async def start(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Replica]]]:
+    """``await start(handler, ownership=Alone)``: one replica with direct delivery on, its
+    shard's loop running."""
+    cleanups: list[Callable[[], Awaitable[None]]] = []
+
+    async def make(handler: Any = None, ownership: type[OwnsEverything] = Alone) -> Replica:
+        store = CountingStore(tmp_path / f"q{len(cleanups)}")
+        await store.create(QUEUE, 1, QueueLimits())
+        api = ApiClient(kopf.ConnectionInfo(server=UNREACHABLE))
+        service = DeliveryService(
+            api=api,
+            store=store,
+            ownership=cast(Ownership, ownership()),
+            namespaces=[],
+            direct=True,
+        )
+        endpoint = MockEndpoint(handler) if handler is not None else MockEndpoint()
+        service.topics[("ns", "t")] = one_shard_runtime(QUEUE, endpoint)
+        service.ingest_topics[("ns", "t")] = IngestTopic(QUEUE, TOKEN, 1)
+        service._loops[(QUEUE, 0)] = loop = asyncio.create_task(service._shard_loop(("ns", "t"), 0))
+        client = TestClient(TestServer(build_app(service.ingest)))
+        await client.start_server()
+
+        async def cleanup() -> None:
+            await client.close()
+            service._stopping = True
+            service._wake_local(QUEUE, 0)
+            await asyncio.wait_for(loop, 10)
+            await api.close()
+
+        cleanups.append(cleanup)
+        return Replica(service, store, endpoint, client)
+
+    yield make
+    for cleanup in cleanups:
+        await cleanup()
+
+
+async def emptied(replica: Replica) -> None:
+    """The shard's first round found it empty: direct pushes may go."""
+    await until(lambda: replica.service.gate.is_empty((QUEUE, 0)), 5, "the first round")
+
+
+async def test_an_event_for_an_empty_shard_is_delivered_before_the_answer_and_never_queued(
+    start: Callable[..., Awaitable[Replica]],
+) -> None:
+    replica = await start()
+    await emptied(replica)
+    for key in ("a", "b", "c"):
+        assert await replica.post(event(key)) == 200
+        assert replica.keys_delivered()[-1] == key  # before the answer, not after
+    assert replica.store.commits == 0
+    assert await replica.queued() == 0
+    # Delivered identities are remembered: the gateway's second send of one is not pushed.
+    assert await replica.post(event("b")) == 200
+    assert replica.keys_delivered() == ["a", "b", "c"]
+    assert replica.store.commits == 0
+
+
+async def test_a_failed_direct_push_queues_the_event_and_a_later_one_of_its_object_waits(
+    start: Callable[..., Awaitable[Replica]],
+) -> None:
+    refused = []
+
+    def refuse_first_a(delivery: Delivery) -> None:
+        if delivery.record["v"] == "a1" and not refused:
+            refused.append(delivery)
+            raise RejectedError("down for a moment")
+
+    replica = await start(refuse_first_a)
+    await emptied(replica)
+    assert await replica.post(event("a", v="a1", sequencer="1")) == 200
+    assert refused and replica.store.commits == 1  # acknowledged because it is queued
+    assert await replica.post(event("a", v="a2", sequencer="2")) == 200
+    await until(lambda: len(replica.endpoint.delivered) == 2, 5, "a1 and a2 delivered")
+    assert replica.versions_delivered() == [("a", "a1"), ("a", "a2")]
+    assert await replica.queued() == 0
+    # Once a round has emptied the shard, events go directly again.
+    await emptied(replica)
+    commits = replica.store.commits
+    assert await replica.post(event("a", v="a3", sequencer="3")) == 200
+    assert replica.versions_delivered()[-1] == ("a", "a3")
+    assert replica.store.commits == commits
+
+
+async def test_a_commit_during_a_direct_push_waits_and_a_failed_push_goes_first(
+    start: Callable[..., Awaitable[Replica]],
+) -> None:
+    """a2 arrives while a1's direct push hangs; a1's push then fails. a1 must still reach
+    the endpoint before a2: a2 was not queued (nor pushed) until a1 was queued."""
+    release = asyncio.Event()
+    attempts: list[str] = []
+
+    async def hang_then_fail_a1(delivery: Delivery) -> None:
+        attempts.append(delivery.record["v"])
+        if attempts == ["a1"]:
+            await release.wait()
+            raise RejectedError("timed out")
+
+    replica = await start(hang_then_fail_a1)
+    await emptied(replica)
+    first = asyncio.create_task(replica.post(event("a", v="a1", sequencer="1")))
+    await until(lambda: attempts == ["a1"], 5, "a1's direct push")
+    second = asyncio.create_task(replica.post(event("a", v="a2", sequencer="2")))
+    await asyncio.sleep(0.2)
+    assert not second.done()  # its commit waits for a1's push to end
+    assert replica.store.commits == 0
+    release.set()
+    assert await first == 200
+    assert await second == 200
+    await until(lambda: len(replica.endpoint.delivered) == 2, 5, "a1 and a2 delivered")
+    assert replica.versions_delivered() == [("a", "a1"), ("a", "a2")]
+    assert attempts == ["a1", "a1", "a2"]
+
+
+async def test_a_replica_that_is_not_alone_queues_every_event(
+    start: Callable[..., Awaitable[Replica]],
+) -> None:
+    replica = await start(ownership=NotAlone)
+    await emptied(replica)
+    assert await replica.post(event("a")) == 200
+    assert replica.store.commits == 1
+    await until(lambda: replica.keys_delivered() == ["a"], 5, "a delivered by a round")
