@@ -35,12 +35,15 @@ import subprocess
 import sys
 import time
 import traceback
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.gateway import Gateway
 from bench.kube import (
@@ -189,6 +192,8 @@ class Stack:
 
     programs: list[Program] = field(default_factory=list)
     proxy: RoundRobinProxy | None = None
+    ports: list[int] = field(default_factory=list)
+    """The replicas' ingest ports, where their metrics are served."""
     namespace: str | None = None
     """Where our Topic, Leases and operator live (bucketnotify scenarios)."""
 
@@ -256,6 +261,7 @@ def setup_bucketnotify(
         ports.append(port)
     for replica, port in zip(ours.programs, ports, strict=True):
         wait_for_port(port, 60, replica)
+    ours.ports = ports
 
     ingest_url = f"http://127.0.0.1:{ports[0]}"
     if len(ports) > 1:
@@ -397,6 +403,7 @@ def measure(run: Run, bucket_name: str, receiver: Receiver, stack: Stack) -> dic
     gateway = Gateway(run.rgw)
     requests_before = gateway.requests()
     cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    direct_before = _direct_counts(stack)
     own_cpu_before = time.process_time()
 
     workload = PutWorkload(run.clients, bucket_name, keys, options.size)
@@ -417,6 +424,7 @@ def measure(run: Run, bucket_name: str, receiver: Receiver, stack: Stack) -> dic
         workload.stop()
     cpu_after = {name: cpu_seconds(pid) for name, pid in pids.items()}
     own_cpu = time.process_time() - own_cpu_before
+    direct_after = _direct_counts(stack)
     requests_after = gateway.requests()
     # This machine may be shared: a high load here means other work skewed the figures.
     load = os.getloadavg()[0]
@@ -428,6 +436,11 @@ def measure(run: Run, bucket_name: str, receiver: Receiver, stack: Stack) -> dic
 
     result = summarise(run, workload, collector, warmup_s, cpu_before, cpu_after, own_cpu)
     result["load_average_1m"] = round(load, 2)
+    if direct_before is not None and direct_after is not None:
+        # Of the events our ingest took, those pushed before its answer and never queued.
+        ingested = direct_after[1] - direct_before[1]
+        direct = direct_after[0] - direct_before[0]
+        result["direct_share"] = direct / ingested if ingested else None
     # Every request radosgw served meanwhile (its own perf counter): the clients' PUTs, and
     # on our S3 store the store's requests too, which is what its CPU per event follows.
     served = (
@@ -440,6 +453,27 @@ def measure(run: Run, bucket_name: str, receiver: Receiver, stack: Stack) -> dic
         served / result["received"] if served is not None and result["received"] else None
     )
     return result
+
+
+def _direct_counts(stack: Stack) -> tuple[float, float] | None:
+    """Events delivered directly and events ingested, summed over our replicas' metrics;
+    None for the gateway's scenarios or when a replica did not answer."""
+    if not stack.ports:
+        return None
+    direct = ingested = 0.0
+    for port in stack.ports:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                text = r.read().decode()
+        except OSError:
+            return None
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "bucketnotify_events_direct_total":
+                    direct += sample.value
+                elif sample.name == "pubsub_event_triggered_total":
+                    ingested += sample.value
+    return direct, ingested
 
 
 def summarise(
@@ -624,6 +658,10 @@ def report(results: list[dict[str, Any]], cpus: int) -> tuple[str, dict[str, Any
     return "\n".join(lines), ratios
 
 
+def _percent(share: float | None) -> str:
+    return "-" if share is None else f"{100 * share:.0f} %"
+
+
 def _ours(cpu_s: dict[str, float | None]) -> list[str]:
     """The names of our processes among those whose CPU was measured."""
     return [k for k in cpu_s if k.startswith(("replica-", "operator", "proxy"))]
@@ -651,8 +689,10 @@ def cpu_per_event(results: list[dict[str, Any]]) -> list[str]:
         "",
         "CPU ms per delivered event: ours (replicas, operator, proxy); radosgw + ceph-osd, and"
         " their extra over gateway-sync's per event in this run; ours + extra against the goals;"
-        " requests radosgw served per event (the PUT included)",
-        f"{'scenario':<34}{'ours':>9}{'rgw+osd':>9}{'extra':>9}{'all':>9}{'gw req':>9}  goal",
+        " requests radosgw served per event (the PUT included); the share of events our ingest"
+        " delivered directly, never queued",
+        f"{'scenario':<34}{'ours':>9}{'rgw+osd':>9}{'extra':>9}{'all':>9}{'gw req':>9}"
+        f"{'direct':>8}  goal",
     ]
     for r in results:
         ours_names = _ours(r["cpu_s"])
@@ -671,7 +711,8 @@ def cpu_per_event(results: list[dict[str, Any]]) -> list[str]:
         r["cpu_ms_per_event"] = {"ours": ours, "gateway": gateway, "extra": extra}
         lines.append(
             f"{r['scenario']:<34}{_num(ours, 2):>9}{_num(gateway, 2):>9}{_num(extra, 2):>9}"
-            f"{_num(everything, 2):>9}{_num(r.get('gateway_requests_per_event'), 2):>9}  {goal}"
+            f"{_num(everything, 2):>9}{_num(r.get('gateway_requests_per_event'), 2):>9}"
+            f"{_percent(r.get('direct_share')):>8}  {goal}"
         )
     return lines
 

@@ -62,7 +62,15 @@ class DeliveryMetrics:
         # exactly as they are (prometheus_client exposes "<name>_total" for counters).
         self.event_triggered = Counter(
             "pubsub_event_triggered",
-            "Events the gateway pushed to the ingest and that were committed to the queue.",
+            "Events the gateway pushed to the ingest and that were committed to the queue (or "
+            "delivered directly, see bucketnotify_events_direct).",
+            TOPIC,
+            registry=r,
+        )
+        self.events_direct = Counter(
+            "bucketnotify_events_direct",
+            "Events the ingest delivered to the endpoint itself before answering, without "
+            "queueing them (direct delivery).",
             TOPIC,
             registry=r,
         )
@@ -189,6 +197,7 @@ class DeliveryMetrics:
 
     _per_topic = (
         "event_triggered",
+        "events_direct",
         "event_lost",
         "event_dead_lettered",
         "push_ok",

@@ -4,6 +4,7 @@ queued only when that push fails, in its object's order."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -18,11 +19,12 @@ from bucketnotify.apiserver import ApiClient
 from bucketnotify.delivery.endpoints.base import Delivery
 from bucketnotify.delivery.endpoints.errors import RejectedError
 from bucketnotify.delivery.endpoints.testing import MockEndpoint
-from bucketnotify.delivery.ingest import IngestTopic, build_app
+from bucketnotify.delivery.ingest import IngestTopic, build_app, event_id
 from bucketnotify.delivery.ownership import Ownership
 from bucketnotify.delivery.queue import Entry, QueueLimits, QueueName
 from bucketnotify.delivery.service import DeliveryService
 from bucketnotify.delivery.stores.localdir import LocalDirStore
+from bucketnotify.delivery.worker import DeliveryPolicy
 from tests.delivery import OwnsEverything, one_shard_runtime
 from tests.kubeapi import UNREACHABLE
 from tests.records import event
@@ -92,7 +94,11 @@ async def start(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Replica
     shard's loop running."""
     cleanups: list[Callable[[], Awaitable[None]]] = []
 
-    async def make(handler: Any = None, ownership: type[OwnsEverything] = Alone) -> Replica:
+    async def make(
+        handler: Any = None,
+        ownership: type[OwnsEverything] = Alone,
+        policy: DeliveryPolicy | None = None,
+    ) -> Replica:
         store = CountingStore(tmp_path / f"q{len(cleanups)}")
         await store.create(QUEUE, 1, QueueLimits())
         api = ApiClient(kopf.ConnectionInfo(server=UNREACHABLE))
@@ -104,7 +110,7 @@ async def start(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Replica
             direct=True,
         )
         endpoint = MockEndpoint(handler) if handler is not None else MockEndpoint()
-        service.topics[("ns", "t")] = one_shard_runtime(QUEUE, endpoint)
+        service.topics[("ns", "t")] = one_shard_runtime(QUEUE, endpoint, policy)
         service.ingest_topics[("ns", "t")] = IngestTopic(QUEUE, TOKEN, 1)
         service._loops[(QUEUE, 0)] = loop = asyncio.create_task(service._shard_loop(("ns", "t"), 0))
         client = TestClient(TestServer(build_app(service.ingest)))
@@ -140,6 +146,8 @@ async def test_an_event_for_an_empty_shard_is_delivered_before_the_answer_and_ne
         assert replica.keys_delivered()[-1] == key  # before the answer, not after
     assert replica.store.commits == 0
     assert await replica.queued() == 0
+    direct = replica.service.metrics.events_direct.labels("ns", "t")._value.get()
+    assert direct == 3
     # Delivered identities are remembered: the gateway's second send of one is not pushed.
     assert await replica.post(event("b")) == 200
     assert replica.keys_delivered() == ["a", "b", "c"]
@@ -172,34 +180,102 @@ async def test_a_failed_direct_push_queues_the_event_and_a_later_one_of_its_obje
     assert replica.store.commits == commits
 
 
-async def test_a_commit_during_a_direct_push_waits_and_a_failed_push_goes_first(
+async def test_a_failed_direct_push_counts_as_the_first_attempt(
     start: Callable[..., Awaitable[Replica]],
 ) -> None:
-    """a2 arrives while a1's direct push hangs; a1's push then fails. a1 must still reach
-    the endpoint before a2: a2 was not queued (nor pushed) until a1 was queued."""
+    """maxRetries: 1 gives an event 2 attempts in all, the direct push one of them."""
+
+    def refuse(delivery: Delivery) -> None:
+        raise RejectedError("down")
+
+    replica = await start(refuse, policy=DeliveryPolicy(max_retries=1))
+    await emptied(replica)
+    assert await replica.post(event("a")) == 200
+    await until(lambda: len(replica.endpoint.batches) >= 2, 5, "the retry from the queue")
+    lost = replica.service.metrics.event_lost.labels("ns", "t")
+    await until(lambda: lost._value.get() == 1, 5, "the event dropped after 2 attempts")
+    assert len(replica.endpoint.batches) == 2
+    assert await replica.queued() == 0
+
+
+def hang_first(fail: bool) -> tuple[asyncio.Event, list[str], Any]:
+    """A handler that holds the first push (a1) until released, then fails it or not."""
     release = asyncio.Event()
     attempts: list[str] = []
 
-    async def hang_then_fail_a1(delivery: Delivery) -> None:
+    async def handler(delivery: Delivery) -> None:
         attempts.append(delivery.record["v"])
         if attempts == ["a1"]:
             await release.wait()
-            raise RejectedError("timed out")
+            if fail:
+                raise RejectedError("timed out")
 
-    replica = await start(hang_then_fail_a1)
+    return release, attempts, handler
+
+
+async def test_a_request_during_a_direct_push_of_its_shard_goes_directly_after_it(
+    start: Callable[..., Awaitable[Replica]],
+) -> None:
+    release, attempts, handler = hang_first(fail=False)
+    replica = await start(handler)
     await emptied(replica)
     first = asyncio.create_task(replica.post(event("a", v="a1", sequencer="1")))
     await until(lambda: attempts == ["a1"], 5, "a1's direct push")
     second = asyncio.create_task(replica.post(event("a", v="a2", sequencer="2")))
     await asyncio.sleep(0.2)
-    assert not second.done()  # its commit waits for a1's push to end
-    assert replica.store.commits == 0
+    assert not second.done()
+    assert attempts == ["a1"]  # a2 waits for a1's push to end
     release.set()
     assert await first == 200
     assert await second == 200
+    assert replica.versions_delivered() == [("a", "a1"), ("a", "a2")]
+    assert replica.store.commits == 0
+
+
+async def test_a_request_waiting_for_a_failed_direct_push_is_queued_after_its_event(
+    start: Callable[..., Awaitable[Replica]],
+) -> None:
+    """a2 arrives while a1's direct push hangs; a1's push then fails. a1 must still reach
+    the endpoint before a2: a2 was not queued (nor pushed) until a1 was queued."""
+    release, attempts, handler = hang_first(fail=True)
+    replica = await start(handler)
+    await emptied(replica)
+    first = asyncio.create_task(replica.post(event("a", v="a1", sequencer="1")))
+    await until(lambda: attempts == ["a1"], 5, "a1's direct push")
+    second = asyncio.create_task(replica.post(event("a", v="a2", sequencer="2")))
+    await asyncio.sleep(0.2)
+    assert not second.done()
+    release.set()
+    assert await first == 200
+    assert await second == 200
+    assert replica.store.commits == 2
     await until(lambda: len(replica.endpoint.delivered) == 2, 5, "a1 and a2 delivered")
     assert replica.versions_delivered() == [("a", "a1"), ("a", "a2")]
     assert attempts == ["a1", "a1", "a2"]
+
+
+async def test_a_commit_during_a_direct_push_waits_for_it(
+    start: Callable[..., Awaitable[Replica]],
+) -> None:
+    """A commit that is no ingest request of one shard (a dead-letter topic's, a request
+    of several shards) waits for the push under way: a1's failure is queued first."""
+    release, attempts, handler = hang_first(fail=True)
+    replica = await start(handler)
+    await emptied(replica)
+    first = asyncio.create_task(replica.post(event("a", v="a1", sequencer="1")))
+    await until(lambda: attempts == ["a1"], 5, "a1's direct push")
+    a2 = event("a", v="a2", sequencer="2")
+    commit = asyncio.create_task(
+        replica.service.ingest.commit(QUEUE, {0: [(event_id(a2), json.dumps(a2).encode())]})
+    )
+    await asyncio.sleep(0.2)
+    assert not commit.done()
+    assert replica.store.commits == 0
+    release.set()
+    assert await first == 200
+    await commit
+    await until(lambda: len(replica.endpoint.delivered) == 2, 5, "a1 and a2 delivered")
+    assert replica.versions_delivered() == [("a", "a1"), ("a", "a2")]
 
 
 async def test_a_replica_that_is_not_alone_queues_every_event(

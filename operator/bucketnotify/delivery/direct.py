@@ -13,7 +13,8 @@ durable, as before: nothing acknowledged is lost.
 Order per object stays, as ``ShardGate`` keeps three things apart on each shard:
 
 - a direct push goes only when the shard's last round left it empty, no commit to it has
-  begun since, and no other direct push or round is under way;
+  begun since, and no round is under way; one waits for the direct push under way on the
+  shard, if any, and goes after it if the shard is still empty then;
 - a commit to the shard first marks it as not empty (no direct push starts after that),
   then waits for a direct push under way to end; the pushing request's own commit of a
   failed event does not wait (it holds the shard), so that event is queued before any
@@ -71,16 +72,16 @@ class ShardGate:
         shard = self._shards.get(unit)
         return shard is not None and shard.empty
 
-    def take(self, unit: Unit) -> bool:
-        """Hold the shard for a direct push, if it is empty and free; ``give_back`` ends it."""
+    async def take(self, unit: Unit) -> bool:
+        """Hold the empty shard for a direct push, after the one under way if there is one
+        (the shard stays empty while it succeeds: waiting costs less than a commit, and
+        events of one object are then pushed one after another); False once the shard is
+        not empty. ``give_back`` ends it."""
         shard = self._shards.get(unit)
-        if (
-            shard is None
-            or not shard.empty
-            or shard.commits
-            or shard.round
-            or shard.pushing is not None
-        ):
+        while shard is not None and shard.empty and shard.pushing is not None:
+            await asyncio.shield(shard.pushing)
+            shard = self._shards.get(unit)
+        if shard is None or not shard.empty or shard.commits or shard.round:
             return False
         shard.pushing = asyncio.get_running_loop().create_future()
         shard.holder = asyncio.current_task()
@@ -146,8 +147,19 @@ class DirectDelivery(Protocol):
         ...
 
     async def push(
-        self, queue: QueueName, shard: int, record: dict[str, Any], event_id: str, body: bytes
+        self,
+        queue: QueueName,
+        shard: int,
+        record: dict[str, Any],
+        event_id: str,
+        body: bytes,
+        ingest_time: float,
     ) -> bool:
         """Push one event (or recognise it as delivered already); True once it needs
         nothing more, False when it must be queued. Counts and records the outcome."""
+        ...
+
+    async def queued(self, queue: QueueName, shard: int, event_id: str) -> None:
+        """The event whose direct push failed is queued now (the shard still held): count
+        that push as its first attempt there. Never raises."""
         ...

@@ -1,8 +1,10 @@
 """The ingest: where the gateway pushes a persistent Topic's events.
 
 ``POST /v1/topics/<namespace>/<topic>/<token>`` with the gateway's ``{"Records": [...]}``.
-The answer is 2xx only after every record is durably committed to the Topic's queue; the
-gateway (or, for hand-off ``sync``, the S3 client) sees any other answer as a failure:
+The answer is 2xx only after every record is durably committed to the Topic's queue, or
+delivered to its endpoint (``delivery.direct``: an event for an empty shard, on a store
+this replica alone writes); the gateway (or, for hand-off ``sync``, the S3 client) sees any
+other answer as a failure:
 
 - 400 the body is not the gateway's JSON; 413 it is larger than ``max_body_bytes``;
 - 404 no such persistent Topic; 403 the token is wrong (compared in constant time). A
@@ -17,7 +19,9 @@ gateway (or, for hand-off ``sync``, the S3 client) sees any other answer as a fa
   before the failure is delivered once, as the gateway's retry of the request is
   recognised by the events' identities.
 
-Nothing is enqueued for any of them: a request reserves room in every shard it touches
+Nothing is enqueued for any of them (events of the request delivered directly before the
+failure stay delivered; the gateway's retry of the request is recognised by their
+identities): a request reserves room in every shard it touches
 before it commits to any. Concurrent requests of one Topic are written together
 (``groupcommit``): one reservation and one commit per shard the group touches, so under
 load one batch file and fsync, or one object, holds the events of several requests, each
@@ -251,7 +255,7 @@ class Ingest:
             by_shard.setdefault(shard, []).append((identity, body))
         if self._direct is not None and len(by_shard) == 1:
             (shard,) = by_shard
-            if self._direct.allowed(topic.queue, shard) and self._direct.gate.take(
+            if self._direct.allowed(topic.queue, shard) and await self._direct.gate.take(
                 (topic.queue, shard)
             ):
                 try:
@@ -274,7 +278,7 @@ class Ingest:
         at = time.time()
         pushed = 0
         for record, identity, body in zip(records, ids, bodies, strict=True):
-            if not await self._direct.push(topic.queue, shard, record, identity, body):
+            if not await self._direct.push(topic.queue, shard, record, identity, body, at):
                 break
             pushed += 1
         if pushed:
@@ -282,11 +286,16 @@ class Ingest:
                 self._recorder.ingested(
                     topic.queue, list(zip(records[:pushed], ids, strict=False)), topic.shards, at
                 )
-            self.metrics.event_triggered.labels(*_labels(topic)).inc(pushed)
+            labels = _labels(topic)
+            self.metrics.event_triggered.labels(*labels).inc(pushed)
+            self.metrics.events_direct.labels(*labels).inc(pushed)
         if pushed == len(records):
             return _committed_answer(len(records))
         rest = {shard: list(zip(ids[pushed:], bodies[pushed:], strict=True))}
-        return await self._commit_and_answer(topic, records[pushed:], ids[pushed:], rest, pushed)
+        answer = await self._commit_and_answer(topic, records[pushed:], ids[pushed:], rest, pushed)
+        if answer.status == 200:
+            await self._direct.queued(topic.queue, shard, ids[pushed])
+        return answer
 
     async def _commit_and_answer(
         self,

@@ -714,19 +714,25 @@ class DeliveryService:
         )
 
     async def push(
-        self, queue: QueueName, shard: int, record: dict[str, Any], event_id: str, body: bytes
+        self,
+        queue: QueueName,
+        shard: int,
+        record: dict[str, Any],
+        event_id: str,
+        body: bytes,
+        ingest_time: float,
     ) -> bool:
         runtime = self.topics.get((queue.namespace, queue.topic))
         if runtime is None or runtime.queue != queue or runtime.endpoint is None:
             return False
         delivered = runtime.delivered.setdefault(shard, DeliveredCache())
-        at = time.time()
+        at = ingest_time
         entry = Entry(id=event_id, event_id=event_id, body=body, ingest_time=at)
         result = RoundResult(listed=1)
         if event_id in delivered:
             # The gateway sent it again (or retried a request it had no answer to).
             result.duplicates = 1
-            result.outcomes.append(EventOutcome(Outcome.DUPLICATE, entry, record, 0, at))
+            result.outcomes.append(EventOutcome(Outcome.DUPLICATE, entry, record, 0, time.time()))
         else:
             endpoint = _Metered(runtime.endpoint, self.metrics, queue)
             (outcome,) = await endpoint.send([Delivery(entry.id, record, body)])
@@ -758,6 +764,29 @@ class DeliveryService:
                 result.errors[0] if result.errors else "no acknowledgement",
             )
         return not result.failed
+
+    async def queued(self, queue: QueueName, shard: int, event_id: str) -> None:
+        runtime = self.topics.get((queue.namespace, queue.topic))
+        if runtime is None or runtime.queue != queue:
+            return
+        try:
+            entries = await self._store.list(queue, shard, LIST_BATCH)
+            failed = [e for e in entries if e.event_id == event_id and not e.attempts]
+            if failed:
+                # As a round would have written it back: maxRetries and retrySleepDuration
+                # count the direct push.
+                not_before = time.time() + runtime.policy.retry_sleep_s
+                await self._store.update(
+                    queue, shard, [replace(failed[-1], attempts=1, not_before=not_before)]
+                )
+        except Exception as exc:
+            log.warning(
+                "%s shard %d: the failed direct push of a queued event is not counted as an"
+                " attempt (it gets one more): %s",
+                queue,
+                shard,
+                exc,
+            )
 
     def _save_soon(self, runtime: TopicRuntime, shard: int, delivered: DeliveredCache) -> None:
         """Save the shard's delivered identities within ``DELIVERED_SAVE_S``: its loop,
