@@ -382,9 +382,11 @@ def test_metrics_count_a_known_workload_exactly(
 ) -> None:
     """Through the gateway, the ingest and a real replica: 5 events to an endpoint that
     acknowledges, 3 to one that is down with maxRetries 2 (3 attempts each, then lost).
-    Every delivery metric has its exact value; the operator counts its reconciles."""
+    Every delivery metric has its exact value; the operator counts its reconciles. Events
+    are queued (direct delivery off), so each is committed once: whether one goes directly
+    depends on whether its shard's first round has run (see the next test)."""
     cluster = delivery_cluster("dir")
-    cluster.start("replica-1", stats_interval_seconds="0.5")
+    cluster.start("replica-1", stats_interval_seconds="0.5", direct_delivery="false")
     port = cluster.ports["replica-1"]
     operator_port = free_port()
     start_operator(ingest_url=f"http://127.0.0.1:{port}", metrics_port=str(operator_port))
@@ -467,6 +469,57 @@ def test_metrics_count_a_known_workload_exactly(
         ) >= len(topics), runs
         timed = get(ops, "bucketnotify_reconcile_seconds_count", kind=kind, action="change")
         assert timed == sum(runs.values()), "every run is timed once"
+
+
+def test_direct_delivery_answers_a_put_only_once_the_endpoint_has_its_event(
+    kubectl: Kubectl,
+    namespace: str,
+    start_operator: StartOperator,
+    delivery_cluster: StartCluster,
+    rgw: LocalService,
+) -> None:
+    """A replica alone on the dir:// store, hand-off sync: each PUT returns after the
+    endpoint acknowledged its event (the ingest pushed it before answering the gateway),
+    and nothing was committed to the queue for it."""
+    cluster = delivery_cluster("dir")
+    cluster.start("replica-1")
+    port = cluster.ports["replica-1"]
+    start_operator(ingest_url=f"http://127.0.0.1:{port}")
+    s3 = s3_client(rgw)
+    url = f"http://127.0.0.1:{port}/metrics"
+    labels = {"namespace": namespace, "topic": "up"}
+
+    def count(found: dict[Any, float], name: str) -> float:
+        return found.get((name, frozenset(labels.items())), 0.0)
+
+    with RecordingHttpServer() as up:
+        (bucket,) = sync_topics(kubectl, namespace, s3, {"up": (up, {})}).values()
+        # Delivered once, the Topic's shards have had their first round (they start
+        # together): from then on they are known to be empty.
+        s3.put_object(Bucket=bucket, Key="warm-up", Body=b"x")
+        wait_until(up.received, bool, 30, "the warm-up event")
+        time.sleep(1)
+        before = scrape(url)
+        for i in range(5):
+            s3.put_object(Bucket=bucket, Key=f"k{i}", Body=b"x")
+            got = [json.loads(r.body)["Records"][0]["s3"]["object"]["key"] for r in up.received()]
+            assert got == [f"k{i}"], "the PUT returned before its event reached the endpoint"
+        after = scrape(url)
+    delta = {
+        name: count(after, name) - count(before, name)
+        for name in (
+            "pubsub_event_triggered_total",
+            "bucketnotify_events_direct_total",
+            "pubsub_push_ok_total",
+            "bucketnotify_ingest_commit_seconds_count",
+        )
+    }
+    assert delta == {
+        "pubsub_event_triggered_total": 5,
+        "bucketnotify_events_direct_total": 5,
+        "pubsub_push_ok_total": 5,
+        "bucketnotify_ingest_commit_seconds_count": 0,
+    }
 
 
 def test_an_event_committed_by_a_replica_that_does_not_own_its_shard_wakes_the_owner(

@@ -4,6 +4,7 @@ queued only when that push fails, in its object's order."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -22,6 +23,8 @@ from bucketnotify.delivery.endpoints.testing import MockEndpoint
 from bucketnotify.delivery.ingest import IngestTopic, build_app, event_id
 from bucketnotify.delivery.ownership import Ownership
 from bucketnotify.delivery.queue import Entry, QueueLimits, QueueName
+from bucketnotify.delivery.record_targets import DirTarget
+from bucketnotify.delivery.recording import Recorder, RecordWriter
 from bucketnotify.delivery.service import DeliveryService
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from bucketnotify.delivery.worker import DeliveryPolicy
@@ -98,6 +101,7 @@ async def start(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Replica
         handler: Any = None,
         ownership: type[OwnsEverything] = Alone,
         policy: DeliveryPolicy | None = None,
+        records: RecordWriter | None = None,
     ) -> Replica:
         store = CountingStore(tmp_path / f"q{len(cleanups)}")
         await store.create(QUEUE, 1, QueueLimits())
@@ -108,6 +112,7 @@ async def start(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Replica
             ownership=cast(Ownership, ownership()),
             namespaces=[],
             direct=True,
+            recorder=Recorder(records, "replica-0") if records is not None else None,
         )
         endpoint = MockEndpoint(handler) if handler is not None else MockEndpoint()
         service.topics[("ns", "t")] = one_shard_runtime(QUEUE, endpoint, policy)
@@ -196,6 +201,42 @@ async def test_a_failed_direct_push_counts_as_the_first_attempt(
     await until(lambda: lost._value.get() == 1, 5, "the event dropped after 2 attempts")
     assert len(replica.endpoint.batches) == 2
     assert await replica.queued() == 0
+
+
+async def test_records_of_direct_pushes_tell_the_same_story_as_queued_ones(
+    start: Callable[..., Awaitable[Replica]], tmp_path: Path
+) -> None:
+    """b goes directly; a's direct push fails, so a is queued and delivered by a round. Each
+    event's records share one ingest time, and a's attempts count on from its direct push."""
+
+    def refuse_a_once(delivery: Delivery) -> None:
+        if delivery.record["s3"]["object"]["key"] == "a" and not refused:
+            refused.append(delivery)
+            raise RejectedError("down for a moment")
+
+    refused: list[Delivery] = []
+    writer = RecordWriter(DirTarget(tmp_path / "records"), replica="replica-0")
+    replica = await start(refuse_a_once, records=writer)
+    await emptied(replica)
+    assert await replica.post(event("b")) == 200
+    assert await replica.post(event("a")) == 200
+    await until(lambda: writer.buffered == 5, 5, "the records of a's round")
+    await writer.flush()
+    found = [
+        json.loads(line)
+        for path in sorted((tmp_path / "records" / "v1").rglob("*"))
+        if path.is_file()
+        for line in gzip.decompress(path.read_bytes()).decode().splitlines()
+    ]
+    story = {
+        key: sorted((r["attempts"], r["outcome"]) for r in found if r["key"] == key) for key in "ab"
+    }
+    assert story == {
+        "a": [(0, "ingested"), (1, "failed"), (2, "delivered")],
+        "b": [(0, "ingested"), (1, "delivered")],
+    }
+    for key in "ab":
+        assert len({r["ingest_time"] for r in found if r["key"] == key}) == 1
 
 
 def hang_first(fail: bool) -> tuple[asyncio.Event, list[str], Any]:

@@ -159,7 +159,8 @@ class DirectDelivery(Protocol):
         nothing more, False when it must be queued. Counts and records the outcome."""
         ...
 
-    async def queued(self, queue: QueueName, shard: int, event_id: str) -> None:
-        """The event whose direct push failed is queued now (the shard still held): count
-        that push as its first attempt there. Never raises."""
+    async def queued(self, queue: QueueName, shard: int, event_id: str, committed: bool) -> None:
+        """After the commit of an event whose direct push failed (the shard still held):
+        when ``committed``, count that push as its first attempt in the queue, and record
+        it. Never raises."""
         ...

@@ -293,8 +293,7 @@ class Ingest:
             return _committed_answer(len(records))
         rest = {shard: list(zip(ids[pushed:], bodies[pushed:], strict=True))}
         answer = await self._commit_and_answer(topic, records[pushed:], ids[pushed:], rest, pushed)
-        if answer.status == 200:
-            await self._direct.queued(topic.queue, shard, ids[pushed])
+        await self._direct.queued(topic.queue, shard, ids[pushed], answer.status == 200)
         return answer
 
     async def _commit_and_answer(

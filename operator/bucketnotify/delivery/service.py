@@ -305,6 +305,8 @@ class DeliveryService:
         self._saves: dict[tuple[QueueName, int], asyncio.TimerHandle] = {}
         """Shards whose directly delivered identities are to be saved (``_save_soon``)."""
         self._saving: set[asyncio.Task[None]] = set()
+        self._direct_failed: dict[tuple[QueueName, int, str], EventOutcome] = {}
+        """Failed direct pushes of events being committed, recorded once they are."""
 
     def app(self) -> web.Application:
         app = build_app(self.ingest, self.unready)
@@ -744,17 +746,16 @@ class DeliveryService:
                 result.outcomes.append(EventOutcome(Outcome.DELIVERED, entry, record, 1, acked_at))
                 self._save_soon(runtime, shard, delivered)
             else:
-                # Queued next, where the rounds retry it: its 1 + maxRetries attempts are
-                # counted from there, the queue's own.
+                # Recorded once it is queued (``queued``), with the ingest time it gets there.
                 result.failed = 1
                 if outcome.error:
                     result.errors.append(outcome.error)
-                result.outcomes.append(
-                    EventOutcome(Outcome.FAILED, entry, record, 1, acked_at, outcome.error)
+                self._direct_failed[(queue, shard, event_id)] = EventOutcome(
+                    Outcome.FAILED, entry, record, 1, acked_at, outcome.error
                 )
         self._count(queue, result)
         self.events.round_done(queue, result)
-        if self._recorder is not None:
+        if self._recorder is not None and result.outcomes:
             self._recorder.round(queue, shard, runtime.endpoint_kind, result)
         if result.failed:
             log.info(
@@ -765,20 +766,23 @@ class DeliveryService:
             )
         return not result.failed
 
-    async def queued(self, queue: QueueName, shard: int, event_id: str) -> None:
+    async def queued(self, queue: QueueName, shard: int, event_id: str, committed: bool) -> None:
+        failed = self._direct_failed.pop((queue, shard, event_id), None)
         runtime = self.topics.get((queue.namespace, queue.topic))
-        if runtime is None or runtime.queue != queue:
+        if not committed or runtime is None or runtime.queue != queue:
             return
         try:
             entries = await self._store.list(queue, shard, LIST_BATCH)
-            failed = [e for e in entries if e.event_id == event_id and not e.attempts]
-            if failed:
-                # As a round would have written it back: maxRetries and retrySleepDuration
-                # count the direct push.
-                not_before = time.time() + runtime.policy.retry_sleep_s
-                await self._store.update(
-                    queue, shard, [replace(failed[-1], attempts=1, not_before=not_before)]
-                )
+            found = [e for e in entries if e.event_id == event_id and not e.attempts]
+            if not found:
+                return
+            # As a round would have written it back: maxRetries and retrySleepDuration count
+            # the direct push.
+            entry = replace(
+                found[-1], attempts=1, not_before=time.time() + runtime.policy.retry_sleep_s
+            )
+            await self._store.update(queue, shard, [entry])
+            self.metrics.push_retries.labels(queue.namespace, queue.topic).inc()
         except Exception as exc:
             log.warning(
                 "%s shard %d: the failed direct push of a queued event is not counted as an"
@@ -786,6 +790,14 @@ class DeliveryService:
                 queue,
                 shard,
                 exc,
+            )
+            return
+        if failed is not None and self._recorder is not None:
+            self._recorder.round(
+                queue,
+                shard,
+                runtime.endpoint_kind,
+                RoundResult(outcomes=[replace(failed, entry=entry)]),
             )
 
     def _save_soon(self, runtime: TopicRuntime, shard: int, delivered: DeliveredCache) -> None:
