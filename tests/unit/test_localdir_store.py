@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import json
 import multiprocessing
@@ -24,7 +25,12 @@ from bucketnotify.delivery.queue import (
     Reservation,
     ShardStats,
 )
-from bucketnotify.delivery.stores.localdir import INLINE_FILES, TMP_MAX_AGE_S, LocalDirStore
+from bucketnotify.delivery.stores.localdir import (
+    INLINE_FILES,
+    TMP_MAX_AGE_S,
+    LocalDirStore,
+    _in_queue_dir,
+)
 from tests.queue_contract import NOW, QUEUE, QueueStoreContract, Reopen, bodies, put
 
 
@@ -587,3 +593,37 @@ async def test_a_list_of_many_batch_files_reads_them_in_a_thread(
     await store.remove(QUEUE, 0, [e.id for e in listed])
     assert "_read" in in_threads
     assert await store.list(QUEUE, 0) == []
+
+
+async def test_a_request_whose_write_fails_in_one_shard_is_queued_in_none(tmp_path: Path) -> None:
+    """A full disk mid-request: the batch that fits is not placed either (all shards or
+    none), nothing is left behind, and the request's reservations give their room back."""
+    store = LocalDirStore(tmp_path)
+    await store.create(QUEUE, 2, QueueLimits())
+    real = store._ring.write_all
+
+    async def write_all(fd: int, data: bytes) -> None:
+        if b"no-room" in data:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        await real(fd, data)
+
+    store._ring.write_all = write_all  # type: ignore[method-assign]
+    fits = await store.reserve(QUEUE, 0, 1, 100, NOW)
+    full = await store.reserve(QUEUE, 1, 1, 100, NOW)
+    outcomes = await store.commit_together(
+        [(fits, [("a", b'{"k":"fits"}')]), (full, [("b", b'{"k":"no-room"}')])], NOW
+    )
+    assert [type(o) for o in outcomes] == [OSError, OSError]
+    for reservation in (fits, full):
+        await store.abort(reservation)
+    assert await store.list(QUEUE, 0) == [] and await store.list(QUEUE, 1) == []
+    stats = await store.stats(QUEUE, NOW)
+    assert (stats.entries, stats.reservations) == (0, 0)
+    assert list(_in_queue_dir(tmp_path, QUEUE, ".tmp").iterdir()) == []
+
+    both = [await store.reserve(QUEUE, shard, 1, 100, NOW) for shard in (0, 1)]
+    outcomes = await store.commit_together(
+        [(both[0], [("a", b'{"k":"fits"}')]), (both[1], [("c", b'{"k":"fits too"}')])], NOW
+    )
+    assert [[e.event_id for e in o] for o in outcomes if isinstance(o, list)] == [["a"], ["c"]]
+    assert (await store.stats(QUEUE, NOW)).entries == 2

@@ -49,7 +49,15 @@ from aiohttp import web
 from bucketnotify import compact_json
 from bucketnotify.delivery.direct import DirectDelivery
 from bucketnotify.delivery.groupcommit import GroupCommit
-from bucketnotify.delivery.queue import QueueFull, QueueName, QueueStore, Reservation, shard_of
+from bucketnotify.delivery.queue import (
+    CommitsTogether,
+    Entry,
+    QueueFull,
+    QueueName,
+    QueueStore,
+    Reservation,
+    shard_of,
+)
 from bucketnotify.delivery.recording import Recorder
 from bucketnotify.gateway.errors import GatewayError
 from bucketnotify.metrics import DeliveryMetrics
@@ -173,12 +181,18 @@ class Ingest:
         reservations = [r for r in reserved if isinstance(r, Reservation)]
         # A commit that fails after another succeeded leaves those events queued; the
         # gateway then sends the whole body again and the duplicates are recognised by
-        # their identity when delivered: a duplicate, never a loss.
+        # their identity when delivered: a duplicate, never a loss. A store that commits
+        # together fails them all instead when a write fails (a full disk).
         committed_at = time.time()
         try:
-            outcomes = await _settled(
-                [self.store.commit(r, by_shard[r.shard], committed_at) for r in reservations]
-            )
+            if len(reservations) > 1 and isinstance(self.store, CommitsTogether):
+                outcomes: list[list[Entry] | BaseException] = await self.store.commit_together(
+                    [(r, by_shard[r.shard]) for r in reservations], committed_at
+                )
+            else:
+                outcomes = await _settled(
+                    [self.store.commit(r, by_shard[r.shard], committed_at) for r in reservations]
+                )
             failed = [
                 (r, o)
                 for r, o in zip(reservations, outcomes, strict=True)

@@ -14,9 +14,10 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 __all__ = [
+    "CommitsTogether",
     "Entry",
     "EventIds",
     "QueueFull",
@@ -201,3 +202,17 @@ class QueueStore(Protocol):
 
     async def aclose(self) -> None:
         """Let go of connections and the like; a store used again afterwards reopens them."""
+
+
+@runtime_checkable
+class CommitsTogether(Protocol):
+    """A store that can commit one request's events to several shards all or none, as far
+    as its own failures go (the local-dir store: a full disk fails every batch before any
+    is placed). Without it, a commit that fails after another succeeded leaves those
+    events queued."""
+
+    async def commit_together(
+        self, commits: Sequence[tuple[Reservation, Sequence[tuple[str, bytes]]]], now: float
+    ) -> list[list[Entry] | BaseException]:
+        """``commit`` of each; the outcomes in order, failures as exceptions."""
+        ...

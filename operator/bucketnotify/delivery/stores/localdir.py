@@ -74,6 +74,7 @@ these on the loop 12-21 % less than the run beside it).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import functools
@@ -87,6 +88,7 @@ import uuid
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from bucketnotify.delivery.queue import (
     Entry,
@@ -188,15 +190,57 @@ class LocalDirStore:
         self, reservation: Reservation, events: Sequence[tuple[str, bytes]], now: float
     ) -> list[Entry]:
         events = list(events)
+        tmp = await self._prepare(reservation, events, now)
+        return await self._finish(reservation, events, now, tmp)
+
+    async def commit_together(
+        self, commits: Sequence[tuple[Reservation, Sequence[tuple[str, bytes]]]], now: float
+    ) -> list[list[Entry] | BaseException]:
+        """``commit`` to several shards (one ingest request's), all or none as far as the
+        disk goes: every batch is written and fsynced before any is placed, so a write that
+        fails (a full disk) fails them all and none is queued. The outcomes in order, as
+        ``gather(..., return_exceptions=True)`` gives them; a reservation whose commit
+        failed is not released (``abort`` it)."""
+        batches = [(reservation, list(events)) for reservation, events in commits]
+        writes = await asyncio.gather(
+            *(self._prepare(r, events, now) for r, events in batches), return_exceptions=True
+        )
+        failure = next((w for w in writes if isinstance(w, BaseException)), None)
+        if failure is not None:
+            for written in writes:
+                if isinstance(written, str):
+                    _unlink(written)
+            return [w if isinstance(w, BaseException) else failure for w in writes]
+        return await asyncio.gather(
+            *(
+                self._finish(r, events, now, cast(str | None, tmp))
+                for (r, events), tmp in zip(batches, writes, strict=True)
+            ),
+            return_exceptions=True,
+        )
+
+    async def _prepare(
+        self, reservation: Reservation, events: list[tuple[str, bytes]], now: float
+    ) -> str | None:
+        """The batch of ``events`` written and fsynced aside; None for no events."""
         check_commit(reservation, events)
         if not events:
+            return None
+        # The body does not depend on the batch id, so the slow part (write and fsync) needs
+        # no lock; only choosing the id and the rename do.
+        return await self._write_durably(
+            reservation.queue, encode_batch(new_entries("", events, now))
+        )
+
+    async def _finish(
+        self, reservation: Reservation, events: list[tuple[str, bytes]], now: float, tmp: str | None
+    ) -> list[Entry]:
+        """The prepared batch placed in its shard, durably; the reservation released."""
+        if tmp is None:
             self._release(reservation)
             return []
         queue, shard = reservation.queue, reservation.shard
         directory = self._shard_dir(queue, shard)
-        # The body does not depend on the batch id, so the slow part (write and fsync) needs
-        # no lock; only choosing the id and the rename do.
-        tmp = await self._write_durably(queue, encode_batch(new_entries("", events, now)))
         try:
             try:
                 entries = self._place(reservation, events, now, tmp, wait=False)
