@@ -306,8 +306,14 @@ class Ingest:
         if pushed == len(records):
             return _committed_answer(len(records))
         rest = {shard: list(zip(ids[pushed:], bodies[pushed:], strict=True))}
-        answer = await self._commit_and_answer(topic, records[pushed:], ids[pushed:], rest, pushed)
-        await self._direct.queued(topic.queue, shard, ids[pushed], answer.status == 200)
+        answer: web.Response | None = None
+        try:
+            answer = await self._commit_and_answer(
+                topic, records[pushed:], ids[pushed:], rest, pushed
+            )
+        finally:
+            committed = answer is not None and answer.status == 200
+            await self._direct.queued(topic.queue, shard, ids[pushed], committed)
         return answer
 
     async def _commit_and_answer(

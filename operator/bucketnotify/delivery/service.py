@@ -759,7 +759,7 @@ class DeliveryService:
             self._recorder.round(queue, shard, runtime.endpoint_kind, result)
         if result.failed:
             log.info(
-                "%s shard %d: direct push failed, event queued: %s",
+                "%s shard %d: direct push failed, queueing the event: %s",
                 queue,
                 shard,
                 result.errors[0] if result.errors else "no acknowledgement",
