@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from bucketnotify.apiserver import ApiClient
 from bucketnotify.delivery.endpoints.base import Delivery
-from bucketnotify.delivery.endpoints.errors import RejectedError
+from bucketnotify.delivery.endpoints.errors import RejectedError, UndeliverableError
 from bucketnotify.delivery.endpoints.testing import MockEndpoint
 from bucketnotify.delivery.ingest import IngestTopic, build_app, event_id
 from bucketnotify.delivery.ownership import Ownership
@@ -203,16 +203,20 @@ async def test_a_failed_direct_push_counts_as_the_first_attempt(
     assert await replica.queued() == 0
 
 
-async def test_records_of_direct_pushes_tell_the_same_story_as_queued_ones(
+async def test_records_of_direct_pushes_tell_the_same_story_as_rounds_do(
     start: Callable[..., Awaitable[Replica]], tmp_path: Path
 ) -> None:
-    """b goes directly; a's direct push fails, so a is queued and delivered by a round. Each
-    event's records share one ingest time, and a's attempts count on from its direct push."""
+    """b goes directly; a's direct push fails, so a is queued and delivered by a round; c is
+    refused for good and dropped. Each event's records share one ingest time, none comes
+    before it, and a's attempts count on from its direct push."""
 
     def refuse_a_once(delivery: Delivery) -> None:
-        if delivery.record["s3"]["object"]["key"] == "a" and not refused:
+        key = delivery.record["s3"]["object"]["key"]
+        if key == "a" and not refused:
             refused.append(delivery)
             raise RejectedError("down for a moment")
+        if key == "c":
+            raise UndeliverableError("too large")
 
     refused: list[Delivery] = []
     writer = RecordWriter(DirTarget(tmp_path / "records"), replica="replica-0")
@@ -220,7 +224,8 @@ async def test_records_of_direct_pushes_tell_the_same_story_as_queued_ones(
     await emptied(replica)
     assert await replica.post(event("b")) == 200
     assert await replica.post(event("a")) == 200
-    await until(lambda: writer.buffered == 5, 5, "the records of a's round")
+    assert await replica.post(event("c")) == 200
+    await until(lambda: writer.buffered == 7, 5, "the records of a's round")
     await writer.flush()
     found = [
         json.loads(line)
@@ -229,14 +234,20 @@ async def test_records_of_direct_pushes_tell_the_same_story_as_queued_ones(
         for line in gzip.decompress(path.read_bytes()).decode().splitlines()
     ]
     story = {
-        key: sorted((r["attempts"], r["outcome"]) for r in found if r["key"] == key) for key in "ab"
+        key: sorted((r["attempts"], r["outcome"]) for r in found if r["key"] == key)
+        for key in "abc"
     }
     assert story == {
         "a": [(0, "ingested"), (1, "failed"), (2, "delivered")],
         "b": [(0, "ingested"), (1, "delivered")],
+        # Refused for good: dropped at once, as a round would, not pushed again.
+        "c": [(0, "ingested"), (1, "rejected")],
     }
-    for key in "ab":
+    for key in "abc":
         assert len({r["ingest_time"] for r in found if r["key"] == key}) == 1
+    assert all(r["ingest_time"] <= r["outcome_time"] for r in found)
+    assert len(replica.endpoint.batches) == 4  # b, a, a again, c
+    assert replica.service.metrics.event_lost.labels("ns", "t")._value.get() == 1
 
 
 def hang_first(fail: bool) -> tuple[asyncio.Event, list[str], Any]:

@@ -7,8 +7,9 @@ the ingest holds is the only one of its shard. So when this replica owns the sha
 other process writes its queues (the ``dir://`` store with one replica), the ingest pushes
 the event itself and answers the gateway once the endpoint has acknowledged it; only when
 the push fails is the event committed to the queue, still within the same request, and the
-shard's rounds retry it. Either way the gateway's 2xx means the event is delivered or
-durable, as before: nothing acknowledged is lost.
+shard's rounds retry it (an event the endpoint refuses for good is dropped at once, as a
+round would drop it). Either way the gateway's 2xx means the event is delivered or durable,
+as before: nothing acknowledged is lost.
 
 Order per object stays, as ``ShardGate`` keeps three things apart on each shard:
 

@@ -300,9 +300,7 @@ class Ingest:
                 self._recorder.ingested(
                     topic.queue, list(zip(records[:pushed], ids, strict=False)), topic.shards, at
                 )
-            labels = _labels(topic)
-            self.metrics.event_triggered.labels(*labels).inc(pushed)
-            self.metrics.events_direct.labels(*labels).inc(pushed)
+            self.metrics.event_triggered.labels(*_labels(topic)).inc(pushed)
         if pushed == len(records):
             return _committed_answer(len(records))
         rest = {shard: list(zip(ids[pushed:], bodies[pushed:], strict=True))}

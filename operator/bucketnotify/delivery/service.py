@@ -745,7 +745,7 @@ class DeliveryService:
                 delivered.add(event_id)
                 result.outcomes.append(EventOutcome(Outcome.DELIVERED, entry, record, 1, acked_at))
                 self._save_soon(runtime, shard, delivered)
-            else:
+            elif outcome.retryable or not await self._drop(runtime, entry, record, outcome, result):
                 # Recorded once it is queued (``queued``), with the ingest time it gets there.
                 result.failed = 1
                 if outcome.error:
@@ -757,6 +757,10 @@ class DeliveryService:
         self.events.round_done(queue, result)
         if self._recorder is not None and result.outcomes:
             self._recorder.round(queue, shard, runtime.endpoint_kind, result)
+        if result.delivered or result.duplicates:
+            self.metrics.events_direct.labels(queue.namespace, queue.topic).inc()
+        if result.expired:
+            _log_lost(queue, shard, result)
         if result.failed:
             log.info(
                 "%s shard %d: direct push failed, queueing the event: %s",
@@ -765,6 +769,39 @@ class DeliveryService:
                 result.errors[0] if result.errors else "no acknowledgement",
             )
         return not result.failed
+
+    async def _drop(
+        self,
+        runtime: TopicRuntime,
+        entry: Entry,
+        record: dict[str, Any],
+        outcome: PushOutcome,
+        result: RoundResult,
+    ) -> bool:
+        """A direct push that retrying cannot help: the event goes to the dead-letter topic,
+        or is lost, as a round would drop it; False when the dead-letter topic refuses it
+        (then it is queued, and the rounds offer it again)."""
+        sink = self._dead_letter_sink(runtime)
+        if sink is None:
+            result.expired = 1
+            dropped = Outcome.REJECTED
+        else:
+            try:
+                await sink([entry])
+            except Exception as exc:
+                log.warning(
+                    "%s: dead-letter topic refused an undeliverable event, queueing it: %s",
+                    runtime.queue,
+                    exc,
+                )
+                return False
+            result.dead_lettered = 1
+            dropped = Outcome.DEAD_LETTERED
+        result.rejected = 1
+        if outcome.error:
+            result.errors.append(outcome.error)
+        result.outcomes.append(EventOutcome(dropped, entry, record, 1, time.time(), outcome.error))
+        return True
 
     async def queued(self, queue: QueueName, shard: int, event_id: str, committed: bool) -> None:
         failed = self._direct_failed.pop((queue, shard, event_id), None)
@@ -793,11 +830,10 @@ class DeliveryService:
             )
             return
         if failed is not None and self._recorder is not None:
+            # Dated when queued: a record's outcome never comes before its ingest time.
+            queued = replace(failed, entry=entry, at=max(failed.at, entry.ingest_time))
             self._recorder.round(
-                queue,
-                shard,
-                runtime.endpoint_kind,
-                RoundResult(outcomes=[replace(failed, entry=entry)]),
+                queue, shard, runtime.endpoint_kind, RoundResult(outcomes=[queued])
             )
 
     def _save_soon(self, runtime: TopicRuntime, shard: int, delivered: DeliveredCache) -> None:
