@@ -806,8 +806,8 @@ class DeliveryService:
     async def queued(self, queue: QueueName, shard: int, event_id: str, committed: bool) -> None:
         failed = self._direct_failed.pop((queue, shard, event_id), None)
         runtime = self.topics.get((queue.namespace, queue.topic))
-        if not committed or runtime is None or runtime.queue != queue:
-            return
+        if failed is None or not committed or runtime is None or runtime.queue != queue:
+            return  # no push was made (no endpoint), or nothing was queued
         try:
             entries = await self._store.list(queue, shard, LIST_BATCH)
             found = [e for e in entries if e.event_id == event_id and not e.attempts]
@@ -829,7 +829,7 @@ class DeliveryService:
                 exc,
             )
             return
-        if failed is not None and self._recorder is not None:
+        if self._recorder is not None:
             # Dated when queued: a record's outcome never comes before its ingest time.
             queued = replace(failed, entry=entry, at=max(failed.at, entry.ingest_time))
             self._recorder.round(
