@@ -82,7 +82,8 @@ class ShardGate:
         while shard is not None and shard.empty and shard.pushing is not None:
             await asyncio.shield(shard.pushing)
             shard = self._shards.get(unit)
-        if shard is None or not shard.empty or shard.commits or shard.round:
+        # A commit under way has made the shard not empty (``committing``).
+        if shard is None or not shard.empty or shard.round:
             return False
         shard.pushing = asyncio.get_running_loop().create_future()
         shard.holder = asyncio.current_task()

@@ -728,8 +728,7 @@ class DeliveryService:
         if runtime is None or runtime.queue != queue or runtime.endpoint is None:
             return False
         delivered = runtime.delivered.setdefault(shard, DeliveredCache())
-        at = ingest_time
-        entry = Entry(id=event_id, event_id=event_id, body=body, ingest_time=at)
+        entry = Entry(id=event_id, event_id=event_id, body=body, ingest_time=ingest_time)
         result = RoundResult(listed=1)
         if event_id in delivered:
             # The gateway sent it again (or retried a request it had no answer to).
@@ -741,7 +740,7 @@ class DeliveryService:
             acked_at = time.time()
             if outcome.ok:
                 result.delivered = 1
-                result.latencies.append(acked_at - at)
+                result.latencies.append(acked_at - ingest_time)
                 delivered.add(event_id)
                 result.outcomes.append(EventOutcome(Outcome.DELIVERED, entry, record, 1, acked_at))
                 self._save_soon(runtime, shard, delivered)
