@@ -17,6 +17,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from bucketnotify.apiserver import ApiClient
+from bucketnotify.delivery.direct import ShardGate
 from bucketnotify.delivery.endpoints.base import Delivery
 from bucketnotify.delivery.endpoints.errors import RejectedError, UndeliverableError
 from bucketnotify.delivery.endpoints.testing import MockEndpoint
@@ -267,6 +268,7 @@ async def test_a_request_during_a_direct_push_of_its_shard_goes_directly_after_i
 ) -> None:
     release, attempts, handler = hang_first(fail=False)
     replica = await start(handler)
+    replica.service.gate.wait_budget_s = 30  # a2 waits however slow this machine is
     await emptied(replica)
     first = asyncio.create_task(replica.post(event("a", v="a1", sequencer="1")))
     await until(lambda: attempts == ["a1"], 5, "a1's direct push")
@@ -288,6 +290,7 @@ async def test_a_request_waiting_for_a_failed_direct_push_is_queued_after_its_ev
     the endpoint before a2: a2 was not queued (nor pushed) until a1 was queued."""
     release, attempts, handler = hang_first(fail=True)
     replica = await start(handler)
+    replica.service.gate.wait_budget_s = 30
     await emptied(replica)
     first = asyncio.create_task(replica.post(event("a", v="a1", sequencer="1")))
     await until(lambda: attempts == ["a1"], 5, "a1's direct push")
@@ -301,6 +304,82 @@ async def test_a_request_waiting_for_a_failed_direct_push_is_queued_after_its_ev
     await until(lambda: len(replica.endpoint.delivered) == 2, 5, "a1 and a2 delivered")
     assert replica.versions_delivered() == [("a", "a1"), ("a", "a2")]
     assert attempts == ["a1", "a1", "a2"]
+
+
+async def test_requests_behind_a_slow_direct_push_are_queued_not_lined_up(
+    start: Callable[..., Awaitable[Replica]],
+) -> None:
+    """a1's push hangs past the wait budget: b and c, arriving then, are committed and
+    answered as soon as a1's push ends, rather than each waiting for the pushes before it;
+    the rounds push them."""
+    release = {key: asyncio.Event() for key in "abc"}
+    attempts: list[str] = []
+
+    async def hold(delivery: Delivery) -> None:
+        key = delivery.record["s3"]["object"]["key"]
+        attempts.append(key)
+        await release[key].wait()
+
+    replica = await start(hold)
+    await emptied(replica)
+    first = asyncio.create_task(replica.post(event("a")))
+    await until(lambda: attempts == ["a"], 5, "a's direct push")
+    await asyncio.sleep(replica.service.gate.wait_budget_s * 2)
+    later = [asyncio.create_task(replica.post(event(key))) for key in "bc"]
+    await asyncio.sleep(0.2)
+    assert not any(task.done() for task in later)  # a's push decides a's place first
+    release["a"].set()
+    assert await first == 200
+    # Answered while b's and c's pushes are still held: they were queued, not pushed.
+    assert await asyncio.wait_for(asyncio.gather(*later), 5) == [200, 200]
+    assert replica.store.commits >= 1
+    assert replica.service.metrics.events_direct.labels("ns", "t")._value.get() == 1
+    release["b"].set()
+    release["c"].set()
+    await until(lambda: sorted(replica.keys_delivered()) == ["a", "b", "c"], 5, "b and c")
+    assert await replica.queued() == 0
+
+
+async def empty_gate(budget_s: float) -> tuple[ShardGate, tuple[QueueName, int]]:
+    gate = ShardGate(wait_budget_s=budget_s)
+    unit = (QUEUE, 0)
+    gate.round_ended(unit, await gate.round_starts(unit), left_empty=True)
+    return gate, unit
+
+
+async def direct_push(gate: ShardGate, unit: tuple[QueueName, int], held_s: float) -> None:
+    assert await gate.take(unit)
+    await asyncio.sleep(held_s)
+    gate.give_back(unit)
+
+
+async def test_a_request_waits_only_for_as_many_pushes_as_fit_the_budget() -> None:
+    """Pushes of 0.3 s, a budget of 0.7 s: two requests wait behind the push under way
+    (0.3 and 0.6 s ahead), the third would have 0.9 s ahead and is committed instead."""
+    gate, unit = await empty_gate(budget_s=0.7)
+    await direct_push(gate, unit, held_s=0.3)
+    holder = asyncio.create_task(direct_push(gate, unit, held_s=0.3))
+    await asyncio.sleep(0)
+    waiters = [asyncio.create_task(gate.take(unit)) for _ in range(2)]
+    await asyncio.sleep(0)
+    assert await asyncio.wait_for(gate.take(unit), 0.1) is False
+    assert not any(task.done() for task in waiters)
+    await holder
+    # One waiter holds the shard now; the other waits behind it.
+    taken = await asyncio.wait_for(asyncio.wait(waiters, timeout=0.1), 1)
+    assert [task.result() for task in taken[0]] == [True]
+    gate.give_back(unit)
+    assert await asyncio.wait_for(asyncio.gather(*waiters), 1) == [True, True]
+    gate.give_back(unit)
+
+
+async def test_after_a_slow_push_a_request_does_not_wait_for_the_next() -> None:
+    gate, unit = await empty_gate(budget_s=0.05)
+    await direct_push(gate, unit, held_s=0.2)
+    assert await gate.take(unit)  # the first request of an empty shard always goes
+    assert await asyncio.wait_for(gate.take(unit), 0.1) is False
+    gate.give_back(unit)
+    assert await gate.take(unit)
 
 
 async def test_a_commit_during_a_direct_push_waits_for_it(

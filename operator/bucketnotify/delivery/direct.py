@@ -15,7 +15,8 @@ Order per object stays, as ``ShardGate`` keeps three things apart on each shard:
 
 - a direct push goes only when the shard's last round left it empty, no commit to it has
   begun since, and no round is under way; one waits for the direct push under way on the
-  shard, if any, and goes after it if the shard is still empty then;
+  shard, if any, and goes after it if the shard is still empty then, unless the wait
+  would be long (``WAIT_BUDGET_S``): then it is committed (after that push, see below);
 - a commit to the shard first marks it as not empty (no direct push starts after that),
   then waits for a direct push under way to end; the pushing request's own commit of a
   failed event does not wait (it holds the shard), so that event is queued before any
@@ -30,6 +31,7 @@ sending the next); requests that wait for the shard are answered in their own ti
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -37,9 +39,21 @@ from typing import Any, Protocol
 
 from bucketnotify.delivery.queue import QueueName
 
-__all__ = ["DirectDelivery", "ShardGate"]
+__all__ = ["WAIT_BUDGET_S", "DirectDelivery", "ShardGate"]
 
 Unit = tuple[QueueName, int]
+
+WAIT_BUDGET_S = 0.05
+"""The longest a request expects to wait for the direct pushes ahead of it on its shard
+before it commits its event instead. Waiting is cheaper than a commit while the endpoint
+is quick (a few ms a push: the line rarely gets longer than this); behind a slow endpoint
+the waits would add up push after push, each request answered later than the one before,
+while a commit waits only for the push under way and leaves the rest to the rounds, which
+push different objects' events together."""
+
+_PUSH_TIME_WEIGHT = 0.25
+"""Weight of the latest direct push in a shard's push time (a moving average: one slow
+push makes the next requests commit, a few quick ones let them wait again)."""
 
 
 @dataclass
@@ -54,13 +68,20 @@ class _Shard:
     pushing: asyncio.Future[None] | None = None
     """Set while a direct push (and the commit of its event, if it failed) is under way."""
     holder: asyncio.Task[Any] | None = None
+    started: float = 0.0
+    """When the push under way began (monotonic)."""
+    waiting: int = 0
+    """Requests waiting for the push under way to go after it."""
+    push_s: float = 0.0
+    """Recent time a direct push held the shard (moving average; 0 before the first)."""
 
 
 class ShardGate:
     """Order between direct pushes, commits and rounds, per shard (see the module)."""
 
-    def __init__(self) -> None:
+    def __init__(self, wait_budget_s: float = WAIT_BUDGET_S) -> None:
         self._shards: dict[Unit, _Shard] = {}
+        self.wait_budget_s = wait_budget_s
 
     def _of(self, unit: Unit) -> _Shard:
         shard = self._shards.get(unit)
@@ -75,23 +96,45 @@ class ShardGate:
 
     async def take(self, unit: Unit) -> bool:
         """Hold the empty shard for a direct push, after the one under way if there is one
-        (the shard stays empty while it succeeds: waiting costs less than a commit, and
-        events of one object are then pushed one after another); False once the shard is
-        not empty. ``give_back`` ends it."""
+        and it should end soon (the shard stays empty while it succeeds: a short wait costs
+        less than a commit, and events of one object are then pushed one after another);
+        False once the shard is not empty or the wait would be long. ``give_back`` ends
+        it."""
         shard = self._shards.get(unit)
         while shard is not None and shard.empty and shard.pushing is not None:
-            await asyncio.shield(shard.pushing)
+            if not self._worth_waiting(shard):
+                return False
+            shard.waiting += 1
+            try:
+                await asyncio.shield(shard.pushing)
+            finally:
+                shard.waiting -= 1
             shard = self._shards.get(unit)
         # A commit under way has made the shard not empty (``committing``).
         if shard is None or not shard.empty or shard.round:
             return False
         shard.pushing = asyncio.get_running_loop().create_future()
         shard.holder = asyncio.current_task()
+        shard.started = time.monotonic()
         return True
+
+    def _worth_waiting(self, shard: _Shard) -> bool:
+        """Whether the pushes ahead (the one under way, and one for each request already
+        waiting) should end within the budget. A push under way longer than the budget
+        says the endpoint is slow now, whatever it was before."""
+        age = time.monotonic() - shard.started
+        ahead = max(shard.push_s - age, 0.0) + shard.waiting * shard.push_s
+        return age < self.wait_budget_s and ahead < self.wait_budget_s
 
     def give_back(self, unit: Unit) -> None:
         shard = self._shards[unit]
         if shard.pushing is not None:
+            took = time.monotonic() - shard.started
+            shard.push_s = (
+                took
+                if not shard.push_s
+                else shard.push_s + _PUSH_TIME_WEIGHT * (took - shard.push_s)
+            )
             shard.pushing.set_result(None)
         shard.pushing = shard.holder = None
 
