@@ -57,6 +57,7 @@ from bench.kube import (
 )
 from bench.proxy import RoundRobinProxy
 from bench.receiver import Receiver
+from bench.relay import Relay
 from bench.workload import (
     WARMUP_PREFIX,
     Collector,
@@ -82,7 +83,7 @@ OPERATOR_LEASE = "bucketnotify-operator"
 class Scenario:
     name: str
     summary: str
-    stack: Literal["gateway", "bucketnotify"]
+    stack: Literal["gateway", "relay", "bucketnotify"]
     persistent: bool
     """gateway: the gateway topic's ``persistent``; bucketnotify: hand-off ``persistent``."""
     store: Literal["dir", "s3"] = "dir"
@@ -95,6 +96,12 @@ def scenarios(s3_replicas: int) -> dict[str, Scenario]:
             "gateway-sync", "gateway pushes to the endpoint, non-persistent", "gateway", False
         ),
         Scenario("gateway-persistent", "gateway's own persistent queue", "gateway", True),
+        Scenario(
+            "relay-sync",
+            "gateway pushes through a relay that only forwards (the floor of one hop)",
+            "relay",
+            False,
+        ),
         Scenario(
             "bucketnotify-sync", "hand-off sync, local-dir store, 1 replica", "bucketnotify", False
         ),
@@ -192,6 +199,7 @@ class Stack:
 
     programs: list[Program] = field(default_factory=list)
     proxy: RoundRobinProxy | None = None
+    relay: Relay | None = None
     ports: list[int] = field(default_factory=list)
     """The replicas' ingest ports, where their metrics are served."""
     namespace: str | None = None
@@ -208,6 +216,16 @@ def setup_gateway(
     name = run.bucket_name(scenario)
     # Topic first and gone last: the bucket's objects are deleted while it still exists.
     arn = stack.enter_context(gateway_topic(run, name, receiver.url, scenario.persistent))
+    stack.enter_context(bucket(run, name))
+    notify(run, name, arn)
+
+
+def setup_relay(
+    run: Run, scenario: Scenario, stack: contextlib.ExitStack, receiver: Receiver, ours: Stack
+) -> None:
+    ours.relay = stack.enter_context(Relay(receiver.url))
+    name = run.bucket_name(scenario)
+    arn = stack.enter_context(gateway_topic(run, name, ours.relay.url, scenario.persistent))
     stack.enter_context(bucket(run, name))
     notify(run, name, arn)
 
@@ -388,6 +406,8 @@ def _cpu_pids(receiver: Receiver, stack: Stack) -> dict[str, int | None]:
         pids[program.name] = program.pid
     if stack.proxy is not None:
         pids["proxy"] = stack.proxy.pid
+    if stack.relay is not None:
+        pids["relay"] = stack.relay.pid
     return pids
 
 
@@ -535,7 +555,11 @@ def run_scenario(run: Run, scenario: Scenario) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         try:
             receiver = stack.enter_context(Receiver())
-            setup = setup_gateway if scenario.stack == "gateway" else setup_bucketnotify
+            setup = {
+                "gateway": setup_gateway,
+                "relay": setup_relay,
+                "bucketnotify": setup_bucketnotify,
+            }[scenario.stack]
             setup(run, scenario, stack, receiver, ours)
             result["setup_s"] = round(time.monotonic() - started, 1)
             result.update(measure(run, run.bucket_name(scenario), receiver, ours))
@@ -603,7 +627,8 @@ def report(results: list[dict[str, Any]], cpus: int) -> tuple[str, dict[str, Any
     if ok:
         lines += [
             "",
-            "set-up, CPU seconds during the measurement (ours: replicas, operator, proxy) and"
+            "set-up, CPU seconds during the measurement (ours: replicas, operator, proxy; the"
+            " relay's own) and"
             " the 1-minute load average at its end",
             f"{'scenario':<34}{'setup s':>9}{'warmup s':>9}{'ours':>9}{'radosgw':>9}"
             f"{'ceph-osd':>9}{'apiserver':>10}{'etcd':>7}{'load':>7}",
@@ -613,7 +638,7 @@ def report(results: list[dict[str, Any]], cpus: int) -> tuple[str, dict[str, Any
         mine = sum(cpu[k] or 0 for k in _ours(cpu))
         lines.append(
             f"{r['scenario']:<34}{_num(r.get('setup_s'), 1):>9}{_num(r.get('warmup_s'), 1):>9}"
-            f"{_num(mine if r['config']['stack'] == 'bucketnotify' else None, 1):>9}"
+            f"{_num(mine if r['config']['stack'] != 'gateway' else None, 1):>9}"
             f"{_num(cpu.get('radosgw'), 1):>9}{_num(cpu.get('ceph-osd'), 1):>9}"
             f"{_num(cpu.get('kube-apiserver'), 1):>10}{_num(cpu.get('etcd'), 1):>7}"
             f"{_num(r.get('load_average_1m'), 1):>7}"
@@ -627,7 +652,7 @@ def report(results: list[dict[str, Any]], cpus: int) -> tuple[str, dict[str, Any
         if name in measured:
             baselines.append((f"{name} (this run)", measured[name]))
     ratios: dict[str, Any] = {}
-    ours = [r for r in ok if r["config"]["stack"] == "bucketnotify"]
+    ours = [r for r in ok if r["config"]["stack"] != "gateway"]
     if ours and not baselines:
         # Figures of another run (another Ceph, another load) would make a ratio that means
         # nothing: a ratio is only ever taken within one run.
@@ -658,13 +683,9 @@ def report(results: list[dict[str, Any]], cpus: int) -> tuple[str, dict[str, Any
     return "\n".join(lines), ratios
 
 
-def _percent(share: float | None) -> str:
-    return "-" if share is None else f"{100 * share:.0f} %"
-
-
 def _ours(cpu_s: dict[str, float | None]) -> list[str]:
     """The names of our processes among those whose CPU was measured."""
-    return [k for k in cpu_s if k.startswith(("replica-", "operator", "proxy"))]
+    return [k for k in cpu_s if k.startswith(("replica-", "operator", "proxy", "relay"))]
 
 
 GOAL_OURS_MS = {"dir": 1.5}
@@ -687,7 +708,8 @@ def cpu_per_event(results: list[dict[str, Any]]) -> list[str]:
     base_ms = per_event(base, "radosgw", "ceph-osd") if base is not None else None
     lines = [
         "",
-        "CPU ms per delivered event: ours (replicas, operator, proxy); radosgw + ceph-osd, and"
+        "CPU ms per delivered event: ours (replicas, operator, proxy; the relay's own); radosgw"
+        " + ceph-osd, and"
         " their extra over gateway-sync's per event in this run; ours + extra against the goals;"
         " requests radosgw served per event (the PUT included); the share of events our ingest"
         " delivered directly, never queued",
@@ -696,11 +718,12 @@ def cpu_per_event(results: list[dict[str, Any]]) -> list[str]:
     ]
     for r in results:
         ours_names = _ours(r["cpu_s"])
-        ours = per_event(r, *ours_names) if r["config"]["stack"] == "bucketnotify" else None
+        ours = per_event(r, *ours_names) if r["config"]["stack"] != "gateway" else None
         gateway = per_event(r, "radosgw", "ceph-osd")
         extra = gateway - base_ms if gateway is not None and base_ms is not None else None
         everything = (ours or 0) + extra if extra is not None and ours is not None else None
-        store = r["config"]["store"]
+        # The relay is no design of ours, only the floor of one: no goal applies to it.
+        store = r["config"]["store"] if r["config"]["stack"] == "bucketnotify" else None
         goal = ""
         if ours is not None and store in GOAL_OURS_MS:
             limit = GOAL_OURS_MS[store]
