@@ -95,7 +95,7 @@ cluster-down: ## stop the one-node cluster and undo what it changed on the host
 
 RAMP ?= 1,8,32,64
 RAMP_EVENTS ?= 500
-RAMP_SCENARIOS ?= gateway-sync,gateway-persistent,bucketnotify-sync,bucketnotify-sync-s3
+RAMP_SCENARIOS ?= gateway-sync,gateway-persistent,relay-sync,bucketnotify-sync,bucketnotify-sync-s3
 
 .PHONY: bench
 bench: install services-install ## the ingest alone, delivery vs the gateway (and a ramp of clients: RAMP), idle cost, failover, operator at scale (BENCH_ARGS, IDLE_ARGS, FAILOVER_ARGS="--rounds 1", OPERATOR_ARGS="--topics 100 --notifications 100")
