@@ -134,6 +134,7 @@ class Options:
     setup_timeout: float
     shards: int | None
     profile: bool
+    endpoint_delay_s: float = 0.0
 
 
 class Run:
@@ -554,7 +555,7 @@ def run_scenario(run: Run, scenario: Scenario) -> dict[str, Any]:
     ours = Stack()
     with contextlib.ExitStack() as stack:
         try:
-            receiver = stack.enter_context(Receiver())
+            receiver = stack.enter_context(Receiver(run.options.endpoint_delay_s))
             setup = {
                 "gateway": setup_gateway,
                 "relay": setup_relay,
@@ -954,6 +955,13 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, Sc
         " print throughput and p99 per step (--clients is then ignored)",
     )
     parser.add_argument(
+        "--endpoint-delay-ms",
+        type=float,
+        default=0.0,
+        help="the endpoint answers this long after each push arrived (a slow endpoint;"
+        " latency still counts to the arrival)",
+    )
+    parser.add_argument(
         "--profile",
         action="store_true",
         help="run our processes under cProfile (a .prof file beside each log)",
@@ -973,6 +981,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, Sc
         chosen = {n: known[n] for n in names}
     if args.events < 1 or args.clients < 1 or args.s3_replicas < 1:
         parser.error("--events, --clients and --s3-replicas must be at least 1")
+    if args.endpoint_delay_ms < 0:
+        parser.error("--endpoint-delay-ms cannot be negative")
     if args.ramp is not None:
         try:
             args.ramp = [int(c) for c in args.ramp.split(",") if c.strip()]
@@ -995,6 +1005,7 @@ def main(argv: list[str] | None = None) -> int:
         setup_timeout=args.setup_timeout,
         shards=args.shards,
         profile=args.profile,
+        endpoint_delay_s=args.endpoint_delay_ms / 1000,
     )
     started: list[Service] = []
     try:
@@ -1037,7 +1048,13 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(
             f"delivery benchmark: {options.events} events x {options.clients} clients, "
-            f"{options.size}-byte objects, {EVENT}; {os.cpu_count()} CPUs, load average "
+            f"{options.size}-byte objects, {EVENT}; "
+            + (
+                f"the endpoint answers {1000 * options.endpoint_delay_s:g} ms late; "
+                if options.endpoint_delay_s
+                else ""
+            )
+            + f"{os.cpu_count()} CPUs, load average "
             f"{load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after"
         )
         print(table)

@@ -41,7 +41,7 @@ def _records(body: bytes) -> list[dict[str, Any]]:
     return [doc] if isinstance(doc, dict) else []
 
 
-async def _serve(conn: multiprocessing.connection.Connection) -> None:
+async def _serve(conn: multiprocessing.connection.Connection, delay_s: float) -> None:
     received: list[tuple[str, str, str, float]] = []
     malformed = 0
 
@@ -69,6 +69,8 @@ async def _serve(conn: multiprocessing.connection.Connection) -> None:
                     at,
                 )
             )
+        if delay_s:
+            await asyncio.sleep(delay_s)
         return web.Response(status=200)
 
     async def on_fetch(request: web.Request) -> web.Response:
@@ -87,18 +89,21 @@ async def _serve(conn: multiprocessing.connection.Connection) -> None:
     await asyncio.Event().wait()
 
 
-def _main(conn: multiprocessing.connection.Connection) -> None:
+def _main(conn: multiprocessing.connection.Connection, delay_s: float) -> None:
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve(conn))
+        asyncio.run(_serve(conn, delay_s))
 
 
 class Receiver:
-    """The endpoint process; ``url`` takes POSTs of ``{"Records": [...]}`` on any path."""
+    """The endpoint process; ``url`` takes POSTs of ``{"Records": [...]}`` on any path and
+    answers ``delay_s`` after each arrived (a slow endpoint; the arrival is what counts)."""
 
-    def __init__(self) -> None:
+    def __init__(self, delay_s: float = 0.0) -> None:
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        self._process = ctx.Process(target=_main, args=(child,), name="bench-receiver", daemon=True)
+        self._process = ctx.Process(
+            target=_main, args=(child, delay_s), name="bench-receiver", daemon=True
+        )
         self.port = 0
         self._fetched = 0
         self.malformed = 0
