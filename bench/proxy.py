@@ -17,6 +17,8 @@ import multiprocessing.connection
 import socket
 from multiprocessing.sharedctypes import Synchronized
 
+from bench.child import ServerProcess
+
 __all__ = ["RoundRobinProxy"]
 
 
@@ -74,42 +76,14 @@ def _main(
         asyncio.run(_serve(conn, backends, counts))
 
 
-class RoundRobinProxy:
+class RoundRobinProxy(ServerProcess):
     """Listens on 127.0.0.1:``port`` and spreads connections over ``backends`` (ports)."""
 
     def __init__(self, backends: list[int]) -> None:
-        ctx = multiprocessing.get_context("spawn")
         self.backends = backends
-        self._counts = [ctx.Value("q", 0) for _ in backends]
-        self._conn, child = ctx.Pipe()
-        self._process = ctx.Process(
-            target=_main, args=(child, backends, self._counts), name="bench-proxy", daemon=True
-        )
-        self.port = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid
+        self._counts = [multiprocessing.get_context("spawn").Value("q", 0) for _ in backends]
+        super().__init__(_main, (backends, self._counts), "bench-proxy")
 
     def connections(self) -> list[int]:
         """Connections forwarded to each backend so far."""
         return [c.value for c in self._counts]
-
-    def __enter__(self) -> RoundRobinProxy:
-        self._process.start()
-        if not self._conn.poll(60):
-            self._process.kill()
-            raise RuntimeError("the round-robin proxy did not start within 60 s")
-        self.port = int(self._conn.recv())
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._process.terminate()
-        self._process.join(5)
-        if self._process.is_alive():
-            self._process.kill()
-            self._process.join()

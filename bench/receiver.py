@@ -16,9 +16,11 @@ import multiprocessing
 import multiprocessing.connection
 import socket
 import time
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Self
 
 from aiohttp import web
+
+from bench.child import ServerProcess
 
 __all__ = ["Arrival", "Receiver"]
 
@@ -94,44 +96,23 @@ def _main(conn: multiprocessing.connection.Connection, delay_s: float) -> None:
         asyncio.run(_serve(conn, delay_s))
 
 
-class Receiver:
+class Receiver(ServerProcess):
     """The endpoint process; ``url`` takes POSTs of ``{"Records": [...]}`` on any path and
     answers ``delay_s`` after each arrived (a slow endpoint; the arrival is what counts)."""
 
     def __init__(self, delay_s: float = 0.0) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self._process = ctx.Process(
-            target=_main, args=(child, delay_s), name="bench-receiver", daemon=True
-        )
-        self.port = 0
+        super().__init__(_main, (delay_s,), "bench-receiver")
         self._fetched = 0
         self.malformed = 0
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid
-
-    def __enter__(self) -> Receiver:
-        self._process.start()
-        if not self._conn.poll(60):
-            self._process.kill()
-            raise RuntimeError("the benchmark's HTTP receiver did not start within 60 s")
-        self.port = int(self._conn.recv())
+    def __enter__(self) -> Self:
+        super().__enter__()
         self._http = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._http.close()
-        self._process.terminate()
-        self._process.join(5)
-        if self._process.is_alive():
-            self._process.kill()
-            self._process.join()
+        super().__exit__(*exc)
 
     def fetch(self) -> list[Arrival]:
         """The records that arrived since the previous fetch."""

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import multiprocessing
 import multiprocessing.connection
 import socket
 
 import aiohttp
 import uvloop
 from aiohttp import web
+
+from bench.child import ServerProcess
 
 __all__ = ["Relay"]
 
@@ -50,37 +51,9 @@ def _main(conn: multiprocessing.connection.Connection, target: str) -> None:
         uvloop.run(_serve(conn, target))
 
 
-class Relay:
+class Relay(ServerProcess):
     """The relay process; ``url`` forwards each POST to ``target`` and answers with its
     status once ``target`` has answered."""
 
     def __init__(self, target: str) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self._process = ctx.Process(
-            target=_main, args=(child, target), name="bench-relay", daemon=True
-        )
-        self.port = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid
-
-    def __enter__(self) -> Relay:
-        self._process.start()
-        if not self._conn.poll(60):
-            self._process.kill()
-            raise RuntimeError("the benchmark's relay did not start within 60 s")
-        self.port = int(self._conn.recv())
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._process.terminate()
-        self._process.join(5)
-        if self._process.is_alive():
-            self._process.kill()
-            self._process.join()
+        super().__init__(_main, (target,), "bench-relay")
