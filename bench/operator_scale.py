@@ -75,6 +75,9 @@ class Options:
     timeout: float
     idle_timeout: float
     baseline: bool
+    watch_namespaces: int = 1
+    """Namespaces the operator is scoped to: the objects' one and empty others. Each costs
+    kopf three watch streams, each a connection of its pool."""
 
 
 @dataclass
@@ -565,11 +568,14 @@ def release_leftovers(
     return removed
 
 
-def operator_env(kube: Service, rgw: Service, namespace: str, metrics_port: int) -> dict[str, str]:
+def operator_env(
+    kube: Service, rgw: Service, namespaces: list[str], metrics_port: int
+) -> dict[str, str]:
+    namespace = namespaces[0]
     return {
         "KUBECONFIG": kube["KUBECONFIG_ADMIN"],
         **gateway_settings(rgw),
-        "BUCKETNOTIFY_NAMESPACES": json.dumps([namespace]),
+        "BUCKETNOTIFY_NAMESPACES": json.dumps(namespaces),
         "BUCKETNOTIFY_LEADER_ELECTION_NAMESPACE": namespace,
         # Persistent Topics point the gateway here; no object is written, nothing is pushed.
         "BUCKETNOTIFY_INGEST_URL": "http://127.0.0.1:9",
@@ -594,7 +600,15 @@ def measure(
     namespace = new_namespace(kubectl, "bench-operator")
     marks = [namespace, f"bno-{tag}"]
     print(f"namespace {namespace}, gateway names of this run contain {marks}", flush=True)
-    document: dict[str, Any] = {"namespace": namespace, "tag": tag, "phases": []}
+    watched = [namespace] + [
+        new_namespace(kubectl, "bench-empty") for _ in range(options.watch_namespaces - 1)
+    ]
+    document: dict[str, Any] = {
+        "namespace": namespace,
+        "watch_namespaces": len(watched),
+        "tag": tag,
+        "phases": [],
+    }
     document["gateway_topics_before"] = len(gateway.topics())
 
     if options.baseline:
@@ -621,7 +635,7 @@ def measure(
         notification_names = {o["metadata"]["name"] for o in notification_objects}
         operator = Program(
             ["operator"],
-            operator_env(kube, rgw, namespace, metrics_port),
+            operator_env(kube, rgw, watched, metrics_port),
             name="operator",
             log_dir=log_dir,
         )
@@ -718,7 +732,11 @@ def report(document: dict[str, Any], options: Options) -> str:
         f"{'op CPU s':>9}{'CPU ms/obj':>11}{'RSS MiB':>8}{'peak':>7}{'rgw req':>8}"
         f"{'apisrv':>7}{'etcd':>6}{'rgw':>6}{'load':>6}"
     )
-    lines = [header, "-" * len(header)]
+    lines = [
+        f"operator watching {document.get('watch_namespaces', 1)} namespace(s)",
+        header,
+        "-" * len(header),
+    ]
     for r in document["phases"]:
         if "error" in r:
             lines.append(f"{r['phase']:<22}FAILED: {r['error'][:100]}")
@@ -861,9 +879,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--no-baseline", action="store_true", help="skip the direct gateway writes baseline"
     )
     parser.add_argument(
+        "--watch-namespaces",
+        type=int,
+        default=1,
+        help="namespaces the operator watches: the objects' one and empty others",
+    )
+    parser.add_argument(
         "--out", type=Path, default=REPO / "bench" / "results", help="directory of the results"
     )
     args = parser.parse_args(argv)
+    if args.watch_namespaces < 1:
+        parser.error("--watch-namespaces must be at least 1")
     if args.topics < 1 or args.notifications < 0 or args.buckets < 1:
         parser.error("--topics and --buckets must be at least 1, --notifications at least 0")
     return args
@@ -880,6 +906,7 @@ def main(argv: list[str] | None = None) -> int:
         timeout=args.timeout,
         idle_timeout=args.idle_timeout,
         baseline=not args.no_baseline,
+        watch_namespaces=args.watch_namespaces,
     )
     run_id = time.strftime("%Y%m%d-%H%M%S")
     started: list[Service] = []

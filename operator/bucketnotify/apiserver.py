@@ -40,10 +40,13 @@ __all__ = [
     "connect",
     "connection_info",
     "current_namespace",
+    "deployment_reference",
     "lease_path",
+    "log_retried",
     "micro_time",
     "object_path",
     "proxy_for",
+    "transient",
 ]
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -429,12 +432,64 @@ class ApiClient:
         return await self.request("DELETE", path, **kwargs)
 
 
+TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
+"""What the API server answers while it starts (429 "storage is (re)initializing"), is
+overloaded or sits behind a proxy that lost it: asking again later works."""
+
+
+def transient(exc: BaseException) -> bool:
+    """True for a failure that asking the API server again later gets over: one of
+    ``TRANSIENT_STATUSES``, a connection that failed or a timeout. Loops that retry log these
+    as one WARNING line; anything else needs a person and keeps its traceback."""
+    if isinstance(exc, ApiError):
+        return exc.status in TRANSIENT_STATUSES
+    return isinstance(exc, aiohttp.ClientConnectionError | TimeoutError | ConnectionError)
+
+
+def log_retried(
+    logger: logging.Logger,
+    what: str,
+    exc: BaseException,
+    also: tuple[type[BaseException], ...] = (),
+) -> None:
+    """Log a failure that its loop tries again later: a ``transient`` one (or one of
+    ``also``: another service's unavailability) as one WARNING line without traceback,
+    anything else as an ERROR with its traceback."""
+    if transient(exc) or isinstance(exc, also):
+        logger.warning("%s, trying again later: %s", what, str(exc) or type(exc).__name__)
+    else:
+        logger.error(what, exc_info=exc)
+
+
 def proxy_for(info: kopf.ConnectionInfo) -> str | None:
     """The kubeconfig's proxy-url, else $HTTPS_PROXY / $NO_PROXY for the API server (read
     once, not per request)."""
     if info.proxy_url:
         return info.proxy_url
     return env_proxy(info.server)
+
+
+async def deployment_reference(api: ApiClient, namespace: str, name: str) -> dict[str, str] | None:
+    """An ownerReference to the Deployment ``namespace/name``, for objects that must go when
+    it goes (Kubernetes' garbage collector deletes them); None, with a WARNING saying what is
+    left behind, when it cannot be read."""
+    try:
+        deployment = await api.get(object_path("apps", "v1", "deployments", namespace, name))
+    except (ApiError, aiohttp.ClientError, TimeoutError) as exc:
+        log.warning(
+            "cannot read the Deployment %s/%s (%s): the Leases written now stay when it is"
+            " deleted; delete them by hand after an uninstall",
+            namespace,
+            name,
+            str(exc) or type(exc).__name__,
+        )
+        return None
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": name,
+        "uid": deployment["metadata"]["uid"],
+    }
 
 
 async def connect(connections: int = CONNECTIONS) -> ApiClient:

@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
@@ -26,10 +27,12 @@ from bucketnotify.apiserver import (
     ApiError,
     ConfigError,
     connection_info,
+    deployment_reference,
     proxy_for,
 )
 from bucketnotify.controller import handlers
 from bucketnotify.controller.drift_loop import ObjectLocks
+from bucketnotify.controller.handlers import WATCHED_RESOURCES
 from bucketnotify.controller.notifications import BucketLocks
 from bucketnotify.delivery.ownership import LeaseSettings, Ownership
 from bucketnotify.delivery.record_targets import records_target_for
@@ -52,9 +55,27 @@ __all__ = ["main"]
 log = logging.getLogger("bucketnotify")
 
 API_CONNECTIONS = 24
-"""kopf's connections to the API server at most (its watch streams hold about five). Its own
-session has no limit: at 2,000 objects it kept about 230 connections open, each with a
-256 KiB TLS buffer; the operator's status patches and reads queue for a free one instead."""
+"""kopf's connections for its requests (patches, reads) at most, beside one per watch stream
+(``kopf_connections``). Its own session has no limit: at 2,000 objects it kept about 230
+connections open, each with a 256 KiB TLS buffer; the operator's status patches and reads
+queue for a free one instead."""
+
+OBSERVER_STREAMS = 2
+"""kopf's watch streams besides the handlers': CustomResourceDefinitions (its resource
+scanning) and, when namespaces are listed, Namespaces."""
+
+
+def kopf_connections(namespaces: Sequence[str]) -> int:
+    """The bound of kopf's connection pool: one connection for each watch stream kopf keeps
+    open (one per watched resource in each watched namespace, plus its observers) and
+    ``API_CONNECTIONS`` for everything else.
+
+    A stream holds its connection for as long as it runs. A bound that did not count them
+    let the streams take every connection from 8 namespaces on (24 connections, 3 streams
+    per namespace), and every request of kopf waited for one forever: nothing reconciled.
+    The pool grows with the namespaces listed, never with the objects in them."""
+    return API_CONNECTIONS + OBSERVER_STREAMS + len(WATCHED_RESOURCES) * max(1, len(namespaces))
+
 
 OPERATOR_COMPONENT = "bucketnotify-operator"
 """The operator's Events' source (the delivery service's: ``bucketnotify-delivery``)."""
@@ -84,13 +105,16 @@ def _configure_kopf(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.label_selectors["v1", "secrets"] = f"{WATCHED_LABEL}=true"
 
 
-async def _login(**_: Any) -> kopf.AiohttpSession:
+async def _login(memo: Any, **_: Any) -> kopf.AiohttpSession:
     """kopf's login with the credentials our own API client uses, in a session of at most
-    ``API_CONNECTIONS`` connections."""
+    ``kopf_connections`` connections."""
+    settings: OperatorSettings = memo.settings
     # No expiration: kopf logs in again on a 401, which a rotated token comes to.
     info = dataclasses.replace(await asyncio.to_thread(connection_info), expiration=None)
     session = aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=API_CONNECTIONS, ssl=info.as_ssl_context()),
+        connector=aiohttp.TCPConnector(
+            limit=kopf_connections(settings.namespaces), ssl=info.as_ssl_context()
+        ),
         headers=info.as_http_headers(),
         proxy=proxy_for(info),
         trust_env=False,
@@ -196,11 +220,15 @@ async def _deliver(
     store = await _store(settings, operator)
     metrics = DeliveryMetrics()
     writer = _record_writer(settings, operator, identity, metrics)
+    owner = None
+    if settings.lease_owner:
+        owner = await deployment_reference(leases, settings.lease_namespace, settings.lease_owner)
     ownership = Ownership(
         leases,
         identity,
         LeaseSettings(
             namespace=settings.lease_namespace,
+            owner=owner,
             partitions=settings.partitions,
             lease_duration_s=settings.lease_duration_seconds,
             renew_interval_s=settings.renew_interval_seconds,

@@ -22,7 +22,13 @@ from typing import Any
 
 import aiohttp
 
-from bucketnotify.apiserver import ApiClient, ApiError, lease_path, micro_time
+from bucketnotify.apiserver import (
+    ApiClient,
+    ApiError,
+    deployment_reference,
+    lease_path,
+    micro_time,
+)
 from bucketnotify.settings import OperatorSettings
 
 __all__ = ["lead", "release"]
@@ -34,8 +40,16 @@ _UNREACHABLE = (aiohttp.ClientError, TimeoutError)
 
 
 class _LeaderLease:
-    def __init__(self, api: ApiClient, settings: OperatorSettings, identity: str) -> None:
+    def __init__(
+        self,
+        api: ApiClient,
+        settings: OperatorSettings,
+        identity: str,
+        owner: dict[str, str] | None = None,
+    ) -> None:
         self._api = api
+        self._owner = owner
+        """The ownerReference the Lease carries (the operator's Deployment), or None."""
         self._settings = settings
         self._identity = identity
         self._path = lease_path(settings.leader_election_namespace, settings.leader_election_lease)
@@ -72,6 +86,7 @@ class _LeaderLease:
                 "metadata": {
                     "name": settings.leader_election_lease,
                     "namespace": settings.leader_election_namespace,
+                    **({"ownerReferences": [self._owner]} if self._owner else {}),
                 },
                 "spec": {
                     "holderIdentity": self._identity,
@@ -90,6 +105,9 @@ class _LeaderLease:
         duration = spec.get("leaseDurationSeconds") or settings.lease_duration_seconds
         if holder and holder != self._identity and time.monotonic() - self._observed_at < duration:
             return False  # another replica leads and renews
+        if self._owner and not lease["metadata"].get("ownerReferences"):
+            # Made before the owner was set (an upgrade): an uninstall takes it too now.
+            lease["metadata"]["ownerReferences"] = [self._owner]
         if holder != self._identity:
             spec["acquireTime"] = now
             spec["leaseTransitions"] = (spec.get("leaseTransitions") or 0) + 1
@@ -122,7 +140,12 @@ async def lead(
     """Run ``operator`` (kopf's coroutine) while this replica holds the leader Lease; return
     once ``stop`` is set and the Lease is handed back. SystemExit(1) when the Lease was
     lost or the operator failed."""
-    lease = _LeaderLease(api, settings, identity)
+    owner = None
+    if settings.leader_election_owner:
+        owner = await deployment_reference(
+            api, settings.leader_election_namespace, settings.leader_election_owner
+        )
+    lease = _LeaderLease(api, settings, identity, owner)
     log.info("waiting for the leader Lease %s as %s", settings.leader_election_lease, identity)
     while True:
         # The renew deadline runs from when the winning request was sent, not answered.

@@ -57,6 +57,9 @@ class OperatorSettings(BaseSettings):
     """Namespace of the leader-election Lease."""
     leader_election_lease: str = "bucketnotify-operator"
     """Name of the leader-election Lease."""
+    leader_election_owner: str | None = Field(default=None, min_length=1, max_length=253)
+    """The operator's Deployment (in ``leader_election_namespace``): the leader Lease names
+    it as its owner, so deleting it (``helm uninstall``) deletes the Lease. Unset: it stays."""
     lease_duration_seconds: int = Field(default=15, ge=2)
     """A leader that stops renewing is replaced after this long."""
     renew_deadline_seconds: int = Field(default=10, ge=2)
@@ -106,6 +109,9 @@ class DeliveryServiceSettings(BaseSettings):
     (docs/operator.md, "Direct delivery"). The ``s3://`` store always queues first."""
     lease_namespace: str = "default"
     """Namespace of the ownership Leases."""
+    lease_owner: str | None = Field(default=None, min_length=1, max_length=253)
+    """The replicas' Deployment (in ``lease_namespace``): every ownership Lease names it as
+    its owner, so deleting it (``helm uninstall``) deletes them. Unset: the Leases stay."""
     partitions: int = Field(default=32, ge=1, le=1024)
     """Ownership units (see delivery/ownership.py)."""
     lease_duration_seconds: int = Field(default=12, ge=2)

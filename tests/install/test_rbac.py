@@ -287,6 +287,9 @@ FEATURES: dict[Grant, str] = {
     ("delivery", "coordination.k8s.io", "leases", "list"): "queue-shard ownership",
     ("delivery", "coordination.k8s.io", "leases", "create"): "queue-shard ownership",
     ("delivery", "coordination.k8s.io", "leases", "update"): "queue-shard ownership",
+    ("delivery", "coordination.k8s.io", "leases", "delete"): "no member Lease left behind",
+    ("operator", "apps", "deployments", "get"): "the leader Lease owned by its Deployment",
+    ("delivery", "apps", "deployments", "get"): "the Leases owned by their Deployment",
 }
 """Every grant of the chart and the feature that uses it."""
 
@@ -473,6 +476,32 @@ def test_samples_reconcile_and_deliver_under_the_chart_rbac_and_use_every_rule(
             READY_TIMEOUT_S,
             "the edited Topic synced",
         )
+    # Every Lease names its component's Deployment as owner: deleting it (helm uninstall)
+    # takes them along.
+    leases = json.loads(kubectl.run("get", "leases", "-n", namespace, "-o", "json").stdout)
+    for lease in leases["items"]:
+        component = (
+            "operator" if lease["metadata"]["name"] == "bucketnotify-operator" else "delivery"
+        )
+        deployment = kubectl.get("deployment", f"{release.name}-{component}", namespace)
+        assert lease["metadata"].get("ownerReferences") == [
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "name": f"{release.name}-{component}",
+                "uid": deployment["metadata"]["uid"],
+            }
+        ], lease["metadata"]
+    # A replica that stops (a pod rolled away) deletes its member Lease.
+    delivery.stop()
+    assert delivery.process.returncode == 0, delivery.log()[-3000:]
+    leases = json.loads(kubectl.run("get", "leases", "-n", namespace, "-o", "json").stdout)
+    members = [
+        lease["metadata"]["name"]
+        for lease in leases["items"]
+        if lease["metadata"].get("labels", {}).get("bucketnotify.io/lease-role") == "member"
+    ]
+    assert members == []
     unused = wait_until(
         lambda: {g: FEATURES[g] for g in set(FEATURES) - audited_grants(kube, release)},
         lambda missing: not missing,
@@ -485,8 +514,8 @@ def test_samples_reconcile_and_deliver_under_the_chart_rbac_and_use_every_rule(
     assert operator_secret_reads(kube, release) == {"labelSelector=bucketnotify.io/watched=true"}
     credentials = kubectl.get("secret", "amqp-credentials", namespace)
     assert credentials["metadata"]["labels"]["bucketnotify.io/watched"] == "true"
+    assert operator.process.poll() is None, operator.log()[-3000:]
     for program in (operator, delivery):
-        assert program.process.poll() is None, program.log()[-3000:]
         assert not forbidden_lines(program), forbidden_lines(program)
 
 

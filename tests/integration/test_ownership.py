@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any
+from uuid import uuid4
 
 import pytest
 
@@ -173,3 +174,63 @@ async def test_one_renewal_that_hangs_does_not_fence_the_other_partitions(
     finally:
         forever.set()
         await replica.stop(release=False)
+
+
+async def members(api: ApiClient, namespace: str) -> dict[str, dict[str, Any]]:
+    listed = await api.get(
+        lease_path(namespace), params={"labelSelector": "bucketnotify.io/lease-role=member"}
+    )
+    return {lease["spec"]["holderIdentity"]: lease for lease in listed["items"]}
+
+
+async def test_no_member_lease_outlives_its_replica(api: ApiClient, namespace: str) -> None:
+    """Each replica that ever ran (every pod a rollout or a crash replaced) left its member
+    Lease behind for good. A clean stop deletes its own; a replica that died is deleted by a
+    survivor once its Lease stayed expired for five lease durations, not before."""
+    settings = LeaseSettings(
+        namespace=namespace,
+        partitions=4,
+        lease_duration_s=2,
+        renew_interval_s=0.5,
+        renew_deadline_s=1.5,
+    )
+    survivor, stopped, dead = (Ownership(api, name, settings) for name in ("s", "stopped", "dead"))
+    await settle([survivor, stopped, dead], rounds=2)
+    assert set(await members(api, namespace)) == {"s", "stopped", "dead"}
+
+    await stopped.stop(release=True)
+    assert set(await members(api, namespace)) == {"s", "dead"}
+
+    # `dead` is never called again, as a killed process. Its Lease expires after 2 s and is
+    # kept while it might be a paused replica.
+    died = time.monotonic()
+    while time.monotonic() - died < settings.member_gone_after_s - 1:
+        await survivor.tick()
+        assert "dead" in await members(api, namespace), "deleted before it was gone long enough"
+        await asyncio.sleep(settings.renew_interval_s)
+    deadline = died + settings.member_gone_after_s + 5
+    while "dead" in await members(api, namespace):
+        assert time.monotonic() < deadline, "the dead replica's member Lease was never deleted"
+        await survivor.tick()
+        await asyncio.sleep(settings.renew_interval_s)
+    assert set(await members(api, namespace)) == {"s"}
+    assert len(survivor.owned()) == 4
+
+
+async def test_every_lease_names_its_owner_old_ones_too(api: ApiClient, namespace: str) -> None:
+    """With an owner (the chart's Deployment), each Lease written carries its ownerReference,
+    so Kubernetes' garbage collector deletes them all with it; the partition Leases written
+    before the owner was set get it when a replica of the upgrade takes them."""
+    plain = LeaseSettings(namespace=namespace, **FAST)  # type: ignore[arg-type]
+    before = Ownership(api, "before", plain)
+    await settle([before], rounds=1)
+    owner = {"apiVersion": "apps/v1", "kind": "Deployment", "name": "d", "uid": str(uuid4())}
+    owned = LeaseSettings(namespace=namespace, owner=owner, **FAST)  # type: ignore[arg-type]
+    await before.stop(release=True)
+    upgraded = Ownership(api, "after", owned)
+    await settle([upgraded], rounds=2)
+    assert len(upgraded.owned()) == 12
+    listed = await api.get(lease_path(namespace))
+    assert len(listed["items"]) == 13  # 12 partitions and the member
+    for lease in listed["items"]:
+        assert lease["metadata"].get("ownerReferences") == [owner], lease["metadata"]["name"]

@@ -50,12 +50,16 @@ from bucketnotify.event_recorder import EventRecorder, EventType, ObjectRef
 from bucketnotify.gateway.errors import GatewayError
 from bucketnotify.metrics import OperatorMetrics
 
-__all__ = ["register_drift_loop"]
+__all__ = ["WATCHED_RESOURCES", "register_drift_loop"]
 
 TOPICS = (GROUP, VERSION, "topics")
 SECRET_RESYNC = f"{GROUP}/secret-resync"
 TOPIC_RESYNC = f"{GROUP}/topic-resync"
 NOTIFICATIONS = (GROUP, VERSION, "bucketnotifications")
+SECRETS = ("", "v1", "secrets")
+WATCHED_RESOURCES = (TOPICS, NOTIFICATIONS, SECRETS)
+"""Every resource a handler below is registered for: kopf keeps one watch stream open for
+each of them in each watched namespace (``cli`` sizes kopf's connections by it)."""
 # kopf's annotations: a handler's progress (and, left by earlier releases, the last spec
 # handled, which is now a status field).
 PROGRESS_PREFIX = "kopf.bucketnotify.io/"
@@ -521,7 +525,7 @@ async def topics_by_secret(
     return {(namespace, secret): name for secret in secrets}
 
 
-@kopf.on.event("", "v1", "secrets")
+@kopf.on.event(*SECRETS)
 async def secret_changed(
     event: kopf.RawEvent,
     namespace: str | None,

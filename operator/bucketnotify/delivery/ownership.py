@@ -63,7 +63,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bucketnotify.apiserver import ApiClient, ApiError, lease_path, micro_time
+from bucketnotify.apiserver import ApiClient, ApiError, lease_path, log_retried, micro_time
 from bucketnotify.delivery.queue import QueueName
 
 __all__ = [
@@ -104,6 +104,17 @@ class LeaseSettings:
     renew_deadline_s: float = 8.0
     """A replica stops processing a partition this long after its last renewal; shorter
     than lease_duration_s so two owners never overlap."""
+    owner: dict[str, str] | None = None
+    """An ownerReference every Lease written carries (the Deployment of the replicas): when
+    it is deleted, Kubernetes' garbage collector deletes the Leases, so an uninstall leaves
+    none behind."""
+
+    @property
+    def member_gone_after_s(self) -> float:
+        """How long a member Lease stays expired before a live replica deletes it: a replica
+        that died (a pod that is gone) must not leave one behind for good, and one only
+        paused (or cut off from the API server) has had five lease durations to renew."""
+        return 5.0 * self.lease_duration_s
 
 
 def partition_lease_name(group: str, partition: int) -> str:
@@ -216,7 +227,9 @@ class Ownership:
         if release:
             for partition in list(self._held):
                 await self._release(self._partition_name(partition))
-            await self._release(self._member_name(self.identity))
+            # Gone rather than released: a replica that stopped for good (a pod of a rolled
+            # Deployment) leaves no Lease behind, and the others count it out at once.
+            await self._delete_member()
         self._held.clear()
         self.changed.set()
 
@@ -233,10 +246,10 @@ class Ownership:
                 await self.tick()
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception as exc:
                 # The API server may be away for a while; fencing (owns()) keeps us safe,
                 # the next tick tries again.
-                log.exception("lease round failed")
+                log_retried(log, "lease round failed", exc)
 
     # --- one round ------------------------------------------------------------------------
 
@@ -254,6 +267,8 @@ class Ownership:
         }
         if advertised:
             metadata["annotations"] = {ADDRESS_ANNOTATION: advertised}
+        if self.settings.owner is not None:
+            metadata["ownerReferences"] = [self.settings.owner]
         return {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
@@ -292,6 +307,8 @@ class Ownership:
             if _labels(lease).get(ROLE_LABEL) == "member" and not _expired(lease, now)
         ]
         self.members = len(members)
+        if not settling:
+            await self._forget_gone_members(items, now)
         live = max(1, len(members))
         share = math.ceil(self.settings.partitions / live)
         partitions = {
@@ -429,6 +446,10 @@ class Ownership:
         """Replace with optimistic concurrency (the resourceVersion read goes with it): a
         concurrent writer makes this return False."""
         spec = lease.setdefault("spec", {})
+        owner = self.settings.owner
+        if owner is not None and not lease["metadata"].get("ownerReferences"):
+            # Written before the owner was set (an upgrade): an uninstall takes it too now.
+            lease["metadata"]["ownerReferences"] = [owner]
         if not renew:
             spec["acquireTime"] = micro_time(now)
         spec["holderIdentity"] = holder
@@ -445,6 +466,44 @@ class Ownership:
                 return False
             raise
         return True
+
+    async def _forget_gone_members(self, items: list[Lease], now: dt.datetime) -> None:
+        """Delete the member Leases that stayed expired for ``member_gone_after_s``: each
+        replica that ever ran, a pod killed or rolled away, would otherwise leave one. Only
+        at the Lease's resourceVersion, so a replica of that name renewing meanwhile keeps
+        it; of several replicas deleting the same one, the first does it."""
+        gone_before = now - dt.timedelta(seconds=self.settings.member_gone_after_s)
+        for lease in items:
+            if (
+                _labels(lease).get(ROLE_LABEL) != "member"
+                or _holder(lease) == self.identity
+                or not _expired(lease, gone_before)
+            ):
+                continue
+            meta = lease["metadata"]
+            try:
+                await self._api.delete(
+                    lease_path(self.settings.namespace, meta["name"]),
+                    body={"preconditions": {"resourceVersion": meta["resourceVersion"]}},
+                    request_timeout=self._timeout,
+                )
+            except ApiError as exc:
+                if exc.status not in (404, 409):
+                    raise
+                continue
+            log.info(
+                "deleted the member Lease %s of a replica gone since %s",
+                meta["name"],
+                lease["spec"].get("renewTime") or "it was released",
+            )
+
+    async def _delete_member(self) -> None:
+        name = self._member_name(self.identity)
+        try:
+            await self._api.delete(lease_path(self.settings.namespace, name))
+        except ApiError as exc:
+            if exc.status != 404:
+                log.warning("could not delete the member Lease %s: %s", name, exc.reason)
 
     async def _release(self, name: str) -> None:
         try:

@@ -68,7 +68,7 @@ from aiohttp import web
 
 from bucketnotify.api.common import GROUP, VERSION
 from bucketnotify.api.topic import TopicSpec
-from bucketnotify.apiserver import ApiClient, ApiError, object_path
+from bucketnotify.apiserver import ApiClient, ApiError, log_retried, object_path
 from bucketnotify.controller.topic_builder import (
     INGEST_TOKEN_KEY,
     PREVIOUS_TOKEN_KEY,
@@ -1136,20 +1136,20 @@ class DeliveryService:
                     try:
                         await self.refresh()
                         self._loaded = True
-                    except Exception:
-                        log.exception("refreshing the topic table failed")
+                    except Exception as exc:
+                        log_retried(log, "refreshing the topic table failed", exc)
                     last_refresh = now
                 if now - last_sweep > self.timings.sweep_interval_s:
                     try:
                         await self.sweep()
-                    except Exception:
-                        log.exception("sweeping the queues failed")
+                    except Exception as exc:
+                        log_retried(log, "sweeping the queues failed", exc, GATEWAY_AWAY)
                     last_sweep = now
                 if now - last_stats > self.timings.stats_interval_s:
                     try:
                         await self.survey()
-                    except Exception:
-                        log.exception("surveying the queues failed")
+                    except Exception as exc:
+                        log_retried(log, "surveying the queues failed", exc, GATEWAY_AWAY)
                     last_stats = now
                 self._supervise()
                 with contextlib.suppress(TimeoutError):
@@ -1171,6 +1171,9 @@ class DeliveryService:
                     await runtime.endpoint.aclose()
             await self.events.aclose()
 
+
+GATEWAY_AWAY = (GatewayUnreachable, GatewayServerError)
+"""Failures of the queue store on the gateway that its next sweep or survey gets over."""
 
 # Lost events named one by one, up to this many per round; a TTL that expires a backlog
 # must not flood the log.
