@@ -140,8 +140,15 @@ def release(
     suffix = uuid.uuid4().hex[:6]
     # Unique: the chart's ClusterRoles are cluster-wide and named after the release.
     name, namespace = f"bn{suffix}", f"bn-{suffix}"
+    # Scoped to 20 namespaces, as a platform team with a namespace per tenant team runs it:
+    # the release's own, the one a test deletes whole, and 18 more. The chart puts a Role in
+    # each, so they exist before the install.
+    watched = [namespace, f"{namespace}-apps"] + [f"{namespace}-t{i:02d}" for i in range(2, 20)]
+    for ns in watched:
+        ckubectl.run("create", "namespace", ns)
     repository, _, tag = image.rpartition(":")
     values = [
+        f"watchNamespaces={{{','.join(watched)}}}",
         f"image.repository={repository}",
         f"image.tag={tag}",
         "image.pullPolicy=Never",
@@ -173,7 +180,6 @@ def release(
             str(CHART),
             "-n",
             namespace,
-            "--create-namespace",
             "--kubeconfig",
             node["NODE_KUBECONFIG"],
             "--wait",
@@ -212,7 +218,7 @@ def release(
         pytest.fail(f"{exc}\n{describe(ckubectl, namespace)}", pytrace=False)
     upgraded = time.monotonic() - started
     print(f"helm install --wait: {installed:.0f} s; helm upgrade --wait: {upgraded:.0f} s")
-    yield Release(name, namespace, ingest_url, values)
+    yield Release(name, namespace, ingest_url, values, watched)
     print(describe(ckubectl, namespace)[-6000:])
     helm(
         helm_bin,
@@ -225,4 +231,5 @@ def release(
         "--wait",
         check=False,
     )
-    ckubectl.run("delete", "namespace", namespace, "--wait=false", check=False)
+    for ns in watched:
+        ckubectl.run("delete", "namespace", ns, "--wait=false", check=False)

@@ -16,6 +16,8 @@ class Release:
     namespace: str
     ingest_url: str
     values: list[str]
+    watched: list[str]
+    """``watchNamespaces``: the release's own namespace first."""
 
 
 def pods(kubectl: Kubectl, namespace: str, component: str) -> list[dict[str, Any]]:

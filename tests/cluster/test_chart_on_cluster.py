@@ -215,6 +215,41 @@ def test_uploads_reach_the_endpoint_through_the_pods_once_each(
     assert Counter(seen) == Counter(keys)
 
 
+def test_the_last_of_twenty_watched_namespaces_reconciles_and_delivers(
+    release: Release, ckubectl: Kubectl, rgw: LocalService, receiver: Any
+) -> None:
+    """The release watches 20 namespaces (kopf: 60 watch streams, each holding a connection
+    of its pool): a Topic and a BucketNotification in the last one become Ready and an
+    upload there reaches the endpoint through the pods. A pool that did not count the
+    streams stalled from 8 namespaces on and reconciled nothing."""
+    ns = release.watched[-1]
+    bucket = f"last-{uuid.uuid4().hex[:6]}"
+    s3 = s3_client(rgw)
+    s3.create_bucket(Bucket=bucket)
+    notify(
+        ckubectl,
+        ns,
+        "t",
+        {
+            "name": f"{ns}-t",
+            "endpoint": {"http": {"url": f"{receiver.url}/last"}},
+            "persistent": True,
+            "delivery": {"handoff": "sync"},
+        },
+        "n",
+        bucket,
+    )
+    s3.put_object(Bucket=bucket, Key="from-the-last-namespace", Body=b"x")
+    seen: list[str] = []
+    wait_until(
+        lambda: seen.extend(keys_of(receiver.received())) or seen,
+        lambda s: "from-the-last-namespace" in s,
+        60,
+        "the upload of the last watched namespace at the endpoint",
+    )
+    ckubectl.run("delete", "bucketnotifications,topics", "--all", "-n", ns, "--wait=true")
+
+
 def test_pods_deleted_and_rolled_under_a_stream_lose_no_acknowledged_event(
     release: Release, ckubectl: Kubectl, rgw: LocalService, bucket: str, receiver: Any
 ) -> None:
@@ -455,7 +490,7 @@ def test_a_namespace_deleted_whole_takes_its_gateway_objects_with_it(
     """The finalizers remove the gateway topic and the notification Id, and the namespace
     (deleted by the controller-manager, which this cluster runs) goes away."""
     ns = f"{release.namespace}-apps"
-    ckubectl.run("create", "namespace", ns)
+    assert ns in release.watched  # made before the install, which put a Role in it
     s3 = s3_client(rgw)
     bucket = f"gone-{uuid.uuid4().hex[:6]}"
     s3.create_bucket(Bucket=bucket)
@@ -560,12 +595,35 @@ def test_helm_uninstall_removes_the_release_and_its_namespace_goes(
             "name",
         ).stdout.split()
         cluster_wide = ckubectl.run(
-            "get", "clusterroles,clusterrolebindings", "-l", instance, "-o", "name"
+            "get",
+            "clusterroles,clusterrolebindings,validatingwebhookconfigurations",
+            "-l",
+            instance,
+            "-o",
+            "name",
         ).stdout.split()
-        return namespaced + cluster_wide
+        # Leases and what the pods made carry no release label: all of the namespace's are
+        # ours (the operator's leader Lease, 32 partition Leases, a member Lease per pod).
+        made = ckubectl.run(
+            "get", "leases,configmaps,networkpolicies", "-n", ns, "-o", "name"
+        ).stdout.split()
+        made = [m for m in made if m != "configmap/kube-root-ca.crt"]
+        roles = [
+            f"{watched}: {found}"
+            for watched in release.watched[2:]
+            for found in ckubectl.run(
+                "get", "roles,rolebindings", "-n", watched, "-l", instance, "-o", "name"
+            ).stdout.split()
+        ]
+        return namespaced + cluster_wide + made + roles
 
-    # The pods go with their ReplicaSets, in the background, after their grace period.
+    # The pods go with their ReplicaSets, in the background, after their grace period; the
+    # Leases go with the Deployments that own them (the controller-manager's garbage
+    # collector).
     wait_until(left, lambda objects: objects == [], 120, "nothing of the release left")
+    # The CRDs stay (crds.keep), so the users' objects of other releases survive.
+    for crd in ("topics.bucketnotify.io", "bucketnotifications.bucketnotify.io"):
+        assert ckubectl.run("get", "crd", crd, check=False).returncode == 0, crd
     ckubectl.run("delete", "namespace", ns, "--wait=false")
     wait_until(
         lambda: ckubectl.run("get", "namespace", ns, check=False).returncode,

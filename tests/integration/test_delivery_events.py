@@ -310,6 +310,15 @@ def test_failure_recovery_loss_full_queue_and_missing_secret_are_topic_events_wi
         for r in records
     )
     assert any(r["severity"] == "debug" for r in records), "DEBUG records were written"
+    # Each event past maxRetries is one WARNING naming its bucket and key; nothing else of
+    # the hook Topic was lost ("d" came after the recovery).
+    lost = [
+        r["message"]
+        for r in records
+        if r["severity"] == "warning" and "event lost" in r["message"] and "/hook " in r["message"]
+    ]
+    assert all("bucket 'b' key " in m for m in lost), lost  # tests.records.event's bucket
+    assert sorted(m.split(" key ")[1].split(" ")[0] for m in lost) == ["'a'", "'b'", "'c'"], lost
 
 
 @pytest.fixture()

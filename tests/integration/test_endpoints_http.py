@@ -295,3 +295,43 @@ async def test_pushes_go_through_the_proxy_the_environment_names(
         and "could not connect to http://exempt.invalid:8080" in outcome.error
     )
     assert http_server.received() == []  # nothing more reached the proxy
+
+
+SECRET_PATH = "/hooks/path-S3CRET"
+SECRET_QUERY = "?token=query-S3CRET"
+
+
+@pytest.mark.parametrize("failure", ["refused", "answered 500", "timeout", "wrong CA"])
+async def test_an_error_never_shows_the_urls_path_or_query(
+    failure: str,
+    http_server: RecordingHttpServer,
+    https_server: RecordingHttpServer,
+    other_ca: CertificateAuthority,
+) -> None:
+    """A webhook's token often lives in its path or query: an error (in a record, a log
+    line, an Event, the Topic's status) names only scheme://host:port, whatever failed."""
+    ca_pem = None
+    settings = EndpointSettings()
+    base = http_server.url
+    if failure == "refused":
+        base = f"http://127.0.0.1:{free_port()}"
+    elif failure == "answered 500":
+        http_server.status = 500
+    elif failure == "timeout":
+        http_server.delay_s = 2.0
+        settings = EndpointSettings(message_timeout_s=0.3)
+    else:
+        base, ca_pem = https_server.url, other_ca.pem
+    url = base.rstrip("/") + SECRET_PATH + SECRET_QUERY
+    async with http_endpoint(url, ca_pem=ca_pem, settings=settings) as endpoint:
+        [outcome] = await endpoint.send([Delivery("e1", s3_record())])
+    assert not outcome.ok and outcome.error, outcome
+    assert "S3CRET" not in outcome.error, outcome.error
+    if failure == "timeout":
+        return  # "no acknowledgement within 0.3 s"; the test event waits longer
+    where = base.rstrip("/").split("/")[2]
+    assert where in outcome.error, outcome.error
+    with pytest.raises(EndpointError) as raised:
+        await post_json(url, {"Records": []})
+    assert where in str(raised.value)
+    assert "S3CRET" not in str(raised.value) and "S3CRET" not in repr(raised.value)
