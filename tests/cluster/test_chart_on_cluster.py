@@ -586,7 +586,7 @@ def test_helm_uninstall_removes_the_release_and_its_namespace_goes(
         namespaced = ckubectl.run(
             "get",
             "deployments,pods,services,poddisruptionbudgets,serviceaccounts,roles,rolebindings,"
-            "secrets",
+            "secrets,configmaps,networkpolicies",
             "-n",
             ns,
             "-l",
@@ -602,12 +602,9 @@ def test_helm_uninstall_removes_the_release_and_its_namespace_goes(
             "-o",
             "name",
         ).stdout.split()
-        # Leases and what the pods made carry no release label: all of the namespace's are
-        # ours (the operator's leader Lease, 32 partition Leases, a member Lease per pod).
-        made = ckubectl.run(
-            "get", "leases,configmaps,networkpolicies", "-n", ns, "-o", "name"
-        ).stdout.split()
-        made = [m for m in made if m != "configmap/kube-root-ca.crt"]
+        # The Leases the pods made carry no release label: all of the namespace's are ours
+        # (the operator's leader Lease, 32 partition Leases, a member Lease per pod).
+        made = ckubectl.run("get", "leases", "-n", ns, "-o", "name").stdout.split()
         roles = [
             f"{watched}: {found}"
             for watched in release.watched[2:]

@@ -180,3 +180,47 @@ def test_a_rotated_ingest_token_takes_effect_at_once_and_no_event_is_lost(
             lambda: push(port, namespace, topic, old), lambda code: code == 400, 10, "old taken"
         )
         assert push(port, namespace, topic, "not-" + new) == 403
+        # Removing previous-token takes effect within SECRET_REFRESH_SECONDS: the replica
+        # holds it, so no push makes it read the Secret; its refresh does.
+        kubectl.run(
+            "patch", "secret", f"{topic}-ingest-token", "-n", namespace, "--type=json",
+            "-p", json.dumps([{"op": "remove", "path": "/data/previous-token"}]),
+        )  # fmt: skip
+        removed = time.monotonic()
+        wait_until(
+            lambda: push(port, namespace, topic, old), lambda code: code == 403, 45, "old refused"
+        )
+        assert time.monotonic() - removed <= 30 + 5  # the refresh, plus a round of it
+        assert push(port, namespace, topic, new) == 400
+
+        # A deleted token Secret is made again by the operator at once (its deletion
+        # re-syncs the Topic, not the next drift check, 600 s away here), the gateway topic
+        # gets the new token, and the replica takes it.
+        kubectl.run("delete", "secret", f"{topic}-ingest-token", "-n", namespace)
+        remade = wait_until(
+            lambda: (
+                kubectl.run(
+                    "get", "secret", f"{topic}-ingest-token", "-n", namespace, check=False
+                ).returncode
+                == 0
+                and token_of(kubectl, namespace, topic)
+            ),
+            lambda token: bool(token) and token != new,
+            30,
+            "the token Secret made again",
+        )
+        wait_until(
+            lambda: sns.get_topic_attributes(TopicArn=arn)["Attributes"]["EndPoint"],
+            lambda endpoint_json: str(remade) in endpoint_json,
+            30,
+            "the gateway topic given the remade token",
+        )
+        wait_until(
+            lambda: push(port, namespace, topic, str(remade)),
+            lambda code: code == 400,
+            10,
+            "the remade token taken",
+        )
+        # Late copies (a push repeated after a slow answer) would come within this.
+        time.sleep(3)
+        assert sorted(delivered()) == sorted(acked), "every upload exactly once"

@@ -21,7 +21,7 @@ from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.operator import DRIFT_INTERVAL_S, StartOperator
 from tests.processes import Program
-from tests.receivers import HttpReceiver
+from tests.receivers import HttpReceiver, RecordingHttpServer
 from tests.resources import apply, condition, gateway_secret
 from tests.s3 import connection, s3_client, sns_client
 from tests.tcpproxy import TcpProxy
@@ -680,3 +680,44 @@ def test_drift_checks_of_one_bucket_share_its_reads(
         "the deleted Id put back by a drift check",
     )
     proxy.stop()
+
+
+def test_a_failed_push_of_a_gateway_delivered_topic_does_not_fail_the_put_and_is_gone(
+    kubectl: Kubectl, namespace: str, operator: Program, bucket: str, s3: Any
+) -> None:
+    """A non-persistent Topic is delivered by the gateway inside the S3 request. A push
+    that fails (the endpoint answers 500) does not fail the upload, and the gateway never
+    sends that event again: once the endpoint answers 200, only later uploads arrive. Who
+    cannot lose an event uses a persistent Topic."""
+    with RecordingHttpServer(status=500) as endpoint:
+        http_topic(kubectl, namespace, "hook", f"{endpoint.url}/hook")
+        apply(
+            kubectl,
+            namespace,
+            "BucketNotification",
+            "n",
+            {
+                "bucket": bucket,
+                "topicRef": {"name": "hook"},
+                "testEvent": False,
+                "events": ["s3:ObjectCreated:Put"],
+            },
+        )
+        condition(kubectl, namespace, "bucketnotification", "n")
+        answered = s3.put_object(Bucket=bucket, Key="while-failing", Body=b"x")
+        assert answered["ResponseMetadata"]["HTTPStatusCode"] == 200
+        pushes: list[tuple[int, str]] = []
+
+        def seen() -> list[tuple[int, str]]:
+            for request in endpoint.received():
+                for record in json.loads(request.body)["Records"]:
+                    pushes.append((request.status, record["s3"]["object"]["key"]))
+            return pushes
+
+        wait_until(seen, lambda p: (500, "while-failing") in p, 20, "the failed push")
+        endpoint.status = 200
+        s3.put_object(Bucket=bucket, Key="after", Body=b"x")
+        wait_until(seen, lambda p: (200, "after") in p, 20, "the next upload's push")
+        # Anything the gateway would send again would come within this.
+        time.sleep(3)
+        assert seen() == [(500, "while-failing"), (200, "after")]

@@ -534,14 +534,19 @@ async def secret_changed(
     memo: kopf.Memo,
     **kwargs: Any,
 ) -> None:
-    """A created or rotated Secret re-syncs every Topic that references it.
+    """A created, rotated or deleted Secret re-syncs every Topic that references it: a
+    deleted ingest token is made again at once, a deleted credentials Secret turns its
+    Topics ``SecretNotFound`` at once, not at the next drift check.
 
     Only Secrets labelled ``bucketnotify.io/watched=true`` arrive here (a server-side
     selector, see ``cli._configure_kopf``): the operator labels every Secret it reads."""
     topics_by_secret: kopf.Index[Any, str] = kwargs["topics_by_secret"]
-    if event.get("type") not in {"ADDED", "MODIFIED"}:
+    kind = event.get("type")
+    if kind not in {"ADDED", "MODIFIED", "DELETED"}:
         return  # the initial listing: resume handlers sync everything anyway
-    if await memo.kube.labelled_by_us(_ns(namespace), name, meta.get("resourceVersion")):
+    if kind != "DELETED" and await memo.kube.labelled_by_us(
+        _ns(namespace), name, meta.get("resourceVersion")
+    ):
         return  # our label, on the data its reader just used
     for topic in topics_by_secret.get((namespace, name), []):
         await memo.kube.annotate(

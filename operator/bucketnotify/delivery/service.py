@@ -238,6 +238,15 @@ wakes the previous holder, or nobody."""
 # How long a Topic the API server did not have is not asked for again.
 MISS_TTL_S = 1.0
 
+LIST_CONCURRENCY = 8
+"""Namespaces listed at once by a refresh (a replica scoped to 200 lists each of them)."""
+CACHED = {"resourceVersion": "0"}
+"""A refresh's lists are answered from the API server's watch cache, not by a quorum read of
+etcd: a replica scoped to many namespaces lists each every few seconds, and a Topic newer
+than the cache is looked up by its first event anyway (``resolve``)."""
+UNLISTED_WARN_EVERY_S = 60.0
+"""How often a namespace whose Topics cannot be listed is named in a WARNING."""
+
 
 class DeliveryService:
     MAX_MISSES = 10_000
@@ -283,6 +292,7 @@ class DeliveryService:
         # Unknown Topics looked up recently: a stray or hostile sender must not turn every
         # request into an API server call.
         self._misses: dict[TopicKey, float] = {}
+        self._unlisted_warned: dict[str, float] = {}
         self._token_reads: dict[TopicKey, asyncio.Future[IngestTopic | None]] = {}
         """Token Secret reads under way (``recheck_token``), one per Topic at most."""
         self._lock = asyncio.Lock()
@@ -346,16 +356,51 @@ class DeliveryService:
     def _in_scope(self, namespace: str) -> bool:
         return not self._namespaces or namespace in self._namespaces
 
-    async def _list_topics(self) -> list[dict[str, Any]]:
+    async def _list_topics(self) -> tuple[list[dict[str, Any]], set[str]]:
+        """The Topics in scope, and the namespaces whose list failed.
+
+        A namespace that cannot be listed (deleted with its Role, a hiccup of the API
+        server) does not stop the refresh of the others, and its Topics are kept as they
+        were: retiring them would drop their ingest. When no namespace can be listed at
+        all, the refresh fails as a whole."""
         if not self._namespaces:
-            listed = await self._api.get(object_path(GROUP, VERSION, "topics"))
+            listed = await self._api.get(object_path(GROUP, VERSION, "topics"), params=CACHED)
             items: list[dict[str, Any]] = listed["items"]
-            return items
+            return items, set()
+        limit = asyncio.Semaphore(LIST_CONCURRENCY)
+
+        async def one(namespace: str) -> list[dict[str, Any]]:
+            async with limit:
+                listed = await self._api.get(
+                    object_path(GROUP, VERSION, "topics", namespace), params=CACHED
+                )
+            found: list[dict[str, Any]] = listed["items"]
+            return found
+
+        results = await asyncio.gather(
+            *(one(ns) for ns in self._namespaces), return_exceptions=True
+        )
         found: list[dict[str, Any]] = []
-        for ns in self._namespaces:
-            listed = await self._api.get(object_path(GROUP, VERSION, "topics", ns))
-            found += listed["items"]
-        return found
+        failed: dict[str, Exception] = {}
+        for namespace, result in zip(self._namespaces, results, strict=True):
+            if isinstance(result, Exception):
+                failed[namespace] = result
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                found += result
+        if failed and len(failed) == len(self._namespaces):
+            raise next(iter(failed.values()))
+        now = time.monotonic()
+        for namespace, exc in failed.items():
+            if now - self._unlisted_warned.get(namespace, -1e9) >= UNLISTED_WARN_EVERY_S:
+                self._unlisted_warned[namespace] = now
+                log.warning(
+                    "cannot list the Topics of namespace %s, keeping those it had: %s",
+                    namespace,
+                    str(exc) or type(exc).__name__,
+                )
+        return found, set(failed)
 
     async def resolve(self, namespace: str, name: str) -> IngestTopic | None:
         """Look up one Topic now (it may have become Ready since the last refresh)."""
@@ -388,7 +433,8 @@ class DeliveryService:
         """Bring the Topic table in line with the Topics that exist now."""
         seen: set[TopicKey] = set()
         async with self._lock:
-            for topic in await self._list_topics():
+            listed, unlisted = await self._list_topics()
+            for topic in listed:
                 meta = topic["metadata"]
                 seen.add((meta["namespace"], meta["name"]))
                 try:
@@ -397,10 +443,12 @@ class DeliveryService:
                     # One broken Topic must not keep the others from being served.
                     log.exception("cannot serve topic %s/%s", meta["namespace"], meta["name"])
         for key in set(self.topics) - seen:
-            await self._retire(key, reason="its Topic was deleted")
+            if key[0] not in unlisted:
+                await self._retire(key, reason="its Topic was deleted")
         # Drop the ingest of Topics the list no longer shows even without a runtime.
         for key in set(self.ingest_topics) - seen:
-            self.ingest_topics.pop(key, None)
+            if key[0] not in unlisted:
+                self.ingest_topics.pop(key, None)
 
     async def _consider(self, topic: dict[str, Any]) -> None:
         meta = topic["metadata"]
