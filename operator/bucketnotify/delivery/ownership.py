@@ -63,6 +63,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
+
 from bucketnotify.apiserver import ApiClient, ApiError, lease_path, log_retried, micro_time
 from bucketnotify.delivery.queue import QueueName
 
@@ -184,6 +186,7 @@ class Ownership:
         # replica takes no expired partition because it just got through after an outage
         self._reached: float | None = None
         self._settling_until = 0.0
+        self._gone_members_warned = False
         self.joined = False
         """True once this replica's member Lease was written: the others count it in the
         fair share from then on. It stays True through an API server outage, when the
@@ -488,9 +491,20 @@ class Ownership:
                     request_timeout=self._timeout,
                 )
             except ApiError as exc:
-                if exc.status not in (404, 409):
-                    raise
-                continue
+                if exc.status in (404, 409):
+                    continue  # gone already, or written again since it was listed
+                # Housekeeping only (a Role without `delete leases`, an API server that
+                # refuses): the round's renewals must not fail for it.
+                if not self._gone_members_warned:
+                    self._gone_members_warned = True
+                    log.warning(
+                        "cannot delete the member Leases of replicas that are gone (%s);"
+                        " they stay until deleted by hand",
+                        exc,
+                    )
+                return
+            except (TimeoutError, OSError, aiohttp.ClientError):
+                return  # the next round tries again
             log.info(
                 "deleted the member Lease %s of a replica gone since %s",
                 meta["name"],
