@@ -21,6 +21,7 @@ from typing import Any, Literal, TypeVar, cast
 import kopf
 
 from bucketnotify.api.common import GROUP, VERSION
+from bucketnotify.apiserver import ApiError
 from bucketnotify.controller.conditions import ready_condition
 from bucketnotify.controller.drift_loop import DriftLoop
 from bucketnotify.controller.events import change_events, drift_events
@@ -463,7 +464,11 @@ async def _bounded_delete(
     so that a gateway gone for good does not keep the object forever."""
     try:
         await delete
-    except (GatewayError, NotReconcilable) as exc:
+    except (GatewayError, NotReconcilable, ApiError) as exc:
+        # A 403: what the deletion must read was refused (a namespace deleted whole took
+        # the operator's Role along); retried, and given up on as a gateway gone for good.
+        if isinstance(exc, ApiError) and exc.status != 403:
+            raise
         waited = (dt.datetime.now(dt.UTC) - started.replace(tzinfo=dt.UTC)).total_seconds()
         if waited < memo.settings.delete_give_up_after_seconds:
             raise kopf.TemporaryError(f"cannot delete the {what} yet: {exc}", delay=5) from None
@@ -693,6 +698,14 @@ async def notification_drift(
     _report_drift(memo, body, "notification", patch, status, bool(status.get("applied")), outcome)
 
 
+def _seen_topic(kwargs: dict[str, Any], namespace: str, spec: kopf.Spec) -> dict[str, Any] | None:
+    """The notification's Topic as its last watch event showed it (``topic_snapshots``)."""
+    topic = (spec.get("topicRef") or {}).get("name")
+    snapshots: kopf.Index[Any, Any] = kwargs["topic_snapshots"]
+    found: dict[str, Any] | None = next(iter(snapshots.get((namespace, topic), [])), None)
+    return found
+
+
 @kopf.on.delete(*NOTIFICATIONS)
 @_exclusive("bucketnotifications")
 @_measured("notification", "delete")
@@ -727,5 +740,6 @@ async def notification_deleted(
             status=dict(status),
             claim=claim,
             rivals=rivals,
+            seen_topic=_seen_topic(kwargs, _ns(namespace), spec),
         ),
     )

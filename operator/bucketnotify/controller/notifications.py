@@ -20,6 +20,7 @@ from typing import Any
 from bucketnotify.api.common import GatewayRef
 from bucketnotify.api.notification import BucketNotificationSpec
 from bucketnotify.api.topic import TopicSpec
+from bucketnotify.apiserver import ApiError
 from bucketnotify.controller.bucket_writes import AGAIN, BucketLocks
 from bucketnotify.controller.conditions import ready_condition
 from bucketnotify.controller.id_ownership import (
@@ -391,12 +392,21 @@ async def send_test_event(
 
 
 async def _topic_spec_and_arn(
-    kube: Kube, namespace: str, name: str
+    kube: Kube, namespace: str, name: str, seen: dict[str, Any] | None = None
 ) -> tuple[dict[str, Any], str | None] | None:
     """A Topic's spec and ARN, None when it is gone. Only these: a deletion then waits for
     its bucket's lock, and with a thousand deletions waiting at once, whole Topic objects
-    (managedFields and all) held about 8 MiB at the operator's peak."""
-    topic = await kube.get_object("topics", namespace, name)
+    (managedFields and all) held about 8 MiB at the operator's peak.
+
+    ``seen``: the Topic as its last watch event showed it, used when the API server refuses
+    the read (403): a namespace deleted whole takes the operator's Role along while its
+    notifications still wait for their cleanup."""
+    try:
+        topic = await kube.get_object("topics", namespace, name)
+    except ApiError as exc:
+        if exc.status != 403 or seen is None:
+            raise
+        topic = seen
     if topic is None:
         return None
     spec: dict[str, Any] = topic["spec"]
@@ -415,6 +425,7 @@ async def delete_notification(
     status: dict[str, Any],
     claim: IdClaim | None = None,
     rivals: list[IdClaim] | None = None,
+    seen_topic: dict[str, Any] | None = None,
 ) -> None:
     """Remove this notification's Id (only it) from its bucket, and the copy of its topic
     Ceph made for it; return only once a read shows both gone. A bucket already gone is fine.
@@ -445,7 +456,7 @@ async def delete_notification(
         topic_arns.add(parsed.topic_arn)
     found = None
     if parsed.topic_ref is not None:
-        found = await _topic_spec_and_arn(kube, namespace, parsed.topic_ref.name)
+        found = await _topic_spec_and_arn(kube, namespace, parsed.topic_ref.name, seen_topic)
     if found is not None:
         topic_spec, topic_arn = found
         if ref is None:
