@@ -24,11 +24,15 @@ def replica_settings() -> dict[str, str]:
     return {}
 
 
-@pytest.fixture()
-def replica(
-    kube: LocalService, namespace: str, queues: Path, replica_settings: dict[str, str]
-) -> Iterator[tuple[Program, int]]:
-    port = free_port()
+def dir_replica(
+    kube: LocalService,
+    namespace: str,
+    queues: Path,
+    identity: str,
+    port: int,
+    settings: dict[str, str],
+) -> Program:
+    """A replica on the queue directory ``queues``, its Leases in ``namespace``; Ready."""
     program = Program(
         ["delivery"],
         {
@@ -37,13 +41,22 @@ def replica(
             "BUCKETNOTIFY_DELIVERY_LISTEN_PORT": str(port),
             "BUCKETNOTIFY_DELIVERY_LEASE_NAMESPACE": namespace,
             "BUCKETNOTIFY_DELIVERY_NAMESPACES": json.dumps([namespace]),
-            "BUCKETNOTIFY_DELIVERY_IDENTITY": "replica-1",
+            "BUCKETNOTIFY_DELIVERY_IDENTITY": identity,
             # Drained queues are deleted by the sweep: every 2 s instead of 30.
             "BUCKETNOTIFY_DELIVERY_SWEEP_INTERVAL_SECONDS": "2",
-            **{f"BUCKETNOTIFY_DELIVERY_{k}": v for k, v in replica_settings.items()},
+            **{f"BUCKETNOTIFY_DELIVERY_{k}": v for k, v in settings.items()},
         },
     )
     wait_ready(port, program)
+    return program
+
+
+@pytest.fixture()
+def replica(
+    kube: LocalService, namespace: str, queues: Path, replica_settings: dict[str, str]
+) -> Iterator[tuple[Program, int]]:
+    port = free_port()
+    program = dir_replica(kube, namespace, queues, "replica-1", port, replica_settings)
     yield program, port
     program.stop()
     print(f"--- delivery log ---\n{program.log()[-4000:]}")

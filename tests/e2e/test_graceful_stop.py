@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.delivery import push_records, wait_ready
+from tests.delivery import push_records
+from tests.e2e.conftest import dir_replica
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.processes import Program, free_port
@@ -93,19 +94,8 @@ def test_a_stopping_replica_is_unready_at_once_and_its_round_finishes_before_it_
 
         # A successor on the same queue store finds nothing left to push.
         successor_port = free_port()
-        successor = Program(
-            ["delivery"],
-            {
-                "KUBECONFIG": kube["KUBECONFIG_ADMIN"],
-                "BUCKETNOTIFY_DELIVERY_STORE": f"dir://{queues}",
-                "BUCKETNOTIFY_DELIVERY_LISTEN_PORT": str(successor_port),
-                "BUCKETNOTIFY_DELIVERY_LEASE_NAMESPACE": namespace,
-                "BUCKETNOTIFY_DELIVERY_NAMESPACES": json.dumps([namespace]),
-                "BUCKETNOTIFY_DELIVERY_IDENTITY": "replica-2",
-            },
-        )
+        successor = dir_replica(kube, namespace, queues, "replica-2", successor_port, {})
         try:
-            wait_ready(successor_port, successor)
             # One shard, delivered in order: an event left in the queue would go out before
             # this one.
             assert push_records(successor_port, namespace, "slow", token, ["after"]) == 200
