@@ -173,3 +173,12 @@ class RecordingHttpServer:
                 taken.append(self.requests.get_nowait())
             except queue.Empty:
                 return taken
+
+
+def keys_of(requests: list[ReceivedRequest]) -> list[str]:
+    """The object key of every record in these requests' ``{"Records": [...]}`` bodies."""
+    return [
+        record["s3"]["object"]["key"]
+        for request in requests
+        for record in json.loads(request.body)["Records"]
+    ]

@@ -23,7 +23,7 @@ from tests.cluster.pods import Release, describe, describe_all, pods, ready
 from tests.install.manifests import helm
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
-from tests.receivers import RecordingHttpServer
+from tests.receivers import RecordingHttpServer, keys_of
 from tests.s3 import s3_client, sns_client
 from tests.waiting import wait_until
 
@@ -74,14 +74,6 @@ def notify(
     )
     wait_ready(kubectl, "topic", topic, namespace)
     wait_ready(kubectl, "bucketnotification", notification, namespace)
-
-
-def keys_of(requests: list[Any]) -> list[str]:
-    return [
-        record["s3"]["object"]["key"]
-        for request in requests
-        for record in json.loads(request.body)["Records"]
-    ]
 
 
 def test_every_pod_is_ready_and_the_operator_leads_under_its_pod_name(

@@ -21,7 +21,7 @@ from tests.e2e.conftest import dir_replica
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.processes import Program, free_port
-from tests.receivers import RecordingHttpServer
+from tests.receivers import RecordingHttpServer, keys_of
 from tests.resources import apply, token_secret
 from tests.waiting import wait_until
 
@@ -85,12 +85,7 @@ def test_a_stopping_replica_is_unready_at_once_and_its_round_finishes_before_it_
         # It waits for the push under way (the endpoint's answer) and its removal.
         assert program.process.wait(timeout=ENDPOINT_DELAY_S + 20) == 0, program.log()[-3000:]
 
-        first = [
-            record["s3"]["object"]["key"]
-            for request in endpoint.received()
-            for record in json.loads(request.body)["Records"]
-        ]
-        assert sorted(first) == keys
+        assert sorted(keys_of(endpoint.received())) == keys
 
         # A successor on the same queue store finds nothing left to push.
         successor_port = free_port()
@@ -101,14 +96,7 @@ def test_a_stopping_replica_is_unready_at_once_and_its_round_finishes_before_it_
             assert push_records(successor_port, namespace, "slow", token, ["after"]) == 200
             again: list[str] = []
             wait_until(
-                lambda: (
-                    again.extend(
-                        record["s3"]["object"]["key"]
-                        for request in endpoint.received()
-                        for record in json.loads(request.body)["Records"]
-                    )
-                    or again
-                ),
+                lambda: again.extend(keys_of(endpoint.received())) or again,
                 lambda got: "after" in got,
                 30,
                 "the successor's push",
