@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
-from typing import Any
 
 from bench.kube import SetupError
+from devstack.gateway import ceph_tool, listed_topic_names
 from devstack.services import Service
 
 __all__ = ["Gateway"]
@@ -17,13 +17,14 @@ class Gateway:
     """The shared gateway's counters and topic list, read the way an administrator would."""
 
     def __init__(self, rgw: Service) -> None:
+        self.rgw = rgw
         self.conf = rgw["CEPH_CONF"]
         self.asok = str(Path(self.conf).parent / "client.rgw.local.asok")
 
     def requests(self) -> int | None:
         """Requests radosgw served since it started (all clients), None when unreadable."""
         result = subprocess.run(
-            ["ceph", "-c", self.conf, "--admin-daemon", self.asok, "perf", "dump"],
+            ceph_tool(self.rgw, "ceph", "--admin-daemon", self.asok, "perf", "dump"),
             capture_output=True,
             text=True,
             timeout=60,
@@ -34,9 +35,10 @@ class Gateway:
         value: int = json.loads(result.stdout)["rgw"]["req"]
         return value
 
-    def topics(self) -> list[dict[str, Any]]:
+    def topic_names(self, *marks: str) -> list[str]:
+        """Names of gateway topics (notification copies included) containing any mark."""
         result = subprocess.run(
-            ["radosgw-admin", "-c", self.conf, "topic", "list"],
+            ceph_tool(self.rgw, "radosgw-admin", "topic", "list"),
             capture_output=True,
             text=True,
             timeout=120,
@@ -46,22 +48,17 @@ class Gateway:
             return []  # a tenant that never had a topic has no topics object yet
         if result.returncode != 0:
             raise SetupError(f"radosgw-admin topic list failed: {result.stderr.strip()}")
-        listed: list[dict[str, Any]] = json.loads(result.stdout)["topics"]
-        return listed
+        names = listed_topic_names(result.stdout)
+        return sorted(n for n in names if any(m in n for m in marks))
 
     def remove(self, names: list[str]) -> None:
         for name in names:
             subprocess.run(
-                ["radosgw-admin", "-c", self.conf, "topic", "rm", f"--topic={name}"],
+                ceph_tool(self.rgw, "radosgw-admin", "topic", "rm", f"--topic={name}"),
                 capture_output=True,
                 timeout=120,
                 check=False,
             )
-
-    def topic_names(self, *marks: str) -> list[str]:
-        """Names of gateway topics (notification copies included) containing any mark."""
-        names = [str(t["topic"]["name"]) for t in self.topics()]
-        return sorted(n for n in names if any(m in n for m in marks))
 
 
 # --- process figures ------------------------------------------------------------------------

@@ -559,12 +559,11 @@ def release_leftovers(
     gateway = Gateway(rgw)
     sns = s3_client(rgw, "sns")
     removed = []
-    for topic in gateway.topics():
-        name = str(topic["topic"]["name"])
-        if any(m in name for m in marks):
-            with contextlib.suppress(Exception):
-                sns.delete_topic(TopicArn=topic["topic"]["arn"])
-                removed.append(name)
+    region = rgw.env.get("RGW_REGION") or "default"
+    for name in gateway.topic_names(*marks):
+        with contextlib.suppress(Exception):
+            sns.delete_topic(TopicArn=f"arn:aws:sns:{region}::{name}")
+            removed.append(name)
     return removed
 
 
@@ -609,7 +608,7 @@ def measure(
         "tag": tag,
         "phases": [],
     }
-    document["gateway_topics_before"] = len(gateway.topics())
+    document["gateway_topics_before"] = len(gateway.topic_names(""))
 
     if options.baseline:
         print("== baseline: the same gateway writes, direct, one client", flush=True)
@@ -715,7 +714,7 @@ def measure(
             document["leftover_bucket_configurations"] = leftover_configurations(rgw, buckets)
             if document["leftover_gateway_topics"]:
                 gateway.remove(document["leftover_gateway_topics"])
-    document["gateway_topics_after"] = len(gateway.topics())
+    document["gateway_topics_after"] = len(gateway.topic_names(""))
     return document
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import shlex
 from typing import Any
 
 import boto3
@@ -9,7 +11,13 @@ from botocore.config import Config
 
 from devstack.services import Service
 
-__all__ = ["SINGLE_ATTEMPT", "gateway_client", "gateway_settings"]
+__all__ = [
+    "SINGLE_ATTEMPT",
+    "ceph_tool",
+    "gateway_client",
+    "gateway_settings",
+    "listed_topic_names",
+]
 
 SINGLE_ATTEMPT: dict[str, Any] = {
     "retries": {"total_max_attempts": 1, "mode": "standard"},
@@ -50,3 +58,20 @@ def gateway_settings(rgw: Service) -> dict[str, str]:
         "BUCKETNOTIFY_GATEWAY_SECRET_KEY": rgw["RGW_SECRET_KEY"],
         "BUCKETNOTIFY_GATEWAY_REGION": _region(rgw),
     }
+
+
+def ceph_tool(rgw: Service, tool: str, *args: str) -> list[str]:
+    """The command line of a Ceph tool (``radosgw-admin``, ``ceph``, ``rados``) of the
+    gateway's own release, on its cluster: a release other than the host's runs in its root,
+    and the host's tools cannot read the keys a newer release made."""
+    prefix = shlex.split(rgw["CEPH_TOOLS_PREFIX"])
+    return [*prefix, tool, "-c", rgw["CEPH_CONF"], *args]
+
+
+def listed_topic_names(listing: str) -> list[str]:
+    """The topic names in the output of ``radosgw-admin topic list``, whose shape each
+    release changed: ``{"topics": [{"topic": {"name": ...}, "subs": [...]}]}`` on 16.2, a
+    list of topics on 20.2, and on 18.2 ``{"topics": [{"name": ...}]}``."""
+    parsed = json.loads(listing)
+    entries = parsed.get("topics", []) if isinstance(parsed, dict) else parsed
+    return [str((entry.get("topic") or entry)["name"]) for entry in entries]

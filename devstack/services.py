@@ -18,9 +18,11 @@ __all__ = [
     "RUN_DIR",
     "Service",
     "ServiceError",
+    "ceph_release",
     "pid_of",
     "read_env",
     "start",
+    "state_dir",
     "stop",
 ]
 
@@ -30,6 +32,21 @@ RUN_DIR = Path(os.environ.get("BN_RUN", "/tmp/bucketnotify-local"))
 
 # A cold start may first build the apiserver (minutes); a warm one takes seconds.
 START_TIMEOUT_S = 1800
+# The Ceph release ceph.sh runs when CEPH_RELEASE does not name one.
+DEFAULT_CEPH_RELEASE = "tentacle"
+
+
+def state_dir(name: str, run_dir: Path = RUN_DIR) -> Path:
+    """Where ``deploy/local/<name>.sh`` keeps a service's state and env file: Ceph's is per
+    release (``CEPH_RELEASE``), so that several releases run side by side."""
+    if name == "ceph":
+        return run_dir / f"ceph-{ceph_release()}"
+    return run_dir / name
+
+
+def ceph_release() -> str:
+    """The Ceph release ``deploy/local/ceph.sh`` runs in this environment."""
+    return os.environ.get("CEPH_RELEASE") or DEFAULT_CEPH_RELEASE
 
 
 class ServiceError(RuntimeError):
@@ -49,7 +66,7 @@ class Service:
             return self.env[key]
         except KeyError:
             raise ServiceError(
-                f"{RUN_DIR / self.name / 'env'} has no {key}: is it from an older "
+                f"{state_dir(self.name) / 'env'} has no {key}: is it from an older "
                 f"deploy/local/{self.name}.sh? Restart the service with it."
             ) from None
 
@@ -89,7 +106,7 @@ def start(name: str) -> Service:
                 f"local service {name!r} did not start (is it installed? `make "
                 f"services-install`):\n{tail}"
             )
-    env_file = RUN_DIR / name / "env"
+    env_file = state_dir(name) / "env"
     if not env_file.exists():
         raise ServiceError(f"local service {name!r} is up but wrote no {env_file}")
     return Service(name=name, env=read_env(env_file), started_here=not running)
@@ -104,6 +121,6 @@ def stop(service: Service) -> None:
 def pid_of(name: str, pid_file: str) -> int | None:
     """The pid a service's script recorded, or None when it recorded none."""
     try:
-        return int((RUN_DIR / name / pid_file).read_text().split()[0])
+        return int((state_dir(name) / pid_file).read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None

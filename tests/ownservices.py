@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from devstack.services import state_dir
 from tests.localservices import LOCAL, LocalService, read_env
 from tests.processes import free_port
 
@@ -62,11 +63,11 @@ class OwnService:
     @property
     def state_dir(self) -> Path:
         """Where its script keeps the service's state, pid file and log."""
-        return self._run_dir / self.name
+        return state_dir(self.name, self._run_dir)
 
     @property
     def env(self) -> dict[str, str]:
-        return read_env(self._run_dir / self.name / "env")
+        return read_env(self.state_dir / "env")
 
     def service(self) -> LocalService:
         """The connection details, in the shape the session fixtures give."""

@@ -7,6 +7,7 @@ import uuid
 from typing import Any
 
 from bucketnotify.gateway.connection import GatewayConnection
+from bucketnotify.gateway.release import GatewayRelease, release_named
 from devstack.gateway import gateway_client
 from tests.localservices import LocalService
 
@@ -24,6 +25,12 @@ def unique(kind: str) -> str:
 def s3_client(rgw: LocalService, **config: Any) -> Any:
     """``config``: botocore ``Config`` options (retries, timeouts) for this client."""
     return gateway_client(rgw, "s3", **config)
+
+
+def release_of(rgw: LocalService) -> GatewayRelease:
+    """The Ceph release the test gateway runs (``deploy/local/ceph.sh`` installed it): the
+    facts a test asserts about the gateway itself differ between releases."""
+    return release_named(rgw["CEPH_RELEASE"])
 
 
 def sns_client(rgw: LocalService) -> Any:

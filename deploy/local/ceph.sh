@@ -2,9 +2,21 @@
 # A real, minimal Ceph cluster for the integration tests: one monitor, one memstore OSD and
 # one RADOS Gateway, all bound to 127.0.0.1 and run as plain processes (no systemd, no
 # containers), with two S3 users of fixed keys. The tests read the endpoint and keys from
-# $BN_RUN/ceph/env.
+# $BN_RUN/ceph-$CEPH_RELEASE/env.
 #
-#   deploy/local/ceph.sh install  install the Debian packages (start does it too)
+# CEPH_RELEASE picks the Ceph release (the one users run today by default):
+#   tentacle  Ceph 20.2 (default)   Debian forky's packages    ports 18000 18443 16789 13300
+#   reef      Ceph 18.2             Debian trixie's packages   ports 18100 18543 16889 13400
+#   pacific   Ceph 16.2             this host's own packages   ports 18200 18643 16989 13500
+# A release other than the host's runs from a Debian root of its own (debootstrap, built once
+# under $BN_CACHE/ceph-roots/, its package versions pinned below), every daemon and tool
+# through chroot: its keys and on-disk formats are not the host's. $BN_RUN/ceph-<release> is
+# bind-mounted at the same path inside the root, so one ceph.conf path works inside and out.
+# Several releases run side by side, each on its own ports; RADOSGW_ADMIN in the env file is the
+# command line of the release's own radosgw-admin, CEPH_TOOLS_PREFIX what runs any other of its
+# tools (ceph, rados).
+#
+#   deploy/local/ceph.sh install  install the packages or build the root (start does it too)
 #   deploy/local/ceph.sh start    bring it up (a second call while it runs returns at once)
 #   deploy/local/ceph.sh stop     kill every daemon it started and delete its state
 #   deploy/local/ceph.sh status   exit 0 when it is running
@@ -24,16 +36,31 @@
 SERVICE=ceph
 source "$(dirname "$0")/lib.sh"
 
-RGW_PORT=${CEPH_RGW_PORT:-18000}
+CEPH_RELEASE=${CEPH_RELEASE:-tentacle}
+# The packages each root installs, exactly: a rebuilt root is the gateway the tests measured.
+case $CEPH_RELEASE in
+  tentacle) SUITE=forky; BOOTSTRAP_SCRIPT=sid; CEPH_VERSION=20.2.4+ds-2; PORT_SHIFT=0 ;;
+  reef) SUITE=trixie; BOOTSTRAP_SCRIPT=trixie; CEPH_VERSION=18.2.7+ds-1+deb13u1; PORT_SHIFT=100 ;;
+  pacific) SUITE=""; PORT_SHIFT=200 ;;
+  *) die "CEPH_RELEASE=$CEPH_RELEASE is not one of tentacle, reef, pacific" ;;
+esac
+CEPH_PACKAGES=(ceph-mon ceph-osd radosgw ceph-common)
+ROOT=""
+[[ -n $SUITE ]] && ROOT="$BN_CACHE/ceph-roots/$CEPH_RELEASE"
+# "${IN_RELEASE[@]}" CMD...: a Ceph program of the release, inside its root or the host's own.
+IN_RELEASE=()
+[[ -n $ROOT ]] && IN_RELEASE=(chroot "$ROOT")
+
+RGW_PORT=${CEPH_RGW_PORT:-$((18000 + PORT_SHIFT))}
 # The same gateway over HTTPS (a CA made at each start): Ceph 16.2 takes a topic's broker
 # credentials only over HTTPS (docs/operator.md).
-RGW_TLS_PORT=${CEPH_RGW_TLS_PORT:-18443}
-MON_PORT=${CEPH_MON_PORT:-16789}
-MON_V2_PORT=${CEPH_MON_V2_PORT:-13300}
+RGW_TLS_PORT=${CEPH_RGW_TLS_PORT:-$((18443 + PORT_SHIFT))}
+MON_PORT=${CEPH_MON_PORT:-$((16789 + PORT_SHIFT))}
+MON_V2_PORT=${CEPH_MON_V2_PORT:-$((13300 + PORT_SHIFT))}
 # memstore keeps every object in the OSD's memory; tests write small objects only.
 MEMSTORE_BYTES=${CEPH_MEMSTORE_BYTES:-$((1024 * 1024 * 1024))}
 
-DIR="$BN_RUN/ceph"
+DIR="$BN_RUN/ceph-$CEPH_RELEASE"
 CONF="$DIR/ceph.conf"
 KEYRING="$DIR/keyring"
 RGW_NAME=client.rgw.local
@@ -59,7 +86,7 @@ running() {
 # build it twice or tear it down half-built. The lock file lives outside $DIR, which stop deletes.
 lock() {
   mkdir -p "$BN_RUN"
-  exec 9>"$BN_RUN/.ceph.lock"
+  exec 9>"$BN_RUN/.ceph-$CEPH_RELEASE.lock"
   flock 9
 }
 
@@ -81,7 +108,102 @@ kill_daemons() {
 
 stop_all() {
   kill_daemons
+  root_unmount
   rm -rf "$DIR"
+}
+
+
+# The Debian mirror this host's apt uses: the roots come from the same archive.
+host_mirror() {
+  local uri
+  uri=$(awk '/^URIs:/ && $2 !~ /security/ {print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
+  [[ -n $uri ]] || uri=$(awk '/^deb / && $2 !~ /security/ {print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)
+  [[ -n $uri ]] || die "no Debian mirror found in this host's apt sources"
+  printf '%s\n' "$uri"
+}
+
+# The kernel's file systems a Ceph package's scripts and daemons need, inside root $1.
+mount_system() {
+  local root=$1
+  mountpoint -q "$root/proc" || mount -t proc proc "$root/proc"
+  mountpoint -q "$root/sys" || mount --rbind /sys "$root/sys"
+  mountpoint -q "$root/dev" || mount --rbind /dev "$root/dev"
+}
+
+# Everything mounted under root $1, deepest first. A root is never deleted with a mount in it:
+# rm would go on into the host's /dev and /sys.
+unmount_all() {
+  local root=$1 target
+  [[ -d $root ]] || return 0
+  while read -r target; do
+    umount -l "$target" 2>/dev/null || true
+  done < <(awk -v r="$root/" 'index($2, r) == 1 {print $2}' /proc/mounts | sort -r)
+}
+
+# The root stays mounted while a daemon or tool of another run ($BN_RUN) still works in it.
+root_unmount() {
+  [[ -n $ROOT ]] || return 0
+  mountpoint -q "$ROOT$DIR" && umount -l "$ROOT$DIR"
+  local p
+  for p in /proc/[0-9]*; do
+    [[ $(readlink "$p/root" 2>/dev/null) == "$ROOT" ]] && return 0
+  done
+  # Another run's state directory still bound in: that run has not stopped.
+  awk -v r="$ROOT/" 'index($2, r) == 1 {split(substr($2, length(r) + 1), a, "/");
+    if (a[1] != "proc" && a[1] != "sys" && a[1] != "dev") f = 1} END {exit !f}' /proc/mounts && return 0
+  unmount_all "$ROOT"
+}
+
+root_mount() {
+  mount_system "$ROOT"
+  mkdir -p "$ROOT$DIR"
+  mountpoint -q "$ROOT$DIR" || mount --bind "$DIR" "$ROOT$DIR"
+}
+
+# Build the release's root once: debootstrap a minimal Debian, then apt inside it (debootstrap's
+# --include fails on a systemd pre-dependency of the Ceph packages).
+root_build() {
+  grep -qP "^radosgw\t\Q$CEPH_VERSION\E$" "$ROOT/.bucketnotify-ceph" 2>/dev/null && return 0
+  apt_ensure debootstrap
+  if [[ -d $ROOT ]]; then
+    log "the root in $ROOT is not Ceph $CEPH_VERSION: building it again"
+    unmount_all "$ROOT"
+    rm -rf --one-file-system "$ROOT"
+  fi
+  local tmp=$ROOT.tmp mirror apt=(apt-get -qq -o Acquire::Check-Valid-Until=false)
+  mirror=$(host_mirror)
+  log "building a Debian $SUITE root for Ceph $CEPH_VERSION in $ROOT (once; a few minutes)"
+  unmount_all "$tmp"
+  rm -rf --one-file-system "$tmp"
+  mkdir -p "$(dirname "$tmp")"
+  trap 'unmount_all "'"$tmp"'"' EXIT
+  debootstrap --variant=minbase "$SUITE" "$tmp" "$mirror" \
+    "/usr/share/debootstrap/scripts/$BOOTSTRAP_SCRIPT" >"$tmp.log" 2>&1 ||
+    die_with_log "debootstrap of $SUITE failed" "$tmp.log"
+  # Packages must not start their services in here: the daemons are ours to run.
+  printf '#!/bin/sh\nexit 101\n' >"$tmp/usr/sbin/policy-rc.d"
+  chmod +x "$tmp/usr/sbin/policy-rc.d"
+  mount_system "$tmp"
+  # The archive may be a dated snapshot, whose Release files are past their Valid-Until.
+  chroot "$tmp" "${apt[@]}" update >>"$tmp.log" 2>&1 || die_with_log "apt-get update in the root failed" "$tmp.log"
+  chroot "$tmp" env DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y --no-install-recommends \
+    "${CEPH_PACKAGES[@]/%/=$CEPH_VERSION}" >>"$tmp.log" 2>&1 ||
+    die_with_log "installing Ceph $CEPH_VERSION in the root failed" "$tmp.log"
+  chroot "$tmp" apt-get clean
+  unmount_all "$tmp"
+  trap - EXIT
+  chroot "$tmp" dpkg-query -W "${CEPH_PACKAGES[@]}" >"$tmp/.bucketnotify-ceph"
+  rm -f "$tmp.log"
+  mv "$tmp" "$ROOT"
+}
+
+install() {
+  if [[ -n $ROOT ]]; then
+    root_build
+  else
+    apt_ensure "${CEPH_PACKAGES[@]}"
+  fi
+  log "Ceph $CEPH_RELEASE: $("${IN_RELEASE[@]}" radosgw --version 2>&1 | head -1)"
 }
 
 # spawn NAME LOGFILE CMD...: run a daemon in the foreground of its own session, so that a
@@ -159,12 +281,12 @@ EOF
 # no `ceph auth add` round trip is needed once it runs.
 write_keyring() {
   rm -f "$KEYRING"
-  ceph-authtool --create-keyring "$KEYRING" --gen-key -n mon. --cap mon 'allow *' >/dev/null
-  ceph-authtool "$KEYRING" --gen-key -n client.admin \
+  "${IN_RELEASE[@]}" ceph-authtool --create-keyring "$KEYRING" --gen-key -n mon. --cap mon 'allow *' >/dev/null
+  "${IN_RELEASE[@]}" ceph-authtool "$KEYRING" --gen-key -n client.admin \
     --cap mon 'allow *' --cap osd 'allow *' --cap mgr 'allow *' --cap mds 'allow *' >/dev/null
-  ceph-authtool "$KEYRING" --gen-key -n osd.0 \
+  "${IN_RELEASE[@]}" ceph-authtool "$KEYRING" --gen-key -n osd.0 \
     --cap mon 'allow profile osd' --cap osd 'allow *' --cap mgr 'allow profile osd' >/dev/null
-  ceph-authtool "$KEYRING" --gen-key -n "$RGW_NAME" \
+  "${IN_RELEASE[@]}" ceph-authtool "$KEYRING" --gen-key -n "$RGW_NAME" \
     --cap mon 'allow rw' --cap osd 'allow rwx' --cap mgr 'allow rw' >/dev/null
   chmod 600 "$KEYRING"
 }
@@ -182,7 +304,7 @@ up_or_gone() { local name=$1; shift; ! ours "$DIR/$name.pid" || "$@"; }
 
 create_user() {
   local uid=$1 name=$2 access=$3 secret=$4 out
-  if ! out=$(radosgw-admin -c "$CONF" user create --uid="$uid" --display-name="$name" \
+  if ! out=$("${IN_RELEASE[@]}" radosgw-admin -c "$CONF" user create --uid="$uid" --display-name="$name" \
     --access-key="$access" --secret-key="$secret" 2>&1); then
     # Only these users are ever made with these keys, so one that exists is the one we want.
     grep -q 'exists' <<<"$out" || die "could not create RGW user $uid: $out"
@@ -190,7 +312,7 @@ create_user() {
 }
 
 start() {
-  apt_ensure ceph-mon ceph-osd radosgw ceph-common
+  install
   lock
   running && return 0
   # Leftovers of a cluster that died: memstore lost its data with it, so start from scratch.
@@ -202,8 +324,9 @@ start() {
   port_open "$MON_PORT" && die "port $MON_PORT is taken by another process (set CEPH_MON_PORT)"
   port_open "$MON_V2_PORT" && die "port $MON_V2_PORT is taken by another process (set CEPH_MON_V2_PORT)"
 
-  log "starting a Ceph cluster (mon, memstore osd, radosgw on 127.0.0.1:$RGW_PORT)"
+  log "starting a Ceph $CEPH_RELEASE cluster (mon, memstore osd, radosgw on 127.0.0.1:$RGW_PORT)"
   mkdir -p "$DIR/mon.a" "$DIR/osd.0" "$DIR/rgw"
+  [[ -n $ROOT ]] && root_mount
   local fsid osd_uuid
   fsid=$(cat /proc/sys/kernel/random/uuid)
   osd_uuid=$(cat /proc/sys/kernel/random/uuid)
@@ -213,22 +336,22 @@ start() {
 
   # The initial osdmap already holds osd.0, so the OSD can be made and started alongside the
   # monitor instead of waiting for it to answer an `osd new`.
-  monmaptool --create --fsid "$fsid" --addv a "[v2:127.0.0.1:$MON_V2_PORT,v1:127.0.0.1:$MON_PORT]" \
+  "${IN_RELEASE[@]}" monmaptool --create --fsid "$fsid" --addv a "[v2:127.0.0.1:$MON_V2_PORT,v1:127.0.0.1:$MON_PORT]" \
     "$DIR/monmap" >/dev/null
-  osdmaptool -c "$CONF" --createsimple 1 --clobber "$DIR/osdmap" >>"$MON_LOG" 2>&1 ||
+  "${IN_RELEASE[@]}" osdmaptool -c "$CONF" --createsimple 1 --clobber "$DIR/osdmap" >>"$MON_LOG" 2>&1 ||
     die_with_log "osdmaptool failed" "$MON_LOG"
-  ceph-mon -c "$CONF" -i a --mkfs --monmap "$DIR/monmap" --osdmap "$DIR/osdmap" \
+  "${IN_RELEASE[@]}" ceph-mon -c "$CONF" -i a --mkfs --monmap "$DIR/monmap" --osdmap "$DIR/osdmap" \
     --keyring "$KEYRING" >>"$MON_LOG" 2>&1 || die_with_log "ceph-mon --mkfs failed" "$MON_LOG"
-  ceph-osd -c "$CONF" -i 0 --mkfs --no-mon-config --osd-uuid "$osd_uuid" >>"$OSD_LOG" 2>&1 ||
+  "${IN_RELEASE[@]}" ceph-osd -c "$CONF" -i 0 --mkfs --no-mon-config --osd-uuid "$osd_uuid" >>"$OSD_LOG" 2>&1 ||
     die_with_log "ceph-osd --mkfs failed" "$OSD_LOG"
 
-  spawn mon "$MON_LOG" ceph-mon -c "$CONF" -i a
-  spawn osd "$OSD_LOG" ceph-osd -c "$CONF" -i 0
+  spawn mon "$MON_LOG" "${IN_RELEASE[@]}" ceph-mon -c "$CONF" -i a
+  spawn osd "$OSD_LOG" "${IN_RELEASE[@]}" ceph-osd -c "$CONF" -i 0
   await mon 30 "$MON_LOG" -- port_open "$MON_PORT"
   await osd 60 "$OSD_LOG" -- osd_active
   # Not earlier: a gateway that makes its first pool before the OSD is up leaves its writes
   # parked until its next 5 s tick, which doubled the start time.
-  spawn rgw "$RGW_LOG" radosgw -c "$CONF" -n "$RGW_NAME"
+  spawn rgw "$RGW_LOG" "${IN_RELEASE[@]}" radosgw -c "$CONF" -n "$RGW_NAME"
   await rgw 60 "$RGW_LOG" -- port_open "$RGW_PORT"
 
   local pids=()
@@ -247,6 +370,10 @@ start() {
     "RGW_OTHER_USER=$OTHER_UID" \
     "RGW_OTHER_ACCESS_KEY=$OTHER_ACCESS" \
     "RGW_OTHER_SECRET_KEY=$OTHER_SECRET" \
+    "CEPH_RELEASE=$CEPH_RELEASE" \
+    "CEPH_VERSION=$("${IN_RELEASE[@]}" radosgw --version 2>&1 | awk '{print $3; exit}')" \
+    "RADOSGW_ADMIN=${ROOT:+chroot $ROOT }radosgw-admin" \
+    "CEPH_TOOLS_PREFIX=${ROOT:+chroot $ROOT}" \
     "CEPH_CONF=$CONF" \
     "CEPH_KEYRING=$KEYRING" \
     "CEPH_LOG=$RGW_LOG"
@@ -274,12 +401,13 @@ gateway_start() {
   [[ -f $DIR/env ]] || die "not started: start the cluster first"
   ours "$DIR/mon.pid" && ours "$DIR/osd.pid" || die "the monitor or the OSD is gone: stop and start afresh"
   ours "$DIR/rgw.pid" && return 0
-  spawn rgw "$RGW_LOG" radosgw -c "$CONF" -n "$RGW_NAME"
+  [[ -n $ROOT ]] && root_mount
+  spawn rgw "$RGW_LOG" "${IN_RELEASE[@]}" radosgw -c "$CONF" -n "$RGW_NAME"
   await rgw 60 "$RGW_LOG" -- port_open "$RGW_PORT"
 }
 
 case ${1:-} in
-  install) apt_ensure ceph-mon ceph-osd radosgw ceph-common ;;
+  install) install ;;
   start) start ;;
   gateway-stop) gateway_stop ;;
   gateway-start) gateway_start ;;
@@ -289,7 +417,7 @@ case ${1:-} in
     ;;
   status)
     if running; then
-      log "running: RGW at http://127.0.0.1:$RGW_PORT"
+      log "running: Ceph $CEPH_RELEASE, RGW at http://127.0.0.1:$RGW_PORT"
     else
       log "not running"
       exit 1

@@ -173,7 +173,9 @@ async def _operate(settings: OperatorSettings, api: ApiClient) -> None:
             # A drift check may use a bucket read of the last drift interval.
             bucket_locks=BucketLocks(metrics, reuse_s=settings.drift_interval_seconds),
             # A drift check of a Topic may use a topic listing of the last drift interval.
-            gateways=GatewayPool(listing_reuse_s=settings.drift_interval_seconds),
+            gateways=GatewayPool(
+                listing_reuse_s=settings.drift_interval_seconds, release=settings.gateway_release
+            ),
             object_locks=ObjectLocks(),
             metrics=metrics,
         ),

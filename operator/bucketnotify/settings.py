@@ -29,6 +29,9 @@ class OperatorSettings(BaseSettings):
     gateway_kind: Literal["ceph", "obs"] = "ceph"
     """Whose API the default gateway speaks: ``ceph`` (RGW) or ``obs`` (Huawei OBS:
     notifications to existing SMN topics by topicARN only; no Topics, no queue store)."""
+    gateway_release: Literal["pacific", "quincy", "reef", "squid", "tentacle"] | None = None
+    """The Ceph release of every gateway, for gateways behind a proxy that hides it; unset,
+    the operator asks each gateway (its ``Server`` header, else what it answers)."""
 
     namespaces: list[str] = Field(default_factory=list)
     """Namespaces to watch (JSON list); empty watches the whole cluster."""

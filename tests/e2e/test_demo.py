@@ -49,7 +49,7 @@ def demo(*args: str) -> subprocess.CompletedProcess[str]:
 def demo_gateway_topics(rgw: LocalService) -> set[str]:
     arns = [t["TopicArn"] for t in sns_client(rgw).list_topics().get("Topics", [])]
     names = {arn.rsplit(":", 1)[1] for arn in arns}
-    return {name for name in names if name.startswith(f"{NAMESPACE}.")}
+    return {name for name in names if name.startswith(f"{NAMESPACE}_")}
 
 
 def notification_ids(rgw: LocalService) -> set[str]:
@@ -107,7 +107,7 @@ def test_demo_up_shows_every_endpoint_and_down_cleans_up(
         assert summary["totals"]["triggered"] == total
         assert {t["topic"] for t in summary["topics"]} == set(samples.TOPICS)
         # What down must remove existed.
-        assert demo_gateway_topics(rgw) == {f"{NAMESPACE}.{t}" for t in samples.TOPICS}
+        assert demo_gateway_topics(rgw) == {f"{NAMESPACE}_{t}" for t in samples.TOPICS}
         assert {"uploads-images", "uploads-reports", "uploads-confidential"} <= (
             notification_ids(rgw)
         )

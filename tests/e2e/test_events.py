@@ -42,11 +42,11 @@ async def sink(
         made = HttpSink()
     else:
         made = await AmqpSink(
-            # The gateway routes by its topic name: <namespace>.<Topic name> by default.
+            # The gateway routes by its topic name: <namespace>_<Topic name> by default.
             rabbitmq["AMQP_URL"],
             rabbitmq["AMQP_HOST"],
             rabbitmq["AMQP_PORT"],
-            f"{namespace}.{topic}",
+            f"{namespace}_{topic}",
         ).start()
     yield topic, made
     await made.close()

@@ -334,8 +334,11 @@ async def test_stats_and_dump_refuse_a_topic_that_is_not_persistent_or_has_no_qu
 # --- list, get, rm --------------------------------------------------------------------------
 
 
-def set_ready(kubectl: Kubectl, namespace: str, kind: str, name: str, reason: str) -> None:
-    status = {
+def set_ready(
+    kubectl: Kubectl, namespace: str, kind: str, name: str, reason: str, **more: str
+) -> None:
+    status: dict[str, object] = {
+        **more,
         "conditions": [
             {
                 "type": "Ready",
@@ -344,7 +347,7 @@ def set_ready(kubectl: Kubectl, namespace: str, kind: str, name: str, reason: st
                 "message": "in step with the gateway",
                 "lastTransitionTime": "2024-01-01T00:00:00Z",
             }
-        ]
+        ],
     }
     kubectl.run(
         "patch", kind, name, "-n", namespace, "--subresource=status", "--type=merge",
@@ -356,17 +359,17 @@ async def test_topic_list_get_and_rm(cli: Cli, kubectl: Kubectl, namespace: str)
     apply(kubectl, namespace, "Topic", "web", {"endpoint": HTTP})
     kafka = {"kafka": {"url": "kafka://127.0.0.1:19092"}}
     apply(kubectl, namespace, "Topic", "stream", {"endpoint": kafka, "persistent": True})
-    set_ready(kubectl, namespace, "topic", "web", "Synced")
+    set_ready(kubectl, namespace, "topic", "web", "Synced", gatewayRelease="tentacle")
 
     listed = await cli("topic", "list", "-n", namespace)
     assert listed.code == 0, listed.err
     rows = table(listed.out)
-    assert rows[0] == ["NAME", "ENDPOINT", "PERSISTENT", "READY", "REASON", "AGE"]
-    assert [r[:5] for r in rows[1:]] == [
-        ["stream", "kafka", "true", "-", "-"],
-        ["web", "http", "false", "True", "Synced"],
+    assert rows[0] == ["NAME", "ENDPOINT", "PERSISTENT", "GATEWAY", "READY", "REASON", "AGE"]
+    assert [r[:6] for r in rows[1:]] == [
+        ["stream", "kafka", "true", "-", "-", "-"],
+        ["web", "http", "false", "tentacle", "True", "Synced"],
     ]
-    assert all(re.fullmatch(r"\d+[smhd]", r[5]) for r in rows[1:])
+    assert all(re.fullmatch(r"\d+[smhd]", r[6]) for r in rows[1:])
 
     everywhere = await cli("topic", "list", "-A")
     assert everywhere.code == 0, everywhere.err

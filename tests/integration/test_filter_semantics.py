@@ -29,7 +29,7 @@ from bucketnotify.gateway.notifications import FilterRule, NotificationClient, N
 from bucketnotify.gateway.topics import TopicClient
 from tests.localservices import LocalService
 from tests.receivers import HttpReceiver
-from tests.s3 import connection, s3_client
+from tests.s3 import connection, release_of, s3_client
 
 # Few characters, so prefixes, suffixes and regexes match often; one of two and three bytes.
 ALPHABET = "ab/.é日"
@@ -184,13 +184,16 @@ def test_the_gateway_sends_exactly_what_the_filter_semantics_say(
 
 
 def test_an_overwrite_without_metadata_or_tags_is_judged_with_the_old_objects(
+    rgw: LocalService,
     wiring: tuple[Any, NotificationClient, str, str, HttpReceiver],
 ) -> None:
-    """Ceph 16.2, found by the property above: a PUT that replaces an object is filtered,
-    and its event filled, with the replaced object's metadata and tags where the request
-    brings none (the request's own entries win). A filter on metadata or tags can fire for
-    an object that no longer carries the value."""
+    """Ceph 16.2 and 18.2, found by the property above: a PUT that replaces an object is
+    filtered, and its event filled, with the replaced object's metadata and tags where the
+    request brings none (the request's own entries win). A filter on metadata or tags can
+    fire for an object that no longer carries the value. Ceph 20.2 still does so for
+    metadata, no longer for tags."""
     s3, notifications, bucket, arn, receiver = wiring
+    release = release_of(rgw)
 
     def sent() -> list[tuple[dict[str, str], dict[str, str]]]:
         found = []
@@ -237,7 +240,8 @@ def test_an_overwrite_without_metadata_or_tags_is_judged_with_the_old_objects(
     s3.put_object(Bucket=bucket, Key=key, Body=b"x", Tagging="env=red")
     assert sent() == [({}, {"env": "red"})]
     s3.put_object(Bucket=bucket, Key=key, Body=b"x")
-    assert sent() == [({}, {"env": "red"})], "the old object's tags"
+    old_tags = (release.major or 0) < 20
+    assert sent() == ([({}, {"env": "red"})] if old_tags else []), "the old object's tags"
     s3.put_object(Bucket=bucket, Key=key, Body=b"x", Tagging="env=blue")
     assert sent() == []
     s3.delete_object(Bucket=bucket, Key=key)

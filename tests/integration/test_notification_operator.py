@@ -84,7 +84,7 @@ def test_notification_is_applied_with_every_filter_and_sends_a_test_event(
     apply(kubectl, namespace, "BucketNotification", "photos", spec)
     status = condition(kubectl, namespace, "bucketnotification", "photos")
     assert status["applied"]["id"] == "photos"
-    assert status["applied"]["topicArn"].endswith(f":{namespace}.hook")
+    assert status["applied"]["topicArn"].endswith(f":{namespace}_hook")
 
     test_event = receiver.bodies.get(timeout=20)
     assert test_event["Event"] == "s3:TestEvent"

@@ -130,11 +130,6 @@ BAD_TOPICS: list[tuple[str, dict[str, Any], str]] = [
         "set the vhost either in the url path or in vhost, not both",
     ),
     (
-        "cloud-events-on-non-persistent",
-        {"endpoint": {"http": {"url": "http://h/x", "cloudEvents": True}}},
-        "cloudEvents needs persistent: true: a non-persistent Topic is pushed by the gateway",
-    ),
-    (
         "endpoint-topic-on-non-persistent",
         {"endpoint": HTTP, "endpointTopic": "other"},
         "endpointTopic needs persistent: true",

@@ -8,6 +8,7 @@ persistent queue), each overwriting the other's endpoint.
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from typing import Any
@@ -19,7 +20,7 @@ from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.operator import StartOperator
 from tests.resources import apply, condition
-from tests.s3 import connection
+from tests.s3 import connection, release_of
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("crds")
@@ -52,7 +53,7 @@ def on_gateway(gateway: TopicClient, arn: str) -> GatewayTopic:
 
 
 def ready_condition(status: dict[str, Any]) -> dict[str, Any]:
-    return next(c for c in status["conditions"] if c["type"] == "Ready")
+    return next((c for c in status.get("conditions", []) if c["type"] == "Ready"), {})
 
 
 def test_same_topic_name_in_two_namespaces_gives_two_gateway_topics(
@@ -69,7 +70,7 @@ def test_same_topic_name_in_two_namespaces_gives_two_gateway_topics(
         ns: condition(kubectl, ns, "topic", "orders")["arn"] for ns in (namespace, other_namespace)
     }
     for ns, arn in arns.items():
-        assert arn.endswith(f":{ns}.orders")
+        assert arn.endswith(f":{ns}_orders")
         assert on_gateway(gateway, arn).endpoint_address == f"http://127.0.0.1:9/{ns}"
     assert arns[namespace] != arns[other_namespace]
 
@@ -134,7 +135,7 @@ def test_topics_of_an_older_release_keep_their_gateway_topic_and_sharers_are_sep
 ) -> None:
     """Upgrade: Topics made when the default name was the bare metadata.name. One that had
     its gateway topic alone keeps it (its routing key, its notifications); two that shared
-    one: the older keeps it, the younger moves to ``<namespace>.<name>``."""
+    one: the older keeps it, the younger moves to ``<namespace>_<name>``."""
     name = f"legacy-{uuid.uuid4().hex[:8]}"
     arn = gateway.upsert(name, {"push-endpoint": "http://127.0.0.1:9/old"})
     for ns in (namespace, other_namespace):
@@ -158,7 +159,7 @@ def test_topics_of_an_older_release_keep_their_gateway_topic_and_sharers_are_sep
     younger = wait_until(
         lambda: kubectl.get("topic", name, other_namespace).get("status") or {},
         lambda st: (
-            st.get("arn", "").endswith(f":{other_namespace}.{name}")
+            st.get("arn", "").endswith(f":{other_namespace}_{name}")
             and ready_condition(st)["status"] == "True"
         ),
         60,
@@ -174,15 +175,48 @@ def test_topics_of_an_older_release_keep_their_gateway_topic_and_sharers_are_sep
     assert gateway.get(arn) is None
 
 
+def test_a_topic_holding_a_dotted_name_keeps_it_where_the_gateway_takes_it_and_moves_where_not(
+    kubectl: Kubectl,
+    namespace: str,
+    start_operator: StartOperator,
+    gateway: TopicClient,
+    rgw: LocalService,
+) -> None:
+    """Upgrade: Topics made when the default name was ``<namespace>.<name>``. Ceph 16.2 and
+    18.2 take the name, so the Topic keeps its gateway topic; Ceph 19+ refuses it (AWS's
+    characters only), so the Topic moves to ``<namespace>_<name>`` and is Ready there."""
+    name = f"dotted-{uuid.uuid4().hex[:8]}"
+    legacy = f"arn:aws:sns:default::{namespace}.{name}"
+    apply(kubectl, namespace, "Topic", name, http(namespace))
+    kubectl.run(
+        "patch", "topic", name, "-n", namespace, "--subresource=status", "--type=merge",
+        "-p", json.dumps({"status": {"arn": legacy}}),
+    )  # fmt: skip
+    start_operator(namespaces=json.dumps([namespace]))
+
+    kept = not release_of(rgw).refuses_dotted_topic_names
+    wanted = legacy if kept else f"arn:aws:sns:default::{namespace}_{name}"
+    status = wait_until(
+        lambda: kubectl.get("topic", name, namespace).get("status") or {},
+        lambda st: st.get("arn") == wanted and ready_condition(st).get("status") == "True",
+        60,
+        f"the Topic Ready on {wanted}",
+    )
+    assert status["gatewayRelease"] == rgw["CEPH_RELEASE"]
+    assert on_gateway(gateway, wanted).endpoint_address == f"http://127.0.0.1:9/{namespace}"
+    kubectl.run("delete", "topic", name, "-n", namespace, "--timeout=60s")
+    assert gateway.get(wanted) is None
+
+
 def test_the_longest_default_name_is_taken_by_the_gateway_with_a_notification_on_it(
     kubectl: Kubectl, start_operator: StartOperator, gateway: TopicClient, rgw: LocalService
 ) -> None:
-    """``<namespace>.<name>`` at its longest (a 63-character namespace, a 253-character name:
-    317 characters) makes a gateway topic and a BucketNotification on it is Ready; a
-    persistent Topic's name is shorter (its ingest token Secret is ``<name>-ingest-token``):
-    240 characters work, 241 are refused at apply time. The gateway (Ceph 16.2) takes every
-    name a Topic can have (it takes 1,569 characters and crashes on a notification naming a
-    topic of 1,570 or more)."""
+    """``<namespace>_<name>`` at its longest (a 63-character namespace, a 253-character
+    name: 317 characters) is more than Ceph 19+ takes (256), so it ends in a digest of the
+    whole; the gateway topic is made and a BucketNotification on it is Ready. A persistent
+    Topic's name is shorter (its ingest token Secret is ``<name>-ingest-token``): 240
+    characters work, 241 are refused at apply time. (Ceph 16.2 takes names of 1,569
+    characters and crashes on a notification naming a topic of 1,570 or more.)"""
     namespace = f"t-{uuid.uuid4().hex}".ljust(63, "n")
     kubectl.run("create", "namespace", namespace)
     longest, persistent = "o" * 253, "p" * 240
@@ -201,11 +235,15 @@ def test_the_longest_default_name_is_taken_by_the_gateway_with_a_notification_on
     )
     assert refused.returncode != 0
     assert "a persistent Topic's name is at most 240 characters" in refused.stderr
-    for name in (longest, persistent):
-        arn = condition(kubectl, namespace, "topic", name)["arn"]
-        assert arn.endswith(f":{namespace}.{name}")
+    arns = {
+        name: condition(kubectl, namespace, "topic", name)["arn"] for name in (longest, persistent)
+    }
+    for name, arn in arns.items():
+        gateway_name = arn.rsplit(":", 1)[1]
+        # 317 and 304 characters: cut to 256 with a digest of the whole at the end.
+        assert re.fullmatch(rf"{namespace}_{name[:100]}[a-z]+-[0-9a-f]{{12}}", gateway_name)
+        assert len(gateway_name) == 256
         assert on_gateway(gateway, arn).endpoint_address  # read back from the gateway
-    assert len(f"{namespace}.{longest}") == 317
     bucket = f"long-{uuid.uuid4().hex[:10]}"
     connection(rgw).s3().create_bucket(Bucket=bucket)
     apply(
@@ -216,4 +254,4 @@ def test_the_longest_default_name_is_taken_by_the_gateway_with_a_notification_on
         {"bucket": bucket, "topicRef": {"name": longest}, "testEvent": False},
     )
     applied = condition(kubectl, namespace, "bucketnotification", "long")["applied"]
-    assert applied["topicArn"].endswith(f":{namespace}.{longest}")
+    assert applied["topicArn"] == arns[longest]

@@ -145,7 +145,7 @@ def test_each_endpoint_kind_reaches_the_gateway(
     assert web.opaque_data == "team=web"
     assert web.endpoint_args["cloudevents"] == "false"
     assert web.endpoint_args["verify-ssl"] == "true"
-    assert json.loads(web.endpoint_args["Policy"]) == {"Statement": [], "Version": "2012-10-17"}
+    assert json.loads(web.policy) == {"Statement": [], "Version": "2012-10-17"}
 
     mq = gateway_topic(gateway, arns[f"{namespace}-mq"])
     assert mq.endpoint_address == "amqp://127.0.0.1:5672/prod"
@@ -199,7 +199,7 @@ def test_tls_and_sasl_settings_reach_the_gateway(
     assert "carries broker credentials" in condition["message"]
     assert "not HTTPS" in condition["message"]
     assert "arn" not in status
-    assert all(not t.endswith(f":{namespace}.{namespace}-sasl") for t in gateway.list_arns())
+    assert all(not t.endswith(f":{namespace}_{namespace}-sasl") for t in gateway.list_arns())
     seen = json.dumps(kubectl.get("topic", f"{namespace}-sasl", namespace)) + events(
         kubectl, namespace
     )
@@ -297,7 +297,7 @@ def test_drift_on_the_gateway_is_repaired(
     )
 
     gateway.upsert(
-        f"{namespace}.{name}", {"push-endpoint": "http://127.0.0.1:9/evil", "OpaqueData": "theirs"}
+        f"{namespace}_{name}", {"push-endpoint": "http://127.0.0.1:9/evil", "OpaqueData": "theirs"}
     )
     repaired = wait_until(
         lambda: gateway_topic(gateway, arn),
@@ -332,7 +332,7 @@ def test_cleartext_credentials_are_refused_without_leaking_them(
     assert condition["reason"] == "CleartextCredentials"
     assert "useSSL: true" in condition["message"]
     assert "arn" not in status
-    assert all(not t.endswith(f":{namespace}.{name}") for t in gateway.list_arns())
+    assert all(not t.endswith(f":{namespace}_{name}") for t in gateway.list_arns())
 
     seen = json.dumps(kubectl.get("topic", name, namespace)) + events(kubectl, namespace)
     assert password not in seen

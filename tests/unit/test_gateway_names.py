@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from bucketnotify.api.topic import TopicSpec
 from bucketnotify.controller.topic_builder import (
+    GATEWAY_TOPIC_NAME,
     NameClaim,
     TopicBuildError,
     default_gateway_topic_name,
@@ -35,7 +36,28 @@ def test_default_names_of_different_topics_never_collide(
 
 
 def test_a_new_topic_gets_a_namespace_qualified_name() -> None:
-    assert gateway_topic_name("a", "orders", SPEC, None, "t1", lambda _: []) == "a.orders"
+    assert gateway_topic_name("a", "orders", SPEC, None, "t1", lambda _: []) == "a_orders"
+
+
+@given(labels, subdomains)
+def test_default_names_are_names_every_gateway_release_takes(namespace: str, name: str) -> None:
+    """Ceph 19+ refuses a topic name with a dot (CreateTopic InvalidArgument), which every
+    Topic got by default before: no Topic became Ready on a current gateway."""
+    assert GATEWAY_TOPIC_NAME.fullmatch(default_gateway_topic_name(namespace, name))
+
+
+def test_the_longest_kubernetes_names_still_make_distinct_names_the_gateway_takes() -> None:
+    namespace = "n" * 63
+    names = ["a" * 63 + "." + "b" * 63 + "." + "c" * 63 + "." + "d" * 61, "a" * 253]
+    made = {default_gateway_topic_name(namespace, name) for name in names}
+    assert len(made) == 2
+    for gateway_name in made:
+        assert GATEWAY_TOPIC_NAME.fullmatch(gateway_name), gateway_name
+        assert gateway_name.startswith(f"{namespace}_aaaa")
+
+
+def test_dots_of_a_name_become_underscores() -> None:
+    assert default_gateway_topic_name("team-a", "orders.v2") == "team-a_orders_v2"
 
 
 def test_a_topic_of_an_older_release_keeps_its_bare_gateway_name() -> None:
@@ -58,7 +80,7 @@ def test_of_two_old_topics_sharing_a_bare_name_the_younger_moves_to_its_own() ->
         "orders"
     )
     assert gateway_topic_name("b", "orders", SPEC, f"{ARN}orders", younger.created, claims_of) == (
-        "b.orders"
+        "b_orders"
     )
 
 

@@ -17,6 +17,7 @@ from bucketnotify.controller.topic_builder import (
     ingest_endpoint,
     referenced_secrets,
 )
+from bucketnotify.gateway.release import GatewayRelease
 
 
 def build(
@@ -204,13 +205,17 @@ def test_condition_keeps_transition_time_while_status_is_unchanged() -> None:
     assert len(flipped) == 1
 
 
-def test_cloud_events_need_a_persistent_topic() -> None:
-    """The gateway (Ceph 16.2) accepts cloudevents=true and sends no ce-* headers."""
+def test_cloud_events_on_a_non_persistent_topic_are_left_to_a_gateway_that_sends_them() -> None:
+    """Ceph 16 accepts cloudevents=true and sends no ce-* headers; 18 and later send them."""
     http = {"http": {"url": "https://hooks/x", "cloudEvents": True}}
+    pacific = GatewayRelease("pacific", "admin-info")
     with pytest.raises(TopicBuildError) as refused:
-        build({"endpoint": http})
+        build({"endpoint": http}, release=pacific)
     assert refused.value.reason == "Unsupported"
-    assert "cloudEvents needs persistent: true" in str(refused.value)
+    assert "this gateway runs Ceph pacific" in str(refused.value)
+    assert "needs a gateway of Ceph 18 or later" in str(refused.value)
+    for release in (GatewayRelease("reef", "admin-info"), GatewayRelease("tentacle", "setting")):
+        assert build({"endpoint": http}, release=release)["cloudevents"] == "true"
     ingest = "http://ingest/v1/topics/ns/t/token"
-    persistent = build({"endpoint": http, "persistent": True}, ingest_url=ingest)
+    persistent = build({"endpoint": http, "persistent": True}, ingest_url=ingest, release=pacific)
     assert persistent["push-endpoint"] == ingest

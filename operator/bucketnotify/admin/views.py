@@ -31,7 +31,7 @@ __all__ = [
     "topic_row",
 ]
 
-TOPIC_COLUMNS = ["NAME", "ENDPOINT", "PERSISTENT", "READY", "REASON", "AGE"]
+TOPIC_COLUMNS = ["NAME", "ENDPOINT", "PERSISTENT", "GATEWAY", "READY", "REASON", "AGE"]
 NOTIFICATION_COLUMNS = ["NAME", "BUCKET", "TOPIC", "EVENTS", "FILTERS", "READY", "AGE"]
 STATS_COLUMNS = ["SHARD", "ENTRIES", "BYTES", "RESERVATIONS", "PARTITION", "OWNER"]
 
@@ -79,6 +79,8 @@ def topic_row(obj: dict[str, Any], now: dt.datetime, all_namespaces: bool) -> li
         *_name(obj, all_namespaces),
         kind,
         "true" if spec.get("persistent") else "false",
+        # The gateway's Ceph release: what the Topic may ask of it depends on it.
+        (obj.get("status") or {}).get("gatewayRelease") or NONE,
         ready.get("status", NONE),
         ready.get("reason", NONE),
         age(obj["metadata"].get("creationTimestamp"), now),

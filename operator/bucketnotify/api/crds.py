@@ -37,6 +37,12 @@ TOPIC = CrdInfo(
         {"name": "ARN", "type": "string", "jsonPath": ".status.arn"},
         {"name": "Persistent", "type": "boolean", "jsonPath": ".spec.persistent"},
         {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpointKind"},
+        {
+            "name": "Gateway",
+            "type": "string",
+            "jsonPath": ".status.gatewayRelease",
+            "priority": 1,
+        },
         *ready_columns(),
     ],
 )

@@ -187,10 +187,11 @@ class DeliverySettings(Model):
 
 
 CLOUD_EVENTS_NEED_PERSISTENT = (
-    "cloudEvents needs persistent: true: a non-persistent Topic is pushed by the gateway"
-    " itself, and Ceph 16.2 accepts the setting but sends no ce-* headers; with persistent:"
-    " true the delivery service sends them (delivery.handoff: sync keeps each S3 request"
-    " waiting for the hand-off, as the gateway's own push does)"
+    "cloudEvents on a non-persistent Topic needs a gateway of Ceph 18 or later: such a Topic"
+    " is pushed by the gateway itself, and Ceph 16 and 17 accept the setting but send no"
+    " ce-* headers; set persistent: true and the delivery service sends them"
+    " (delivery.handoff: sync keeps each S3 request waiting for the hand-off, as the"
+    " gateway's own push does)"
 )
 
 
@@ -213,11 +214,6 @@ class TopicSpec(Model):
             " && !has(self.retrySleepDuration) && !has(self.delivery))",
             "message": "timeToLive, maxRetries, retrySleepDuration and delivery apply"
             " only to persistent topics; set persistent: true or remove them",
-        },
-        {
-            "rule": "self.persistent || !has(self.endpoint.http)"
-            " || !has(self.endpoint.http.cloudEvents) || !self.endpoint.http.cloudEvents",
-            "message": CLOUD_EVENTS_NEED_PERSISTENT,
         },
         {
             "rule": "self.persistent || !has(self.endpointTopic)",
@@ -268,6 +264,9 @@ class TopicStatus(Model):
     """ARN of the gateway topic."""
     endpoint_kind: Literal["http", "amqp", "kafka"] | None = None
     """Kind of the endpoint, for printing."""
+    gateway_release: str | None = Field(default=None, max_length=32)
+    """The Ceph release the gateway runs (``tentacle``, ``reef``, ``pacific``...), as the
+    operator learned it; what the Topic may ask of the gateway depends on it."""
     last_handled_configuration: str | None = None
     """The spec, labels and annotations the operator last reconciled, as JSON: its change
     handlers diff the next version against it (kopf's diff base; in the status, so that

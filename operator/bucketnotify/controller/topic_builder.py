@@ -7,7 +7,9 @@ service's ingest, which then owns retries, TTL and the endpoint's credentials.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -19,8 +21,10 @@ from bucketnotify.api.topic import (
     KafkaEndpoint,
     TopicSpec,
 )
+from bucketnotify.gateway.release import GatewayRelease
 
 __all__ = [
+    "GATEWAY_TOPIC_NAME",
     "OWNER",
     "PREVIOUS_TOKEN_KEY",
     "Credentials",
@@ -35,10 +39,15 @@ __all__ = [
     "gateway_topic_name",
     "ingest_endpoint",
     "ingest_token_secret",
+    "legacy_gateway_topic_name",
     "name_owner",
     "referenced_secrets",
     "wanted_gateway_topic_name",
 ]
+
+# The topic names Ceph 19+ takes (AWS's rule); 16.2 and 18 take dots too.
+TOPIC_NAME_MAX = 256
+GATEWAY_TOPIC_NAME = re.compile(rf"[A-Za-z0-9_-]{{1,{TOPIC_NAME_MAX}}}")
 
 # The attributes we set and later compare with what the gateway reports.
 PUSH_ENDPOINT = "push-endpoint"
@@ -65,9 +74,23 @@ class TopicBuildError(Exception):
 
 
 def default_gateway_topic_name(namespace: str, metadata_name: str) -> str:
-    """``<namespace>.<name>``: gateway topics belong to a tenant, not a namespace, so the
-    bare name would let ``a/orders`` and ``b/orders`` share one gateway topic (and its
-    persistent queue). A namespace (a DNS label) has no dot, so the first dot splits it."""
+    """``<namespace>_<name>``, the name's dots as ``_`` too: gateway topics belong to a
+    tenant, not a namespace, so the bare name would let ``a/orders`` and ``b/orders`` share
+    one gateway topic (and its persistent queue). Ceph 19 and later take only the AWS
+    characters (letters, digits, ``_`` and ``-``, at most 256), every release takes these.
+    Neither a namespace nor an object name has a ``_``, so the first one splits them and no
+    two Topics get one name; a name too long for the rule ends in a digest of the whole."""
+    name = f"{namespace}_{metadata_name.replace('.', '_')}"
+    if len(name) <= TOPIC_NAME_MAX:
+        return name
+    digest = hashlib.sha256(f"{namespace}/{metadata_name}".encode()).hexdigest()[:12]
+    return f"{name[: TOPIC_NAME_MAX - len(digest) - 1]}-{digest}"
+
+
+def legacy_gateway_topic_name(namespace: str, metadata_name: str) -> str:
+    """The default name of earlier bucketnotify releases (``<namespace>.<name>``), which Ceph
+    19+ refuses: a Topic holding a gateway topic of this name keeps it while the gateway
+    takes it, and moves to ``default_gateway_topic_name`` when the gateway refuses it."""
     return f"{namespace}.{metadata_name}"
 
 
@@ -128,9 +151,9 @@ def gateway_topic_name(
     """The gateway topic name of a Topic, or TopicBuildError ``NameConflict``.
 
     ``spec.name`` when set; else the name of the gateway topic the Topic already has (a
-    Topic created by an older release keeps its bare name across the upgrade); else
-    ``<namespace>.<name>``. ``claims_of(name)`` lists the Topics wanting a name. A Topic
-    that kept a bare name another Topic also held moves to ``<namespace>.<name>``: the two
+    Topic created by an older release keeps its bare or dotted name across the upgrade);
+    else ``<namespace>_<name>``. ``claims_of(name)`` lists the Topics wanting a name. A Topic
+    that kept a bare name another Topic also held moves to ``<namespace>_<name>``: the two
     overwrote each other's endpoint before. An explicit ``spec.name`` is never moved.
     """
     default = default_gateway_topic_name(namespace, metadata_name)
@@ -285,10 +308,11 @@ def gateway_attributes(
     ingest_url: str | None,
     gateway_endpoint: str,
     owner_id: str | None = None,
+    release: GatewayRelease | None = None,
 ) -> dict[str, str]:
     """The CreateTopic attributes for ``spec``; ``ingest_url`` is the Topic's own ingest,
     ``gateway_endpoint`` the URL the operator sends them to, ``owner_id`` the operator's
-    mark (``OWNER``).
+    mark (``OWNER``), ``release`` the gateway's Ceph release (None: not known).
 
     Credentials that would cross a transport without TLS (to the broker, or inside the
     CreateTopic request to the gateway) are refused unless ``allow_cleartext_secrets``.
@@ -327,9 +351,11 @@ def gateway_attributes(
             "caRef needs persistent: true: the gateway reads CA files only from its own disk",
         )
     if endpoint.http is not None:
-        if endpoint.http.cloud_events:
-            # The schema refuses it too; a Topic stored before that rule still gets here.
-            raise TopicBuildError("Unsupported", CLOUD_EVENTS_NEED_PERSISTENT)
+        if endpoint.http.cloud_events and release is not None and not release.sends_cloud_events:
+            raise TopicBuildError(
+                "Unsupported",
+                f"this gateway runs Ceph {release.name}: {CLOUD_EVENTS_NEED_PERSISTENT}",
+            )
         kind_attributes = {
             PUSH_ENDPOINT: endpoint.http.url,
             "verify-ssl": _bool(endpoint.http.verify_ssl),

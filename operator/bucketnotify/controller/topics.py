@@ -7,6 +7,7 @@ not stall the loop, and writes one at a time per gateway.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -18,6 +19,7 @@ from bucketnotify.api.common import GatewayRef
 from bucketnotify.api.topic import PERSISTENT_NAME_MAX, PERSISTENT_NAME_MESSAGE, TopicSpec
 from bucketnotify.controller.conditions import ready_status
 from bucketnotify.controller.topic_builder import (
+    GATEWAY_TOPIC_NAME,
     INGEST_TOKEN_KEY,
     OWNER,
     PUSH_ENDPOINT,
@@ -34,8 +36,11 @@ from bucketnotify.controller.topic_builder import (
 from bucketnotify.gateway.connection import GATEWAY_KINDS, GatewayConnection
 from bucketnotify.gateway.errors import GatewayError, GatewayInvalidArgument
 from bucketnotify.gateway.pool import GatewayPool
+from bucketnotify.gateway.release import GatewayRelease
 from bucketnotify.kube import Kube, SecretMissing
 from bucketnotify.settings import OperatorSettings
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["Outcome", "delete_topic", "parse_model", "reconcile_topic"]
 
@@ -175,7 +180,8 @@ async def _desired(
     owner: dict[str, Any] | None,
     arn: str | None,
     claims_of: ClaimsOf,
-) -> tuple[TopicSpec, GatewayConnection, str, dict[str, str]]:
+    gateways: GatewayPool,
+) -> tuple[TopicSpec, GatewayConnection, str, dict[str, str], GatewayRelease]:
     spec = parse_spec(raw_spec)
     created = str(((owner or {}).get("metadata") or {}).get("creationTimestamp") or "")
     try:
@@ -201,6 +207,7 @@ async def _desired(
             namespace, ingest_token_secret(name), INGEST_TOKEN_KEY, owner
         )
         ingest = ingest_endpoint(settings.ingest_url, namespace, name, token)
+    release = await (await gateways.get(connection)).release()
     try:
         attributes = gateway_attributes(
             spec,
@@ -209,10 +216,11 @@ async def _desired(
             ingest_url=ingest,
             gateway_endpoint=connection.endpoint,
             owner_id=settings.owner_id,
+            release=release,
         )
     except TopicBuildError as exc:
         raise NotReconcilable(exc.reason, str(exc)) from None
-    return spec, connection, topic_name, attributes
+    return spec, connection, topic_name, attributes, release
 
 
 async def reconcile_topic(
@@ -239,6 +247,7 @@ async def reconcile_topic(
     """
     arn = status.get("arn")
     endpoint_kind: str | None = None
+    gateway_release: str | None = status.get("gatewayRelease")
 
     def outcome(
         ready: bool,
@@ -257,12 +266,15 @@ async def reconcile_topic(
             repaired=repaired,
             arn=arn,
             endpointKind=endpoint_kind,
+            gatewayRelease=gateway_release,
         )
 
     try:
-        parsed, connection, topic_name, attributes = await _desired(
-            kube, name, namespace, spec, settings, owner, arn, claims_of
+        parsed, connection, topic_name, attributes, release = await _desired(
+            kube, name, namespace, spec, settings, owner, arn, claims_of, gateways
         )
+        if release.learned_from != "unreachable":
+            gateway_release = release.name
         endpoint_kind = parsed.endpoint.kind
         gateway = await gateways.get(connection)
         repaired: list[str] = []
@@ -291,17 +303,40 @@ async def reconcile_topic(
                 repaired = ["topic"]
             else:
                 # EndpointArgs echoes values unescaped (an "&" in opaqueData splits it);
-                # the OpaqueData attribute is the value itself.
-                args = {**current.endpoint_args, "OpaqueData": current.opaque_data}
+                # the OpaqueData attribute is the value itself. Ceph 20 keeps only the
+                # attributes it does not know there: persistent, OpaqueData and Policy are
+                # fields of their own.
+                args = {
+                    **current.endpoint_args,
+                    "OpaqueData": current.opaque_data,
+                    "persistent": "true" if current.persistent else "false",
+                }
+                if current.policy:
+                    args["Policy"] = current.policy
                 repaired = differences(attributes, current.endpoint_address, args)
             if not repaired:
                 return outcome(True, "Synced", f"gateway topic {arn} is in sync")
         try:
             arn = await gateway.write(gateway.topics.upsert, topic_name, attributes)
         except GatewayInvalidArgument as exc:
-            raise GatewayInvalidArgument(
-                str(exc) + _credentials_hint(attributes, connection.endpoint)
-            ) from None
+            moved = _name_after_refusal(namespace, name, parsed, topic_name, owner, claims_of)
+            if moved is None:
+                raise GatewayInvalidArgument(
+                    str(exc) + _credentials_hint(attributes, connection.endpoint)
+                ) from None
+            # The Topic's bucket notifications follow the new ARN at their next drift check;
+            # the old gateway topic stays until then, so no event in between goes nowhere.
+            logger.warning(
+                "the gateway refused gateway topic name %r of Topic %s/%s (%s): moving it to %r",
+                topic_name,
+                namespace,
+                name,
+                exc,
+                moved,
+            )
+            topic_name = moved
+            arn = await gateway.write(gateway.topics.upsert, topic_name, attributes)
+            repaired = ["name"]
         finally:
             # Even a failed write may have changed it.
             gateway.listing.forget(topic_name)
@@ -314,6 +349,30 @@ async def reconcile_topic(
     except GatewayError as exc:
         return outcome(False, exc.reason, str(exc), retry=True)
     return outcome(True, "Synced", f"gateway topic {arn} is in sync", repaired=repaired)
+
+
+def _name_after_refusal(
+    namespace: str,
+    name: str,
+    spec: TopicSpec,
+    refused: str,
+    owner: dict[str, Any] | None,
+    claims_of: ClaimsOf,
+) -> str | None:
+    """The name a Topic moves to when the gateway refused the one it held, or None.
+
+    Only a name the operator chose once (an older release's ``<namespace>.<name>``, kept
+    across the upgrade) moves; ``spec.name`` is the user's and stays refused with the
+    gateway's reason. Ceph 19+ refuses the names 16.2 and 18 took.
+    """
+    if spec.name or GATEWAY_TOPIC_NAME.fullmatch(refused):
+        return None
+    created = str(((owner or {}).get("metadata") or {}).get("creationTimestamp") or "")
+    try:
+        moved = gateway_topic_name(namespace, name, spec, None, created, claims_of)
+    except TopicBuildError:
+        return None
+    return moved if moved != refused else None
 
 
 def _credentials_hint(attributes: dict[str, str], gateway_endpoint: str) -> str:

@@ -248,21 +248,34 @@ class NotificationClient:
         if response.is_success:
             return
         code, detail = error_code(response.content)
-        if code == "NoSuchKey":
-            # Ceph 16's answer when a topic of the configuration does not exist. When ours
+        if code == "NoSuchKey" and others:
+            # Ceph's answer when a topic of the configuration does not exist. When ours
             # are in place, it was another entry's (its topic deleted since it was set up):
-            # a gateway that keeps other Ids keeps that one as it was.
-            if others:
-                landed = self.list(bucket)
-                if all(config in landed for config in configs):
+            # a gateway that keeps other Ids keeps that one as it was (16.2 applies the
+            # entries before the one it refuses).
+            landed = self.list(bucket)
+            if all(config in landed for config in configs):
+                return
+            if self._kind == "ceph":
+                # Ceph 20 refuses the whole configuration instead. Every Ceph release keeps
+                # the Ids a PUT does not name (measured on 16.2, 18.2 and 20.2), so ours
+                # alone go in and the orphan stays as it was.
+                response = self._exchange(
+                    "PUT", bucket, None, render_configuration(configs, self._kind), operation
+                )
+                if response.is_success:
                     return
+                code, detail = error_code(response.content)
+        if code == "NoSuchKey":
             arns = ", ".join(sorted({config.topic_arn for config in configs}))
             detail = detail or f"is there a topic {arns}?"
-        elif code == "InvalidArgument" and not detail:
-            # Ceph 16 says no more than the code for an unknown event: name the suspects.
+        elif code == "InvalidArgument":
+            # Ceph 16 and 18 say no more than the code for an unknown event, and 20 names
+            # the notification's Id as the unknown event type: name the suspects.
             unknown = [e for config in configs for e in config.events if e not in CEPH16_EVENTS]
             if unknown:
-                detail = "events a Ceph 16 gateway does not know: " + ", ".join(unknown)
+                suspects = "events a Ceph 16 gateway does not know: " + ", ".join(unknown)
+                detail = f"{detail} ({suspects})" if detail else suspects
         raise error_for_response(operation, response.status_code, code, detail)
 
     def delete(self, bucket: str, id: str, topic_arns: Iterable[str] = ()) -> None:

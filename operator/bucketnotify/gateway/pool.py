@@ -28,6 +28,7 @@ from typing import ParamSpec, TypeVar
 from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.gateway.errors import GatewayServerError
 from bucketnotify.gateway.notifications import NotificationClient
+from bucketnotify.gateway.release import GatewayRelease, detect_release, release_named
 from bucketnotify.gateway.topic_listing import TopicListing
 from bucketnotify.gateway.topics import TopicClient
 
@@ -73,8 +74,10 @@ class Gateway:
         lock: asyncio.Lock,
         retry: WriteRetry,
         listing_reuse_s: float = 0.0,
+        release: str | None = None,
     ):
         self.connection = connection
+        self._release = release_named(release) if release else None
         self.topics = TopicClient(connection)
         self.notifications = NotificationClient(connection, topics=self.topics)
         self.listing = TopicListing(
@@ -87,6 +90,26 @@ class Gateway:
 
     async def read(self, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         return await asyncio.to_thread(call, *args, **kwargs)
+
+    async def release(self) -> GatewayRelease:
+        """The gateway's Ceph release, asked once (again after an unreachable answer)."""
+        if self._release is None:
+            verify = (
+                self.connection.ssl_context()
+                if self.connection.endpoint.startswith("https://")
+                else True
+            )
+            found = await asyncio.to_thread(detect_release, self.connection.endpoint, verify)
+            if found.learned_from == "unreachable":
+                return found
+            log.info(
+                "gateway %s runs Ceph %s (learned from its %s)",
+                self.connection.endpoint,
+                found.name,
+                found.learned_from,
+            )
+            self._release = found
+        return self._release
 
     async def write(self, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         started = time.monotonic()
@@ -115,12 +138,18 @@ class Gateway:
 class GatewayPool:
     """The ``Gateway`` of each connection in use. Holds the ``size`` most recently used;
     the write locks, one per endpoint, are kept for good (one per gateway is few).
-    ``listing_reuse_s``: how old a topic listing a drift check may use (0: none)."""
+    ``listing_reuse_s``: how old a topic listing a drift check may use (0: none);
+    ``release``: the Ceph release of every gateway, when a setting names it."""
 
     def __init__(
-        self, retry: WriteRetry | None = None, size: int = 32, listing_reuse_s: float = 0.0
+        self,
+        retry: WriteRetry | None = None,
+        size: int = 32,
+        listing_reuse_s: float = 0.0,
+        release: str | None = None,
     ) -> None:
         self._retry = retry or WriteRetry()
+        self._release = release
         self._size = size
         self._listing_reuse_s = listing_reuse_s
         self._gateways: OrderedDict[GatewayConnection, Gateway] = OrderedDict()
@@ -136,7 +165,12 @@ class GatewayPool:
                     lock = self._locks.setdefault(connection.endpoint, asyncio.Lock())
                     # Off the event loop: a TLS context and a boto3 client take a while.
                     gateway = await asyncio.to_thread(
-                        Gateway, connection, lock, self._retry, self._listing_reuse_s
+                        Gateway,
+                        connection,
+                        lock,
+                        self._retry,
+                        self._listing_reuse_s,
+                        self._release,
                     )
                     self._gateways[connection] = gateway
         self._gateways.move_to_end(connection)

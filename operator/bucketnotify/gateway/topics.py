@@ -56,7 +56,8 @@ class GatewayTopic:
             endpoint_topic=endpoint.get("EndpointTopic", ""),
             persistent=str(endpoint.get("Persistent", "false")).lower() == "true",
             opaque_data=attributes.get("OpaqueData", ""),
-            policy=attributes.get("Policy", ""),
+            # Its own attribute on 18 and 20; 16.2 has it among the endpoint's arguments only.
+            policy=attributes.get("Policy") or args.get("Policy", ""),
             has_stored_secret=str(endpoint.get("HasStoredSecret", "false")).lower() == "true",
         )
 

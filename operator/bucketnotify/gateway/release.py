@@ -1,0 +1,94 @@
+"""Which Ceph release a gateway runs, learned from the gateway itself.
+
+What a Topic may ask of the gateway depends on it: Ceph 18 and later send CloudEvents
+headers on the events they push themselves (16.2 sends none), 19 and later refuse topic
+names with a dot and page ListTopics. A rule written for one release would be wrong on the
+others, so the operator asks the gateway once per endpoint:
+
+- Ceph 20 names its release in every answer's ``Server`` header
+  (``Ceph Object Gateway (tentacle)``);
+- 16.2 and 18.2 send no such header; an anonymous ``GET /admin/info`` tells them apart:
+  18.2 has the resource and refuses the anonymous caller (403), 16.2 does not have it (405).
+  Quincy (17) and Squid (19) were not measured: one without a name counts as 18.
+
+A gateway behind a proxy that rewrites these answers is named by the operator's setting
+(``BUCKETNOTIFY_GATEWAY_RELEASE``), which wins over anything measured.
+"""
+
+from __future__ import annotations
+
+import re
+import ssl
+from dataclasses import dataclass
+
+import httpx
+
+__all__ = ["RELEASES", "GatewayRelease", "detect_release", "release_named"]
+
+RELEASES: dict[str, int] = {
+    "pacific": 16,
+    "quincy": 17,
+    "reef": 18,
+    "squid": 19,
+    "tentacle": 20,
+}
+"""Ceph release names and their major versions."""
+
+_SERVER = re.compile(r"Ceph Object Gateway \((?P<name>[a-z]+)\)")
+_TIMEOUT = httpx.Timeout(10.0)
+
+
+@dataclass(frozen=True)
+class GatewayRelease:
+    """A gateway's Ceph release and how it was learned."""
+
+    name: str
+    """``pacific``, ``reef``, ``tentacle``... or ``unknown`` when the gateway could not say."""
+    learned_from: str
+    """``server-header``, ``admin-info``, ``setting`` or ``unreachable``."""
+
+    @property
+    def major(self) -> int | None:
+        return RELEASES.get(self.name)
+
+    @property
+    def sends_cloud_events(self) -> bool:
+        """Whether the gateway's own push carries ``ce-*`` headers (18 and later). An
+        unknown release is given the benefit: the Topic's events show it at once."""
+        return self.major is None or self.major >= 18
+
+    @property
+    def makes_topic_copies(self) -> bool:
+        """Whether each notification gets a topic copy ``<id>_<topic>`` (before 19's
+        notification_v2 format); unknown: yes, so that copies a DELETE left are removed."""
+        return self.major is None or self.major < 19
+
+    @property
+    def refuses_dotted_topic_names(self) -> bool:
+        """Whether CreateTopic takes only AWS's characters (19 and later)."""
+        return self.major is not None and self.major >= 19
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def release_named(name: str) -> GatewayRelease:
+    """The release a setting names; ValueError with the names it takes otherwise."""
+    if name.lower() not in RELEASES:
+        raise ValueError(f"unknown Ceph release {name!r}: use one of {', '.join(RELEASES)}")
+    return GatewayRelease(name.lower(), "setting")
+
+
+def detect_release(endpoint: str, verify: ssl.SSLContext | bool = True) -> GatewayRelease:
+    """Ask the gateway at ``endpoint`` (two anonymous GETs at most, no credentials sent)."""
+    try:
+        with httpx.Client(base_url=endpoint, verify=verify, timeout=_TIMEOUT) as client:
+            named = _SERVER.search(client.get("/").headers.get("server", ""))
+            if named and named.group("name") in RELEASES:
+                return GatewayRelease(named.group("name"), "server-header")
+            info = client.get("/admin/info")
+    except httpx.HTTPError:
+        return GatewayRelease("unknown", "unreachable")
+    if info.status_code == 405:
+        return GatewayRelease("pacific", "admin-info")
+    return GatewayRelease("reef", "admin-info")
