@@ -8,6 +8,26 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 LOCAL := deploy/local
 SERVICES := kube ceph rabbitmq kafka
+# The Ceph releases besides the default (tentacle, 20.2) that the compatibility tier runs the
+# gateway-facing tests against (deploy/local/ceph.sh, CEPH_RELEASE).
+COMPAT_RELEASES ?= reef pacific
+COMPAT_TESTS := \
+	tests/integration/test_rgw_smoke.py \
+	tests/integration/test_gateway_notifications.py \
+	tests/integration/test_gateway_contention.py \
+	tests/integration/test_key_regex_on_gateway.py \
+	tests/integration/test_filter_semantics.py \
+	tests/integration/test_topic_listing.py \
+	tests/integration/test_topic_names.py::test_a_topic_holding_a_dotted_name_keeps_it_where_the_gateway_takes_it_and_moves_where_not \
+	tests/integration/test_topic_operator.py::test_each_endpoint_kind_reaches_the_gateway \
+	tests/integration/test_topic_operator.py::test_drift_on_the_gateway_is_repaired \
+	tests/integration/test_notification_operator.py::test_notification_is_applied_with_every_filter_and_sends_a_test_event \
+	tests/integration/test_notification_operator.py::test_foreign_configuration_survives_reconcile_and_delete \
+	tests/integration/test_notification_operator.py::test_drift_of_the_id_on_the_bucket_is_repaired \
+	tests/integration/test_notification_operator.py::test_a_failed_push_of_a_gateway_delivered_topic_does_not_fail_the_put_and_is_gone \
+	tests/e2e/test_events.py::test_every_event_type_arrives_with_the_reference_fields \
+	tests/e2e/test_persistent_delivery.py::test_every_event_type_is_delivered_once_with_the_gateways_fields \
+	tests/e2e/test_persistent_delivery.py::test_events_arrive_once_and_in_order_per_object
 
 .PHONY: help
 help: ## list the targets
@@ -23,8 +43,9 @@ $(BIN)/.installed: pyproject.toml
 install: $(BIN)/.installed ## create .venv with the project and its dev dependencies
 
 .PHONY: services-install
-services-install: ## install or build every local service once (apt packages, kube-apiserver, Kafka jars)
+services-install: ## install or build every local service once (apt packages, kube-apiserver, Kafka jars, the Ceph releases' roots)
 	@for s in $(SERVICES); do bash $(LOCAL)/$$s.sh install; done
+	@for r in $(COMPAT_RELEASES); do CEPH_RELEASE=$$r bash $(LOCAL)/ceph.sh install; done
 
 .PHONY: tools
 tools: ## build the CLIs the tests use besides the services (helm, from its Go module)
@@ -35,8 +56,9 @@ services-up: services-install ## start the real local services (reuses running o
 	@for s in $(SERVICES); do bash $(LOCAL)/$$s.sh start; done
 
 .PHONY: services-down
-services-down: ## stop the local services
+services-down: ## stop the local services (the gateways of every Ceph release included)
 	@for s in $(SERVICES); do bash $(LOCAL)/$$s.sh stop || true; done
+	@for r in $(COMPAT_RELEASES); do CEPH_RELEASE=$$r bash $(LOCAL)/ceph.sh stop || true; done
 
 .PHONY: lint
 lint: install ## ruff (lint and format check), mypy strict, import layers
@@ -72,12 +94,25 @@ test-unit: install ## unit tests only (no services)
 	$(BIN)/pytest tests/unit
 
 .PHONY: test
-test: install services-install tools node-install lint crds-check ## lint, crds check, then every test against the real services, then the chart on the one-node cluster
-	@# Two sessions: the one-node cluster (kubelet, controller-manager, five pods) runs only
-	@# while its own tier does, not beside the timing-sensitive fault tests. Both always run.
+test: install services-install tools node-install lint crds-check ## lint, crds check, every test against the real services (Ceph 20.2), the gateway-facing ones against Ceph 18.2 and 16.2, then the chart on the one-node cluster
+	@# Sessions one after the other, each always run: the whole suite on the default Ceph
+	@# release; the compatibility tier on each other release, sharing the first session's
+	@# apiserver and brokers; then the one-node cluster (kubelet, controller-manager, five
+	@# pods), which runs only while its own tier does, not beside the timing-sensitive
+	@# fault tests.
 	rc=0; \
-	$(BIN)/pytest -ra --durations=30 tests --ignore=tests/cluster || rc=1; \
+	BN_KEEP_SERVICES=1 $(BIN)/pytest -ra --durations=30 tests --ignore=tests/cluster || rc=1; \
+	for r in $(COMPAT_RELEASES); do \
+	  CEPH_RELEASE=$$r BN_KEEP_SERVICES=1 $(BIN)/pytest -ra --durations=5 $(COMPAT_TESTS) || rc=1; \
+	done; \
+	$(MAKE) --no-print-directory services-down; \
 	$(BIN)/pytest -ra --durations=10 tests/cluster || rc=1; \
+	exit $$rc
+
+.PHONY: test-compat
+test-compat: install services-install ## the compatibility tier alone: the gateway-facing tests against each of COMPAT_RELEASES
+	rc=0; \
+	for r in $(COMPAT_RELEASES); do CEPH_RELEASE=$$r $(BIN)/pytest -ra $(COMPAT_TESTS) || rc=1; done; \
 	exit $$rc
 
 .PHONY: node-install

@@ -174,7 +174,11 @@ async def _operate(settings: OperatorSettings, api: ApiClient) -> None:
             bucket_locks=BucketLocks(metrics, reuse_s=settings.drift_interval_seconds),
             # A drift check of a Topic may use a topic listing of the last drift interval.
             gateways=GatewayPool(
-                listing_reuse_s=settings.drift_interval_seconds, release=settings.gateway_release
+                listing_reuse_s=settings.drift_interval_seconds,
+                release=settings.gateway_release,
+                learned=lambda endpoint, release: metrics.gateway_info.labels(
+                    endpoint, release.name
+                ).set(1),
             ),
             object_locks=ObjectLocks(),
             metrics=metrics,

@@ -267,6 +267,13 @@ class OperatorMetrics:
             " number written together.",
             registry=r,
         )
+        self.gateway_info = Gauge(
+            "bucketnotify_gateway_info",
+            "1 for each gateway the operator talks to, labelled with its endpoint and the Ceph"
+            " release it runs (pacific, reef, tentacle...) as learned from it or set.",
+            ("gateway", "release"),
+            registry=r,
+        )
         self.reconcile_seconds = Histogram(
             "bucketnotify_reconcile_seconds",
             "Duration of one handler run.",

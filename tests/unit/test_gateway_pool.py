@@ -16,6 +16,7 @@ from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.gateway.errors import GatewayInvalidArgument, GatewayServerError
 from bucketnotify.gateway.notifications import copy_topic_arn
 from bucketnotify.gateway.pool import Gateway, GatewayPool, WriteRetry
+from bucketnotify.gateway.release import release_named
 
 # Nothing listens there: the calls below are ours, the clients are only built.
 CONNECTION = GatewayConnection("http://127.0.0.1:9", "AK", "SK")
@@ -112,3 +113,37 @@ def test_the_copy_of_a_topic_is_named_notification_underscore_topic() -> None:
     assert copy_topic_arn("arn:aws:sns:default::t", "id") == "arn:aws:sns:default::id_t"
     with pytest.raises(ValueError, match="not a topic ARN"):
         copy_topic_arn("orders", "id")
+
+
+async def test_a_release_the_setting_names_is_used_without_asking_and_announced_once() -> None:
+    """A gateway behind a proxy that hides its release (BUCKETNOTIFY_GATEWAY_RELEASE): the
+    gateway (nothing listens at CONNECTION) is never asked, and the metric hook hears of it
+    once."""
+    heard: list[tuple[str, str, str]] = []
+    pool = GatewayPool(
+        QUICK,
+        release="reef",
+        learned=lambda endpoint, release: heard.append(
+            (endpoint, release.name, release.learned_from)
+        ),
+    )
+    gateway = await pool.get(CONNECTION)
+    for _ in range(3):
+        assert (await gateway.release()).name == "reef"
+    assert heard == [(CONNECTION.endpoint, "reef", "setting")]
+    pool.close()
+
+
+async def test_an_unreachable_gateway_is_asked_again_and_not_announced() -> None:
+    heard: list[str] = []
+    pool = GatewayPool(QUICK, learned=lambda endpoint, release: heard.append(release.name))
+    gateway = await pool.get(CONNECTION)
+    assert (await gateway.release()).learned_from == "unreachable"
+    assert (await gateway.release()).learned_from == "unreachable"
+    assert heard == []
+    pool.close()
+
+
+def test_a_release_name_the_setting_cannot_take_says_which_it_can() -> None:
+    with pytest.raises(ValueError, match="use one of pacific, quincy, reef, squid, tentacle"):
+        release_named("octopus")

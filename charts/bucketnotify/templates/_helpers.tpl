@@ -82,6 +82,9 @@ kubelet, so the same manifest works in whatever namespace kustomize or helm puts
 - name: BUCKETNOTIFY_GATEWAY_KIND
   valueFrom:
     secretKeyRef: {name: {{ .Values.gateway.secretName }}, key: kind, optional: true}
+- name: BUCKETNOTIFY_GATEWAY_RELEASE
+  valueFrom:
+    secretKeyRef: {name: {{ .Values.gateway.secretName }}, key: release, optional: true}
 {{- end }}
 
 {{- define "bucketnotify.podNamespaceEnv" -}}

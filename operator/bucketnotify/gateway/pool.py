@@ -75,9 +75,12 @@ class Gateway:
         retry: WriteRetry,
         listing_reuse_s: float = 0.0,
         release: str | None = None,
+        learned: Callable[[str, GatewayRelease], None] | None = None,
     ):
         self.connection = connection
         self._release = release_named(release) if release else None
+        self._learned = learned
+        self._announced = False
         self.topics = TopicClient(connection)
         self.notifications = NotificationClient(connection, topics=self.topics)
         self.listing = TopicListing(
@@ -102,13 +105,17 @@ class Gateway:
             found = await asyncio.to_thread(detect_release, self.connection.endpoint, verify)
             if found.learned_from == "unreachable":
                 return found
-            log.info(
-                "gateway %s runs Ceph %s (learned from its %s)",
-                self.connection.endpoint,
-                found.name,
-                found.learned_from,
-            )
             self._release = found
+        if not self._announced:
+            self._announced = True
+            log.info(
+                "gateway %s runs Ceph %s (from its %s)",
+                self.connection.endpoint,
+                self._release.name,
+                self._release.learned_from,
+            )
+            if self._learned is not None:
+                self._learned(self.connection.endpoint, self._release)
         return self._release
 
     async def write(self, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
@@ -139,7 +146,8 @@ class GatewayPool:
     """The ``Gateway`` of each connection in use. Holds the ``size`` most recently used;
     the write locks, one per endpoint, are kept for good (one per gateway is few).
     ``listing_reuse_s``: how old a topic listing a drift check may use (0: none);
-    ``release``: the Ceph release of every gateway, when a setting names it."""
+    ``release``: the Ceph release of every gateway, when a setting names it;
+    ``learned(endpoint, release)``: called once per gateway when its release is known."""
 
     def __init__(
         self,
@@ -147,9 +155,11 @@ class GatewayPool:
         size: int = 32,
         listing_reuse_s: float = 0.0,
         release: str | None = None,
+        learned: Callable[[str, GatewayRelease], None] | None = None,
     ) -> None:
         self._retry = retry or WriteRetry()
         self._release = release
+        self._learned = learned
         self._size = size
         self._listing_reuse_s = listing_reuse_s
         self._gateways: OrderedDict[GatewayConnection, Gateway] = OrderedDict()
@@ -171,6 +181,7 @@ class GatewayPool:
                         self._retry,
                         self._listing_reuse_s,
                         self._release,
+                        self._learned,
                     )
                     self._gateways[connection] = gateway
         self._gateways.move_to_end(connection)

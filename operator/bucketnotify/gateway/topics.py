@@ -123,10 +123,20 @@ class TopicClient:
                 return topics
 
     def list_arns(self) -> list[str]:
-        with mapped_errors("ListTopics"):
-            response = self._sns.list_topics()
-        # Ceph lists a topic once more for every notification holding a copy of it.
-        return list(dict.fromkeys(t["TopicArn"] for t in response.get("Topics", [])))
+        """Every topic ARN of the user, each once (Ceph 19+ answers in pages)."""
+        arns: list[str] = []
+        token = None
+        while True:
+            with mapped_errors("ListTopics"):
+                response: Any = (
+                    self._sns.list_topics(NextToken=token) if token else self._sns.list_topics()
+                )
+            arns += [t["TopicArn"] for t in response.get("Topics", [])]
+            token = response.get("NextToken")
+            if not token:
+                # Ceph 16 and 18 list a topic once more for every notification holding a
+                # copy of it.
+                return list(dict.fromkeys(arns))
 
 
 RAW_BODY = "bucketnotify:body"
