@@ -12,10 +12,12 @@ from bucketnotify.controller.topic_builder import (
     GATEWAY_TOPIC_NAME,
     NameClaim,
     TopicBuildError,
+    check_gateway_name,
     default_gateway_topic_name,
     gateway_topic_name,
     name_owner,
 )
+from bucketnotify.gateway.release import GatewayRelease
 
 SPEC = TopicSpec.model_validate({"endpoint": {"http": {"url": "http://h/"}}})
 NAMED = TopicSpec.model_validate({"endpoint": {"http": {"url": "http://h/"}}, "name": "orders"})
@@ -123,3 +125,22 @@ def test_every_claimant_agrees_on_one_owner_whatever_the_order(found: list[NameC
     assert name_owner(sorted(found, key=lambda c: c.name)) == owner
     if any(c.holds for c in found):
         assert owner.holds, "a Topic holding the name keeps it"
+
+
+def test_a_spec_name_the_gateways_release_refuses_is_refused_with_its_rule() -> None:
+    """Ceph 19+ answers CreateTopic of a dotted name with 400 InvalidArgument: the operator
+    says why without asking, and only where the release refuses it."""
+    tentacle = GatewayRelease("tentacle", "server-header")
+    with pytest.raises(TopicBuildError) as refused:
+        check_gateway_name("orders.v2", tentacle)
+    assert refused.value.reason == "InvalidSpec"
+    assert "this gateway (Ceph tentacle) takes only letters, digits, '_' and '-'" in str(
+        refused.value
+    )
+    with pytest.raises(TopicBuildError):
+        check_gateway_name("o" * 257, tentacle)
+    check_gateway_name("o" * 256, tentacle)
+    check_gateway_name("orders_v2-x", tentacle)
+    for taking in (GatewayRelease("reef", "admin-info"), GatewayRelease("pacific", "admin-info")):
+        check_gateway_name("orders.v2", taking)
+    check_gateway_name("orders.v2", None)

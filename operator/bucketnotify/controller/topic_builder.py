@@ -31,6 +31,7 @@ __all__ = [
     "NameClaim",
     "TopicBuildError",
     "arn_topic_name",
+    "check_gateway_name",
     "default_gateway_topic_name",
     "differences",
     "endpoint_topic_name",
@@ -85,6 +86,20 @@ def default_gateway_topic_name(namespace: str, metadata_name: str) -> str:
         return name
     digest = hashlib.sha256(f"{namespace}/{metadata_name}".encode()).hexdigest()[:12]
     return f"{name[: TOPIC_NAME_MAX - len(digest) - 1]}-{digest}"
+
+
+def check_gateway_name(name: str, release: GatewayRelease | None) -> None:
+    """TopicBuildError ``InvalidSpec`` when the gateway's release would refuse ``name``
+    (Ceph 19+: AWS's characters only), with its rule; the gateway is not asked."""
+    if release is None or not release.refuses_dotted_topic_names:
+        return
+    if not GATEWAY_TOPIC_NAME.fullmatch(name):
+        raise TopicBuildError(
+            "InvalidSpec",
+            f"gateway topic name {name!r}: this gateway (Ceph {release.name}) takes only"
+            f" letters, digits, '_' and '-', at most {TOPIC_NAME_MAX} characters; spec.name"
+            " is immutable, so create a Topic with a name it takes",
+        )
 
 
 def legacy_gateway_topic_name(namespace: str, metadata_name: str) -> str:

@@ -27,6 +27,7 @@ from bucketnotify.controller.topic_builder import (
     NameClaim,
     TopicBuildError,
     arn_topic_name,
+    check_gateway_name,
     differences,
     gateway_attributes,
     gateway_topic_name,
@@ -209,6 +210,8 @@ async def _desired(
         ingest = ingest_endpoint(settings.ingest_url, namespace, name, token)
     release = await (await gateways.get(connection)).release()
     try:
+        if spec.name:
+            check_gateway_name(spec.name, release)
         attributes = gateway_attributes(
             spec,
             credentials=credentials,
