@@ -296,6 +296,9 @@ def test_replicas_killed_again_and_again_lose_only_what_was_in_flight(
 
     sync = by_handoff["sync"]
     print(f"sync hand-off: {len(sync.lost)} lost over {KILLS} kills: {sync.lost}")
+    for key in sync.lost:
+        sent, answered = stream.written_at[key]
+        print(f"  {key}: sent {since_last_kill(sent)}, answered {since_last_kill(answered)}")
     outside = [key for key in sync.lost if not in_flight_at_a_kill(key)]
     assert not outside, f"sync writes lost that were not in flight at a kill: {outside}"
     assert len(sync.lost) <= KILLS * stream.writers

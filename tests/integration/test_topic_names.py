@@ -208,6 +208,32 @@ def test_a_topic_holding_a_dotted_name_keeps_it_where_the_gateway_takes_it_and_m
     assert gateway.get(wanted) is None
 
 
+def test_a_spec_name_with_a_dot_is_taken_or_refused_as_the_gateways_release_says(
+    kubectl: Kubectl,
+    namespace: str,
+    start_operator: StartOperator,
+    gateway: TopicClient,
+    rgw: LocalService,
+) -> None:
+    """Ceph 16.2 and 18.2 take ``orders.v2``; Ceph 19+ would answer 400 InvalidArgument, so
+    the operator refuses it with the gateway's rule and writes nothing."""
+    name = f"orders.v2-{uuid.uuid4().hex[:8]}"
+    start_operator(namespaces=json.dumps([namespace]))
+    apply(kubectl, namespace, "Topic", "named", {**http(namespace), "name": name})
+    arn = f"arn:aws:sns:default::{name}"
+    if release_of(rgw).refuses_dotted_topic_names:
+        status = condition(kubectl, namespace, "topic", "named", "False", "InvalidSpec")
+        message = ready_condition(status)["message"]
+        assert f"gateway topic name {name!r}: this gateway (Ceph {rgw['CEPH_RELEASE']})" in message
+        assert "takes only letters, digits, '_' and '-'" in message
+        assert gateway.get(arn) is None
+    else:
+        assert condition(kubectl, namespace, "topic", "named")["arn"] == arn
+        assert on_gateway(gateway, arn).endpoint_address == f"http://127.0.0.1:9/{namespace}"
+    kubectl.run("delete", "topic", "named", "-n", namespace, "--timeout=60s")
+    assert gateway.get(arn) is None
+
+
 def test_the_longest_default_name_is_taken_by_the_gateway_with_a_notification_on_it(
     kubectl: Kubectl, start_operator: StartOperator, gateway: TopicClient, rgw: LocalService
 ) -> None:
