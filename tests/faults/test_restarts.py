@@ -34,6 +34,7 @@ from tests.faults.pipeline import (
 from tests.localservices import LocalService
 from tests.ownservices import own_service
 from tests.receivers import RecordingHttpServer
+from tests.s3 import release_of
 from tests.tcpproxy import TcpProxy
 
 # Several minutes each: services start, a stream runs, the queues drain.
@@ -239,8 +240,10 @@ def test_replicas_killed_again_and_again_lose_only_what_was_in_flight(
     The persistent hand-off (the default) loses nothing: the gateway queues and retries.
     The sync hand-off may lose exactly the writes whose ingest request died with a replica
     (the gateway counts a failed sync push as done; docs/operator.md): every write it lost
-    was in flight at a kill, so at most one per writer and kill. Either may deliver again
-    only what a killed replica had pushed and not yet recorded: its last KILL_WINDOW_S."""
+    was in flight at a kill (on Ceph 20.2: or sent within STALE_CONNECTION_S after one, over
+    a connection to the killed replica), so at most one per writer and kill. Either may
+    deliver again only what a killed replica had pushed and not yet recorded: its last
+    KILL_WINDOW_S."""
     pipeline = pipelines(kube, rgw, replicas=3)
     cluster = pipeline.cluster
     victims: list[str] = []
@@ -290,9 +293,14 @@ def test_replicas_killed_again_and_again_lose_only_what_was_in_flight(
         f"delivered again, though acknowledged long before any kill: {repeated_outside}"
     )
 
+    # Ceph 20.2 pushes on the kept-alive connections it had to the killed replica for a
+    # moment after the kill, and counts the failed push as done (docs/operator.md; measured
+    # 0.12-0.14 s after it). 16.2 opens a new connection.
+    stale_s = STALE_CONNECTION_S if (release_of(rgw).major or 0) >= 20 else 0.0
+
     def in_flight_at_a_kill(key: str) -> bool:
         sent, answered = stream.written_at[key]
-        return any(sent <= after and answered >= before for before, after in kills)
+        return any(sent <= after + stale_s and answered >= before for before, after in kills)
 
     sync = by_handoff["sync"]
     print(f"sync hand-off: {len(sync.lost)} lost over {KILLS} kills: {sync.lost}")
@@ -302,6 +310,11 @@ def test_replicas_killed_again_and_again_lose_only_what_was_in_flight(
     outside = [key for key in sync.lost if not in_flight_at_a_kill(key)]
     assert not outside, f"sync writes lost that were not in flight at a kill: {outside}"
     assert len(sync.lost) <= KILLS * stream.writers
+
+
+STALE_CONNECTION_S = 0.5
+"""How long after a kill a Ceph 20.2 gateway may still push a sync event over a kept-alive
+connection to the killed replica (measured: up to 0.14 s), losing it."""
 
 
 STORE_OUTAGE_S = 20
