@@ -322,7 +322,9 @@ async def reconcile_topic(
         try:
             arn = await gateway.write(gateway.topics.upsert, topic_name, attributes)
         except GatewayInvalidArgument as exc:
-            moved = _name_after_refusal(namespace, name, parsed, topic_name, owner, claims_of)
+            moved = _name_after_refusal(
+                namespace, name, parsed, topic_name, owner, claims_of, release
+            )
             if moved is None:
                 raise GatewayInvalidArgument(
                     str(exc) + _credentials_hint(attributes, connection.endpoint)
@@ -361,6 +363,7 @@ def _name_after_refusal(
     refused: str,
     owner: dict[str, Any] | None,
     claims_of: ClaimsOf,
+    release: GatewayRelease,
 ) -> str | None:
     """The name a Topic moves to when the gateway refused the one it held, or None.
 
@@ -368,6 +371,10 @@ def _name_after_refusal(
     across the upgrade) moves; ``spec.name`` is the user's and stays refused with the
     gateway's reason. Ceph 19+ refuses the names 16.2 and 18 took.
     """
+    # Only a release that refuses such names (a refusal for another reason, credentials
+    # over plain HTTP say, must not move the Topic); unknown: the refusal may be the name's.
+    if release.major is not None and not release.refuses_dotted_topic_names:
+        return None
     if spec.name or GATEWAY_TOPIC_NAME.fullmatch(refused):
         return None
     created = str(((owner or {}).get("metadata") or {}).get("creationTimestamp") or "")
