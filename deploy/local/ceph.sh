@@ -203,7 +203,9 @@ install() {
   else
     apt_ensure "${CEPH_PACKAGES[@]}"
   fi
-  log "Ceph $CEPH_RELEASE: $("${IN_RELEASE[@]}" radosgw --version 2>&1 | head -1)"
+  # Asked once: start writes it into the env file too.
+  INSTALLED_VERSION=$("${IN_RELEASE[@]}" radosgw --version 2>&1 | head -1)
+  log "Ceph $CEPH_RELEASE: $INSTALLED_VERSION"
 }
 
 # spawn NAME LOGFILE CMD...: run a daemon in the foreground of its own session, so that a
@@ -371,7 +373,7 @@ start() {
     "RGW_OTHER_ACCESS_KEY=$OTHER_ACCESS" \
     "RGW_OTHER_SECRET_KEY=$OTHER_SECRET" \
     "CEPH_RELEASE=$CEPH_RELEASE" \
-    "CEPH_VERSION=$("${IN_RELEASE[@]}" radosgw --version 2>&1 | awk '{print $3; exit}')" \
+    "CEPH_VERSION=$(awk '{print $3}' <<<"$INSTALLED_VERSION")" \
     "RADOSGW_ADMIN=${ROOT:+chroot $ROOT }radosgw-admin" \
     "CEPH_TOOLS_PREFIX=${ROOT:+chroot $ROOT}" \
     "CEPH_CONF=$CONF" \

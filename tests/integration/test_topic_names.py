@@ -52,6 +52,14 @@ def on_gateway(gateway: TopicClient, arn: str) -> GatewayTopic:
     return found
 
 
+def as_an_older_release_left_it(kubectl: Kubectl, namespace: str, name: str, arn: str) -> None:
+    """The Topic's status as an older release of the operator wrote it: its gateway topic."""
+    kubectl.run(
+        "patch", "topic", name, "-n", namespace, "--subresource=status", "--type=merge",
+        "-p", json.dumps({"status": {"arn": arn}}),
+    )  # fmt: skip
+
+
 def ready_condition(status: dict[str, Any]) -> dict[str, Any]:
     return next((c for c in status.get("conditions", []) if c["type"] == "Ready"), {})
 
@@ -140,18 +148,7 @@ def test_topics_of_an_older_release_keep_their_gateway_topic_and_sharers_are_sep
     arn = gateway.upsert(name, {"push-endpoint": "http://127.0.0.1:9/old"})
     for ns in (namespace, other_namespace):
         apply(kubectl, ns, "Topic", name, http(ns))
-        # What the older release wrote into the status.
-        kubectl.run(
-            "patch",
-            "topic",
-            name,
-            "-n",
-            ns,
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            json.dumps({"status": {"arn": arn}}),
-        )
+        as_an_older_release_left_it(kubectl, ns, name, arn)
         time.sleep(1.1)  # creationTimestamp has whole seconds: make the order plain
     start_operator(namespaces=json.dumps([namespace, other_namespace]))
 
@@ -188,10 +185,7 @@ def test_a_topic_holding_a_dotted_name_keeps_it_where_the_gateway_takes_it_and_m
     name = f"dotted-{uuid.uuid4().hex[:8]}"
     legacy = f"arn:aws:sns:default::{namespace}.{name}"
     apply(kubectl, namespace, "Topic", name, http(namespace))
-    kubectl.run(
-        "patch", "topic", name, "-n", namespace, "--subresource=status", "--type=merge",
-        "-p", json.dumps({"status": {"arn": legacy}}),
-    )  # fmt: skip
+    as_an_older_release_left_it(kubectl, namespace, name, legacy)
     start_operator(namespaces=json.dumps([namespace]))
 
     kept = not release_of(rgw).refuses_dotted_topic_names

@@ -127,9 +127,9 @@ async def test_a_release_the_setting_names_is_used_without_asking_and_announced_
             (endpoint, release.name, release.learned_from)
         ),
     )
-    gateway = await pool.get(CONNECTION)
-    for _ in range(3):
-        assert (await gateway.release()).name == "reef"
+    other_user = GatewayConnection(CONNECTION.endpoint, "AK2", "SK2")
+    for connection in (CONNECTION, other_user, CONNECTION):
+        assert (await pool.release(connection)).name == "reef"
     assert heard == [(CONNECTION.endpoint, "reef", "setting")]
     pool.close()
 
@@ -137,9 +137,8 @@ async def test_a_release_the_setting_names_is_used_without_asking_and_announced_
 async def test_an_unreachable_gateway_is_asked_again_and_not_announced() -> None:
     heard: list[str] = []
     pool = GatewayPool(QUICK, learned=lambda endpoint, release: heard.append(release.name))
-    gateway = await pool.get(CONNECTION)
-    assert (await gateway.release()).learned_from == "unreachable"
-    assert (await gateway.release()).learned_from == "unreachable"
+    assert (await pool.release(CONNECTION)).learned_from == "unreachable"
+    assert (await pool.release(CONNECTION)).learned_from == "unreachable"
     assert heard == []
     pool.close()
 

@@ -40,7 +40,6 @@ __all__ = [
     "gateway_topic_name",
     "ingest_endpoint",
     "ingest_token_secret",
-    "legacy_gateway_topic_name",
     "name_owner",
     "referenced_secrets",
     "wanted_gateway_topic_name",
@@ -100,13 +99,6 @@ def check_gateway_name(name: str, release: GatewayRelease | None) -> None:
             f" letters, digits, '_' and '-', at most {TOPIC_NAME_MAX} characters; spec.name"
             " is immutable, so create a Topic with a name it takes",
         )
-
-
-def legacy_gateway_topic_name(namespace: str, metadata_name: str) -> str:
-    """The default name of earlier bucketnotify releases (``<namespace>.<name>``), which Ceph
-    19+ refuses: a Topic holding a gateway topic of this name keeps it while the gateway
-    takes it, and moves to ``default_gateway_topic_name`` when the gateway refuses it."""
-    return f"{namespace}.{metadata_name}"
 
 
 def arn_topic_name(arn: str) -> str:

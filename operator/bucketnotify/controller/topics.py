@@ -208,7 +208,7 @@ async def _desired(
             namespace, ingest_token_secret(name), INGEST_TOKEN_KEY, owner
         )
         ingest = ingest_endpoint(settings.ingest_url, namespace, name, token)
-    release = await (await gateways.get(connection)).release()
+    release = await gateways.release(connection)
     try:
         if spec.name:
             check_gateway_name(spec.name, release)

@@ -74,13 +74,8 @@ class Gateway:
         lock: asyncio.Lock,
         retry: WriteRetry,
         listing_reuse_s: float = 0.0,
-        release: str | None = None,
-        learned: Callable[[str, GatewayRelease], None] | None = None,
     ):
         self.connection = connection
-        self._release = release_named(release) if release else None
-        self._learned = learned
-        self._announced = False
         self.topics = TopicClient(connection)
         self.notifications = NotificationClient(connection, topics=self.topics)
         self.listing = TopicListing(
@@ -93,30 +88,6 @@ class Gateway:
 
     async def read(self, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         return await asyncio.to_thread(call, *args, **kwargs)
-
-    async def release(self) -> GatewayRelease:
-        """The gateway's Ceph release, asked once (again after an unreachable answer)."""
-        if self._release is None:
-            verify = (
-                self.connection.ssl_context()
-                if self.connection.endpoint.startswith("https://")
-                else True
-            )
-            found = await asyncio.to_thread(detect_release, self.connection.endpoint, verify)
-            if found.learned_from == "unreachable":
-                return found
-            self._release = found
-        if not self._announced:
-            self._announced = True
-            log.info(
-                "gateway %s runs Ceph %s (from its %s)",
-                self.connection.endpoint,
-                self._release.name,
-                self._release.learned_from,
-            )
-            if self._learned is not None:
-                self._learned(self.connection.endpoint, self._release)
-        return self._release
 
     async def write(self, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         started = time.monotonic()
@@ -158,8 +129,11 @@ class GatewayPool:
         learned: Callable[[str, GatewayRelease], None] | None = None,
     ) -> None:
         self._retry = retry or WriteRetry()
-        self._release = release
         self._learned = learned
+        # Per endpoint, like the locks: a release is the gateway's, whichever user asks.
+        self._set_release = release_named(release) if release else None
+        self._releases: dict[str, GatewayRelease] = {}
+        self._detecting: dict[str, asyncio.Lock] = {}
         self._size = size
         self._listing_reuse_s = listing_reuse_s
         self._gateways: OrderedDict[GatewayConnection, Gateway] = OrderedDict()
@@ -180,8 +154,6 @@ class GatewayPool:
                         lock,
                         self._retry,
                         self._listing_reuse_s,
-                        self._release,
-                        self._learned,
                     )
                     self._gateways[connection] = gateway
         self._gateways.move_to_end(connection)
@@ -189,6 +161,29 @@ class GatewayPool:
             # Not closed: a reconcile may still use it; its sockets close with it.
             self._gateways.popitem(last=False)
         return gateway
+
+    async def release(self, connection: GatewayConnection) -> GatewayRelease:
+        """The Ceph release of the gateway at ``connection.endpoint``: the setting's, else
+        asked once per endpoint (again after an unreachable answer), announced once."""
+        endpoint = connection.endpoint
+        known = self._releases.get(endpoint)
+        if known is not None:
+            return known
+        async with self._detecting.setdefault(endpoint, asyncio.Lock()):
+            known = self._releases.get(endpoint)  # a reconcile before this one found it
+            if known is not None:
+                return known
+            found = self._set_release
+            if found is None:
+                verify = connection.ssl_context() if endpoint.startswith("https://") else True
+                found = await asyncio.to_thread(detect_release, endpoint, verify)
+                if found.learned_from == "unreachable":
+                    return found
+            self._releases[endpoint] = found
+        log.info("gateway %s runs Ceph %s (from its %s)", endpoint, found.name, found.learned_from)
+        if self._learned is not None:
+            self._learned(endpoint, found)
+        return found
 
     def close(self) -> None:
         for gateway in self._gateways.values():
