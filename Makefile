@@ -14,6 +14,7 @@ COMPAT_RELEASES ?= reef pacific
 COMPAT_LOG ?= $(or $(BN_RUN),/tmp/bucketnotify-local)/compat
 COMPAT_TESTS := \
 	tests/integration/test_rgw_smoke.py \
+	tests/integration/test_release_behaviour.py \
 	tests/integration/test_gateway_notifications.py \
 	tests/integration/test_gateway_contention.py \
 	tests/integration/test_key_regex_on_gateway.py \

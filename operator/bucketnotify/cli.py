@@ -43,7 +43,9 @@ from bucketnotify.delivery.stores.open import StoreConfigError
 from bucketnotify.delivery.stores.open import open_store as _store
 from bucketnotify.delivery.stores.s3 import S3Store
 from bucketnotify.event_recorder import EventRecorder
+from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.gateway.pool import GatewayPool
+from bucketnotify.gateway.release import detect_release, release_named
 from bucketnotify.kube import WATCHED_LABEL, Kube, connect
 from bucketnotify.leadership import lead
 from bucketnotify.metrics import DeliveryMetrics, OperatorMetrics
@@ -225,6 +227,7 @@ async def _deliver(
     identity = settings.identity or _default_identity()
     store = await _store(settings, operator)
     metrics = DeliveryMetrics()
+    await _announce_gateway_release(operator, metrics)
     writer = _record_writer(settings, operator, identity, metrics)
     owner = None
     if settings.lease_owner:
@@ -289,6 +292,31 @@ async def _deliver(
         if writer is not None:
             # Last: the rounds and the ingest are done, so every record is in the buffer.
             await writer.aclose()
+
+
+async def _announce_gateway_release(operator: OperatorSettings, metrics: DeliveryMetrics) -> None:
+    """Log and export the Ceph release of the default gateway, whose persistent queues hand
+    events to the replicas (and which holds an s3:// store), as the operator does for its
+    gateways: the first thing to know when its pushes look different."""
+    endpoint = operator.gateway_endpoint
+    if not endpoint or operator.gateway_kind != "ceph":
+        return
+    if operator.gateway_release:
+        release = release_named(operator.gateway_release)
+    else:
+        verify = (
+            GatewayConnection(endpoint, "", "", operator.gateway_region).ssl_context()
+            if endpoint.startswith("https://")
+            else True
+        )
+        release = await asyncio.to_thread(detect_release, endpoint, verify)
+    if release.learned_from == "unreachable":
+        log.warning("gateway %s did not answer: its Ceph release is not known", endpoint)
+    else:
+        log.info(
+            "gateway %s runs Ceph %s (from its %s)", endpoint, release.name, release.learned_from
+        )
+    metrics.gateway_info.labels(endpoint, release.name).set(1)
 
 
 def _record_writer(

@@ -194,6 +194,13 @@ class DeliveryMetrics:
             "Delivery records in memory waiting to be written.",
             registry=r,
         )
+        self.gateway_info = Gauge(
+            "bucketnotify_gateway_info",
+            "1 for the default gateway, labelled with its endpoint and the Ceph release it"
+            " runs as learned from it at start (unknown: it did not answer) or set.",
+            ("gateway", "release"),
+            registry=r,
+        )
 
     _per_topic = (
         "event_triggered",

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from bucketnotify.api.notification import EVENT_TYPES
 from tests.kubectl import Kubectl
 
 pytestmark = pytest.mark.usefixtures("crds")
@@ -70,6 +71,34 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
         "overlapping-removed",
         {**BASE, "events": ["s3:ObjectRemoved:Delete", "s3:ObjectRemoved:*"]},
         "events overlap: s3:ObjectRemoved:* already covers every s3:ObjectRemoved: event",
+    ),
+    (
+        "overlapping-lifecycle",
+        {**BASE, "events": ["s3:ObjectLifecycle:*", "s3:ObjectLifecycle:Expiration:*"]},
+        "events overlap: s3:ObjectLifecycle:* already covers every s3:ObjectLifecycle: event",
+    ),
+    (
+        "overlapping-expiration",
+        {
+            **BASE,
+            "events": [
+                "s3:ObjectLifecycle:Expiration:*",
+                "s3:ObjectLifecycle:Expiration:Noncurrent",
+            ],
+        },
+        "events overlap: s3:ObjectLifecycle:Expiration:* already covers",
+    ),
+    (
+        # Ceph's docs spell it so; Ceph 18 refuses that spelling, every release takes ours.
+        "noncurrent-spelled-as-cephs-docs",
+        {**BASE, "events": ["s3:ObjectLifecycle:Transition:NonCurrent"]},
+        'Unsupported value: "s3:ObjectLifecycle:Transition:NonCurrent"',
+    ),
+    (
+        # Ceph 18 and 20 take it and store it as s3:UnknownEvent.
+        "abort-multipart-upload",
+        {**BASE, "events": ["s3:ObjectLifecycle:Expiration:AbortMultipartUpload"]},
+        'Unsupported value: "s3:ObjectLifecycle:Expiration:AbortMultipartUpload"',
     ),
     (
         "empty-key-filter",
@@ -158,6 +187,11 @@ def test_every_filter_kind_and_event_is_accepted(kubectl: Kubectl, namespace: st
     # Everything applied is stored as it was (no field pruned by the schema), plus the
     # defaults of what was left out.
     assert stored == {**spec, "testEvent": True, "adoptExisting": False}
+    # Every single event of every release at once (the gateway's release decides later).
+    singles = [event for event in EVENT_TYPES if not event.endswith("*")]
+    kubectl.apply(notification("every-event", namespace, {**BASE, "events": singles}))
+    stored = kubectl.get("bucketnotification", "every-event", namespace)["spec"]
+    assert stored["events"] == singles
 
 
 def test_a_topic_arn_may_be_an_sns_arn_or_an_smn_urn(kubectl: Kubectl, namespace: str) -> None:

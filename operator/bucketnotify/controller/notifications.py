@@ -238,16 +238,18 @@ async def reconcile_notification(
                 refused = obs.problem(desired)
                 if refused is not None:
                     raise NotReconcilable("Unsupported", refused)
-            elif (
-                resolved.external
-                and await gateway.read(gateway.topics.get, desired.topic_arn) is None
-            ):
-                raise NotReconcilable(
-                    "TopicNotFound",
-                    f"the gateway has no topic {desired.topic_arn} (topicARN): create it"
-                    " there first, or use topicRef to a Topic of this namespace",
-                    retry=True,
-                )
+            else:
+                await _refuse_events_the_release_lacks(gateways, resolved.connection, desired)
+                if (
+                    resolved.external
+                    and await gateway.read(gateway.topics.get, desired.topic_arn) is None
+                ):
+                    raise NotReconcilable(
+                        "TopicNotFound",
+                        f"the gateway has no topic {desired.topic_arn} (topicARN): create it"
+                        " there first, or use topicRef to a Topic of this namespace",
+                        retry=True,
+                    )
 
             async def decide(configuration: list[NotificationConfig]) -> bool:
                 """Whether to write ``desired``, seen the bucket's configuration."""
@@ -358,6 +360,23 @@ async def _write_batch(
             except GatewayError as exc:
                 answers[index] = exc
     return answers
+
+
+async def _refuse_events_the_release_lacks(
+    gateways: GatewayPool, connection: GatewayConnection, desired: NotificationConfig
+) -> None:
+    """NotReconcilable ``Unsupported`` naming the events the gateway's Ceph release does not
+    take: the gateway would refuse the whole configuration with a bare InvalidArgument."""
+    release = await gateways.release(connection)
+    refused = release.refused_events(desired.events)
+    if refused:
+        raise NotReconcilable(
+            "Unsupported",
+            f"this gateway runs Ceph {release.name}, which has no event "
+            + ", ".join(refused)
+            + ": remove it from spec.events, or use a gateway of a later release"
+            " (docs/gateway-compatibility.md)",
+        )
 
 
 async def _owner_of(gateway: Gateway, topic_arn: str) -> str | None:

@@ -27,6 +27,7 @@ __all__ = [
     "GATEWAY_TOPIC_NAME",
     "OWNER",
     "PREVIOUS_TOKEN_KEY",
+    "QUEUE_WITHOUT_LIMITS",
     "Credentials",
     "NameClaim",
     "TopicBuildError",
@@ -51,6 +52,8 @@ GATEWAY_TOPIC_NAME = re.compile(rf"[A-Za-z0-9_-]{{1,{TOPIC_NAME_MAX}}}")
 
 # The attributes we set and later compare with what the gateway reports.
 PUSH_ENDPOINT = "push-endpoint"
+# A persistent gateway topic that never gives up an event (0 = no limit): Ceph 20 acts on them.
+QUEUE_WITHOUT_LIMITS = {"time_to_live": "0", "max_retries": "0"}
 # Which operator made a gateway topic (OperatorSettings.owner_id). Ceph keeps attributes it
 # does not know among the topic's endpoint arguments and reports them back; a bucket's
 # notification entry names its topic, so this also says whose a notification Id is.
@@ -344,11 +347,17 @@ def gateway_attributes(
             if refusal is not None:
                 raise TopicBuildError("CleartextCredentials", refusal)
         handoff = spec.delivery.handoff if spec.delivery else "persistent"
-        return {
+        attributes = {
             **common,
             PUSH_ENDPOINT: ingest_url,
             "persistent": _bool(handoff == "persistent"),
         }
+        if handoff == "persistent" and release is not None and release.queues_act_on_limits:
+            # The gateway's queue only holds events on their way to our ingest; the Topic's
+            # own timeToLive and maxRetries are the delivery service's, with dead letters.
+            # Without these, a gateway-wide rgw_topic_persistency_* default would drop them.
+            attributes.update(QUEUE_WITHOUT_LIMITS)
+        return attributes
 
     endpoint = spec.endpoint
     chosen = endpoint.http or endpoint.amqp or endpoint.kafka

@@ -35,7 +35,11 @@ from bucketnotify.controller.topic_builder import (
     ingest_token_secret,
 )
 from bucketnotify.gateway.connection import GATEWAY_KINDS, GatewayConnection
-from bucketnotify.gateway.errors import GatewayError, GatewayInvalidArgument
+from bucketnotify.gateway.errors import (
+    GatewayError,
+    GatewayForeignTopic,
+    GatewayInvalidArgument,
+)
 from bucketnotify.gateway.pool import GatewayPool
 from bucketnotify.gateway.release import GatewayRelease
 from bucketnotify.kube import Kube, SecretMissing
@@ -307,10 +311,11 @@ async def reconcile_topic(
             else:
                 # EndpointArgs echoes values unescaped (an "&" in opaqueData splits it);
                 # the OpaqueData attribute is the value itself. Ceph 20 keeps only the
-                # attributes it does not know there: persistent, OpaqueData and Policy are
-                # fields of their own.
+                # attributes it does not know there: persistent, OpaqueData, Policy and the
+                # queue's limits are fields of their own.
                 args = {
                     **current.endpoint_args,
+                    **current.queue_limits,
                     "OpaqueData": current.opaque_data,
                     "persistent": "true" if current.persistent else "false",
                 }
@@ -350,6 +355,17 @@ async def reconcile_topic(
         if exc.reason == "NameConflict" and status.get("arn"):
             # The gateway topic is another Topic's: deleting this one must not remove it.
             refused.status["arn"] = None
+        return refused
+    except GatewayForeignTopic as exc:
+        refused = outcome(
+            False,
+            exc.reason,
+            f"the gateway topic belongs to another gateway user ({exc}); set spec.name to a"
+            " name of its own, or give gatewayRef that user's keys",
+            retry=True,
+        )
+        # Not this Topic's: deleting the Topic must not try to remove it.
+        refused.status["arn"] = None
         return refused
     except GatewayError as exc:
         return outcome(False, exc.reason, str(exc), retry=True)

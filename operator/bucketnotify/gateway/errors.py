@@ -3,6 +3,7 @@
     GatewayError
     ├── GatewayUnreachable      no answer: connection refused, timeout, DNS
     ├── GatewayAccessDenied     wrong keys or no permission
+    │   └── GatewayForeignTopic the topic is another gateway user's (Ceph 19+ topic owners)
     ├── GatewayInvalidArgument  the gateway refused what we sent
     ├── GatewayNotFound         the topic or bucket is not there
     └── GatewayServerError      a 5xx: worth trying again soon (Ceph 16 answers 500 when two
@@ -30,6 +31,7 @@ from botocore.exceptions import (
 __all__ = [
     "GatewayAccessDenied",
     "GatewayError",
+    "GatewayForeignTopic",
     "GatewayInvalidArgument",
     "GatewayNotFound",
     "GatewayServerError",
@@ -54,6 +56,14 @@ class GatewayAccessDenied(GatewayError):
     reason = "GatewayAccessDenied"
 
 
+class GatewayForeignTopic(GatewayAccessDenied):
+    """Ceph 19 and later give each topic an owner: another user's topic may be neither
+    read, nor written, nor deleted (403 AuthorizationError, "Topic was created by another
+    user."). 16.2 and 18.2 have no owners: any user of the tenant overwrites a topic."""
+
+    reason = "NameConflict"
+
+
 class GatewayInvalidArgument(GatewayError):
     reason = "GatewayRefused"
 
@@ -73,6 +83,8 @@ ACCESS_DENIED = {
     "SignatureDoesNotMatch",
     "AuthorizationError",
 }
+# Ceph 20.2's message for a topic of another user (its only sign: the code is any denial's).
+FOREIGN_TOPIC = "created by another user"
 NOT_FOUND = {"NotFound", "NoSuchKey", "NoSuchBucket", "NoSuchEntity", "ResourceNotFoundException"}
 
 
@@ -88,6 +100,8 @@ def error_for_response(operation: str, status: int, code: str, detail: str = "")
         message += " (the bucket does not exist)"
     if detail:
         message += f": {detail}"
+    if code == "AuthorizationError" and FOREIGN_TOPIC in detail:
+        return GatewayForeignTopic(message)
     if code in ACCESS_DENIED or status == 403:
         return GatewayAccessDenied(message)
     if code in NOT_FOUND or status == 404:

@@ -64,16 +64,21 @@ TIMEOUT = httpx.Timeout(20.0, connect=5.0)
 # What Ceph stores for a configuration without any Event, and reports back.
 DEFAULT_EVENTS = ("s3:ObjectCreated:*", "s3:ObjectRemoved:*")
 
-# Ceph 16 also takes its own event names and reports them back under the S3 name.
+# Ceph 16 also takes its own event names and reports them back under the S3 name; Ceph 20
+# reports the "Noncurrent" events (the one spelling 18 takes too) as "NonCurrent".
 EVENT_ALIASES = {
     "OBJECT_CREATE": "s3:ObjectCreated:*",
     "OBJECT_DELETE": "s3:ObjectRemoved:Delete",
     "DELETE_MARKER_CREATE": "s3:ObjectRemoved:DeleteMarkerCreated",
+    "s3:ObjectLifecycle:Expiration:NonCurrent": "s3:ObjectLifecycle:Expiration:Noncurrent",
+    "s3:ObjectLifecycle:Transition:NonCurrent": "s3:ObjectLifecycle:Transition:Noncurrent",
 }
 
-# The events Ceph 16 knows (the API's own list); newer releases know more. Only used to
-# explain a refusal.
-CEPH16_EVENTS = frozenset(EVENT_TYPES)
+# The events Ceph 16 knows; newer releases know more (GatewayRelease.refused_events). Only
+# used to explain a refusal.
+CEPH16_EVENTS = frozenset(
+    e for e in EVENT_TYPES if e.startswith(("s3:ObjectCreated:", "s3:ObjectRemoved:"))
+)
 
 # Ceph keeps one slot per key rule and reports them in this order.
 KEY_RULE_ORDER = ("prefix", "suffix", "regex")

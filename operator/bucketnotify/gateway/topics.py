@@ -32,6 +32,10 @@ class GatewayTopic:
     opaque_data: str
     policy: str
     has_stored_secret: bool
+    queue_limits: dict[str, str] = field(default_factory=dict)
+    """``time_to_live`` and ``max_retries`` where the gateway keeps them as fields of their
+    own (Ceph 20; ``None`` there means not set, and is left out); 18 keeps them among the
+    endpoint's arguments."""
 
     @classmethod
     def from_attributes(cls, attributes: Mapping[str, str]) -> GatewayTopic:
@@ -59,6 +63,14 @@ class GatewayTopic:
             # Its own attribute on 18 and 20; 16.2 has it among the endpoint's arguments only.
             policy=attributes.get("Policy") or args.get("Policy", ""),
             has_stored_secret=str(endpoint.get("HasStoredSecret", "false")).lower() == "true",
+            queue_limits={
+                name: str(endpoint[field_name])
+                for name, field_name in (
+                    ("time_to_live", "TimeToLive"),
+                    ("max_retries", "MaxRetries"),
+                )
+                if str(endpoint.get(field_name, "None")) != "None"
+            },
         )
 
 
