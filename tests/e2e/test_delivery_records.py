@@ -158,6 +158,9 @@ def test_records_add_up_to_the_metrics_of_a_known_workload(
         assert sorted((d["shard"], d["eventId"]) for d in dump) == sorted(listed)
         assert sorted(d["event"]["s3"]["object"]["key"] for d in dump) == ["k0", "k1", "k2"]
         metrics_url = f"http://127.0.0.1:{port}/metrics"
+        # The replica asked the default gateway its release at start, as the operator does.
+        gateway = frozenset({("gateway", rgw["RGW_ENDPOINT"]), ("release", rgw["CEPH_RELEASE"])})
+        assert scrape(metrics_url).get(("bucketnotify_gateway_info", gateway)) == 1
         wait_until(
             lambda: scrape(metrics_url),
             lambda m: get(m, "persistent_topic_len", namespace, "flaky") == keys["flaky"],

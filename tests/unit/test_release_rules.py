@@ -18,7 +18,7 @@ from bucketnotify.gateway.errors import (
 )
 from bucketnotify.gateway.notifications import NotificationConfig
 from bucketnotify.gateway.release import GatewayRelease
-from bucketnotify.gateway.topics import GatewayTopic
+from bucketnotify.gateway.topics import RAW_BODY, GatewayTopic, next_token
 
 PACIFIC = GatewayRelease("pacific", "admin-info")
 REEF = GatewayRelease("reef", "admin-info")
@@ -137,3 +137,18 @@ def test_another_users_topic_is_a_name_conflict_and_other_denials_stay_denials()
     assert isinstance(denied, GatewayAccessDenied)
     assert not isinstance(denied, GatewayForeignTopic)
     assert denied.reason == "GatewayAccessDenied"
+
+
+def test_the_next_page_is_found_where_ceph_20_writes_it_and_where_aws_does() -> None:
+    ceph20 = (
+        b'<ListTopicsResponse xmlns="https://sns.amazonaws.com/doc/2010-03-31/">'
+        b"<ListTopicsResult><Topics><member><TopicArn>arn:aws:sns:default::a</TopicArn>"
+        b"</member></Topics></ListTopicsResult><ResponseMetadata><RequestId>r</RequestId>"
+        b"</ResponseMetadata><NextToken>4:8f:topics::topic.%3ab:head</NextToken>"
+        b"</ListTopicsResponse>"
+    )
+    assert next_token({"Topics": [], RAW_BODY: ceph20}) == "4:8f:topics::topic.%3ab:head"
+    assert next_token({"NextToken": "t2", RAW_BODY: b"<x/>"}) == "t2"
+    last = ceph20.replace(b"<NextToken>4:8f:topics::topic.%3ab:head</NextToken>", b"")
+    assert next_token({"Topics": [], RAW_BODY: last}) is None
+    assert next_token({"Topics": []}) is None

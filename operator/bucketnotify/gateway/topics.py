@@ -16,7 +16,7 @@ from urllib.parse import parse_qsl
 from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.gateway.errors import GatewayNotFound, mapped_errors
 
-__all__ = ["GatewayTopic", "TopicClient"]
+__all__ = ["GatewayTopic", "TopicClient", "next_token"]
 
 
 @dataclass(frozen=True)
@@ -130,12 +130,13 @@ class TopicClient:
             for topic in parse_listing(response[RAW_BODY]):
                 if topic.arn.rpartition(":")[2] == topic.name:
                     topics[topic.name] = topic
-            token = response.get("NextToken")
+            token = next_token(response)
             if not token:
                 return topics
 
     def list_arns(self) -> list[str]:
-        """Every topic ARN of the user, each once (Ceph 19+ answers in pages)."""
+        """Every topic ARN of the user, each once (Ceph 19+ answers in pages, see
+        ``next_token``)."""
         arns: list[str] = []
         token = None
         while True:
@@ -144,7 +145,7 @@ class TopicClient:
                     self._sns.list_topics(NextToken=token) if token else self._sns.list_topics()
                 )
             arns += [t["TopicArn"] for t in response.get("Topics", [])]
-            token = response.get("NextToken")
+            token = next_token(response)
             if not token:
                 # Ceph 16 and 18 list a topic once more for every notification holding a
                 # copy of it.
@@ -157,6 +158,24 @@ RAW_BODY = "bucketnotify:body"
 def _keep_body(http_response: Any, parsed: dict[str, Any], **_: Any) -> None:
     # boto3's SNS model keeps only TopicArn of each listed topic; Ceph sends it all.
     parsed[RAW_BODY] = http_response.content
+
+
+def next_token(response: Any) -> str | None:
+    """The token of the next page of a ListTopics answer, None after the last.
+
+    Ceph 20 pages by 100 topics of the whole tenant (a user's own page may hold none of
+    them) and writes ``NextToken`` after ``ResponseMetadata``, outside the result element
+    where boto3 looks: without reading the body, every topic past the first page is
+    missed."""
+    token = response.get("NextToken")
+    if token:
+        return str(token)
+    body = response.get(RAW_BODY)
+    if not body:
+        return None
+    root = ET.fromstring(body)  # noqa: S314 - the gateway's own answer
+    found = next((e.text for e in root.iter() if _local(e.tag) == "NextToken"), None)
+    return found.strip() if found and found.strip() else None
 
 
 def _local(tag: str) -> str:
