@@ -147,6 +147,7 @@ async def _operate(settings: OperatorSettings, api: ApiClient) -> None:
     kopf.on.startup(registry=registry)(_configure_kopf)
     kopf.on.login(registry=registry)(_login)
     handlers.register_drift_loop(registry, settings.drift_interval_seconds)
+    kopf.on.cleanup(registry=registry, id="stopping")(_stopping)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -170,6 +171,7 @@ async def _operate(settings: OperatorSettings, api: ApiClient) -> None:
         registry=registry,
         memo=kopf.Memo(
             settings=settings,
+            stop=stop,
             events=events,
             kube=Kube(api, label_secrets=True),
             # A drift check may use a bucket read of the last drift interval.
@@ -205,6 +207,17 @@ async def _operate(settings: OperatorSettings, api: ApiClient) -> None:
             await webhook.stop()
         if probes is not None:
             await probes.cleanup()
+
+
+async def _stopping(memo: kopf.Memo, **_: Any) -> None:
+    # kopf puts its own SIGTERM handler in place of ours, so only this tells the rest of
+    # the process that kopf is stopping: /readyz answers 503 from here on. It also ends
+    # the tasks kopf would otherwise wait 5 s for before cancelling them (every task made
+    # after its start counts as one of its own): its waiter on our stop flag and the Event
+    # writer's waits (measured: each operator stop took 5 s longer). What is recorded later
+    # is written by the final close once kopf has returned.
+    memo.stop.set()
+    await memo.events.aclose()
 
 
 def _default_identity() -> str:
