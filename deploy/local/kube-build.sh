@@ -14,6 +14,14 @@ out="$BN_CACHE/kube/$KUBE_VERSION"
 if [[ -x $out/kube-apiserver && -x $out/kubectl && -x $out/etcd ]]; then
   exit 0
 fi
+# kube.sh and node.sh both need these and may run at once (make -j2): one builds, the
+# other waits and finds them built.
+mkdir -p "$BN_CACHE/kube"
+exec 9>"$BN_CACHE/kube/.build-$KUBE_VERSION.lock"
+flock 9
+if [[ -x $out/kube-apiserver && -x $out/kubectl && -x $out/etcd ]]; then
+  exit 0
+fi
 command -v go >/dev/null || die "go is required to build kube-apiserver"
 
 work="$BN_CACHE/kube/build-$KUBE_VERSION"

@@ -37,8 +37,14 @@ apt_ensure() {
   log "installing Debian packages: ${missing[*]}"
   local sudo=""
   [[ $(id -u) -eq 0 ]] || sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  mkdir -p "$BN_CACHE"
+  # `make test` installs its services side by side (make -j2): two apt-gets at once would
+  # fail on apt's lock instead of waiting, so ours take turns.
+  (
+    flock 9
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  ) 9>"$BN_CACHE/apt.lock"
 }
 
 pid_alive() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }

@@ -240,7 +240,10 @@ async def _deliver(
     identity = settings.identity or _default_identity()
     store = await _store(settings, operator)
     metrics = DeliveryMetrics()
-    await _announce_gateway_release(operator, metrics)
+    # Beside the start, not before it: a gateway that does not answer must not hold it up.
+    announcing = asyncio.create_task(
+        _announce_gateway_release(operator, metrics), name="gateway release"
+    )
     writer = _record_writer(settings, operator, identity, metrics)
     owner = None
     if settings.lease_owner:
@@ -300,6 +303,7 @@ async def _deliver(
     try:
         await service.run(stop)
     finally:
+        announcing.cancel()
         await runner.cleanup()
         await store.aclose()
         if writer is not None:

@@ -79,7 +79,9 @@ def test_events_a_release_lacks_make_the_notification_unsupported_and_the_others
     with NotificationClient(connection(rgw)) as notifications:
         for name, events in wanted.items():
             if release.refused_events(events):
-                status = condition(kubectl, namespace, "bucketnotification", name, "False")
+                status = condition(
+                    kubectl, namespace, "bucketnotification", name, "False", "Unsupported"
+                )
                 (ready,) = status["conditions"]
                 assert ready["reason"] == "Unsupported"
                 assert (
