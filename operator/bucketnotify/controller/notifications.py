@@ -419,11 +419,14 @@ async def _topic_spec_and_arn(
 
     ``seen``: the Topic as its last watch event showed it, used when the API server refuses
     the read (403): a namespace deleted whole takes the operator's Role along while its
-    notifications still wait for their cleanup."""
+    notifications still wait for their cleanup. Refused and not seen (the Topic's own
+    cleanup ended first and took it out of the index), it counts as gone: the notification's
+    ``applied`` status still names the topic its Id was written with (seen on the one-node
+    cluster: the namespace hung in Terminating, the read refused every retry)."""
     try:
         topic = await kube.get_object("topics", namespace, name)
     except ApiError as exc:
-        if exc.status != 403 or seen is None:
+        if exc.status != 403:
             raise
         topic = seen
     if topic is None:
