@@ -179,3 +179,35 @@ def test_another_gateway_users_topic_is_a_name_conflict_where_topics_have_owners
         assert kept is not None and kept.endpoint_address == "http://127.0.0.1:9/theirs"
     finally:
         theirs.delete(arn)
+
+
+def test_a_notification_on_another_gateway_users_topic_says_whose_it_is_where_topics_have_owners(
+    kubectl: Kubectl, namespace: str, start_operator: StartOperator, rgw: LocalService
+) -> None:
+    """A BucketNotification naming (topicARN) a topic another gateway user made: Ceph 19+
+    refuses its reads (topic owners), and the notification says whose the topic is rather
+    than guess at the bucket's owner; 16.2 and 18.2 let the tenant's users share it."""
+    release = release_of(rgw)
+    theirs = TopicClient(connection(rgw, other=True))
+    arn = theirs.upsert(unique("theirs"), {"push-endpoint": DEAD_ENDPOINT})
+    bucket = unique("theirs")
+    connection(rgw).s3().create_bucket(Bucket=bucket)
+    try:
+        start_operator()
+        spec = {"bucket": bucket, "topicARN": arn, "testEvent": False}
+        apply(kubectl, namespace, "BucketNotification", "n", spec)
+        if release.major is not None and release.major < 19:
+            assert (
+                condition(kubectl, namespace, "bucketnotification", "n")["applied"]["topicArn"]
+                == arn
+            )
+            return
+        status = condition(kubectl, namespace, "bucketnotification", "n", "False", "AccessDenied")
+        (ready,) = status["conditions"]
+        assert "the topic belongs to another gateway user" in ready["message"]
+        assert "Topic was created by another user." in ready["message"]
+        with NotificationClient(connection(rgw)) as notifications:
+            assert notifications.get(bucket, "n") is None
+    finally:
+        kubectl.run("delete", "bucketnotification", "n", "-n", namespace, "--timeout=60s")
+        theirs.delete(arn)

@@ -53,6 +53,7 @@ from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.gateway.errors import (
     GatewayAccessDenied,
     GatewayError,
+    GatewayForeignTopic,
     GatewayInvalidArgument,
     GatewayNotFound,
 )
@@ -159,6 +160,13 @@ def _gateway_failure(
     if isinstance(exc, GatewayNotFound):
         return NotReconcilable(
             "BucketNotFound", f"bucket {bucket} does not exist: {exc}", retry=True
+        )
+    if isinstance(exc, GatewayForeignTopic):
+        return NotReconcilable(
+            "AccessDenied",
+            f"the topic belongs to another gateway user ({exc}): use that user's keys in"
+            " gatewayRef, or a topic of this one",
+            retry=True,
         )
     if isinstance(exc, GatewayAccessDenied):
         return NotReconcilable(
@@ -384,7 +392,10 @@ async def _owner_of(gateway: Gateway, topic_arn: str) -> str | None:
     cannot be read: SMN topics are never ours)."""
     if gateway.connection.kind == "obs":
         return None
-    topic = await gateway.read(gateway.topics.get, topic_arn)
+    try:
+        topic = await gateway.read(gateway.topics.get, topic_arn)
+    except GatewayForeignTopic:
+        return None  # another gateway user's (Ceph 19+): never ours
     return None if topic is None else topic.endpoint_args.get(OWNER) or None
 
 
