@@ -45,7 +45,7 @@ from bucketnotify.delivery.stores.s3 import S3Store
 from bucketnotify.event_recorder import EventRecorder
 from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.gateway.pool import GatewayPool
-from bucketnotify.gateway.release import detect_release, release_named
+from bucketnotify.gateway.release import asked_release, release_named
 from bucketnotify.kube import WATCHED_LABEL, Kube, connect
 from bucketnotify.leadership import lead
 from bucketnotify.metrics import DeliveryMetrics, OperatorMetrics
@@ -321,12 +321,9 @@ async def _announce_gateway_release(operator: OperatorSettings, metrics: Deliver
     if operator.gateway_release:
         release = release_named(operator.gateway_release)
     else:
-        verify = (
-            GatewayConnection(endpoint, "", "", operator.gateway_region).ssl_context()
-            if endpoint.startswith("https://")
-            else True
-        )
-        release = await asyncio.to_thread(detect_release, endpoint, verify)
+        # Anonymous requests: no keys needed, only the endpoint and the CA it trusts.
+        connection = GatewayConnection(endpoint, "", "", operator.gateway_region)
+        release = await asyncio.to_thread(asked_release, connection)
     if release.learned_from == "unreachable":
         log.warning("gateway %s did not answer: its Ceph release is not known", endpoint)
     else:

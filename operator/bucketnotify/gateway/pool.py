@@ -28,7 +28,7 @@ from typing import ParamSpec, TypeVar
 from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.gateway.errors import GatewayServerError
 from bucketnotify.gateway.notifications import NotificationClient
-from bucketnotify.gateway.release import GatewayRelease, detect_release, release_named
+from bucketnotify.gateway.release import GatewayRelease, asked_release, release_named
 from bucketnotify.gateway.topic_listing import TopicListing
 from bucketnotify.gateway.topics import TopicClient
 
@@ -175,8 +175,7 @@ class GatewayPool:
                 return known
             found = self._set_release
             if found is None:
-                verify = connection.ssl_context() if endpoint.startswith("https://") else True
-                found = await asyncio.to_thread(detect_release, endpoint, verify)
+                found = await asyncio.to_thread(asked_release, connection)
                 if found.learned_from == "unreachable":
                     return found
             self._releases[endpoint] = found

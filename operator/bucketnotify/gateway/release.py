@@ -24,7 +24,16 @@ from dataclasses import dataclass
 
 import httpx
 
-__all__ = ["EVENTS_SINCE", "RELEASES", "GatewayRelease", "detect_release", "release_named"]
+from bucketnotify.gateway.connection import GatewayConnection
+
+__all__ = [
+    "EVENTS_SINCE",
+    "RELEASES",
+    "GatewayRelease",
+    "asked_release",
+    "detect_release",
+    "release_named",
+]
 
 RELEASES: dict[str, int] = {
     "pacific": 16,
@@ -125,3 +134,11 @@ def detect_release(endpoint: str, verify: ssl.SSLContext | bool = True) -> Gatew
     if info.status_code == 405:
         return GatewayRelease("pacific", "admin-info")
     return GatewayRelease("reef", "admin-info")
+
+
+def asked_release(connection: GatewayConnection) -> GatewayRelease:
+    """``detect_release`` of the gateway at ``connection``, trusting what it trusts (its CA
+    bundle over HTTPS). Blocking: call it from a worker thread in async code."""
+    endpoint = connection.endpoint
+    verify = connection.ssl_context() if endpoint.startswith("https://") else True
+    return detect_release(endpoint, verify)
