@@ -195,7 +195,13 @@ def test_a_rotated_ingest_token_takes_effect_at_once_and_no_event_is_lost(
 
         # A deleted token Secret is made again by the operator at once (its deletion
         # re-syncs the Topic, not the next drift check, 600 s away here), the gateway topic
-        # gets the new token, and the replica takes it.
+        # gets the new token, and the replica takes it: uploads all along lose nothing.
+        before = refused(port)
+        stop.clear()
+        uploader = threading.Thread(target=upload, daemon=True)
+        uploader.start()
+        started = len(acked)
+        wait_until(lambda: len(acked), lambda n: n >= started + 5, 30, "uploads before it")
         kubectl.run("delete", "secret", f"{topic}-ingest-token", "-n", namespace)
         remade = wait_until(
             lambda: (
@@ -221,6 +227,14 @@ def test_a_rotated_ingest_token_takes_effect_at_once_and_no_event_is_lost(
             10,
             "the remade token taken",
         )
+        after = len(acked)
+        try:
+            wait_until(lambda: len(acked), lambda n: n >= after + 20, 60, "uploads after it")
+        finally:
+            stop.set()
+            uploader.join(timeout=30)
+        wait_until(delivered, lambda keys: set(acked) <= set(keys), 60, "uploads delivered")
+        assert refused(port) == before
         # Late copies (a push repeated after a slow answer) would come within this.
         time.sleep(3)
         assert sorted(delivered()) == sorted(acked), "every upload exactly once"

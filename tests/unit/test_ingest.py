@@ -196,7 +196,8 @@ async def test_a_token_the_replica_does_not_hold_is_checked_against_the_secret_o
     asked: list[tuple[str, str]] = []
     rotated = IngestTopic(QUEUE, "new-token-0123456789", 1, previous="prev-token-0123456789")
 
-    async def recheck(namespace: str, name: str) -> IngestTopic | None:
+    async def recheck(namespace: str, name: str, since: float) -> IngestTopic | None:
+        assert since <= time.monotonic()  # the push's arrival
         asked.append((namespace, name))
         topics[(namespace, name)] = rotated
         return rotated
@@ -231,34 +232,107 @@ async def api() -> AsyncIterator[ApiClient]:
         yield api
 
 
-async def test_pushes_during_a_token_reread_wait_for_it_and_one_read_serves_them(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, api: ApiClient
-) -> None:
-    """After a rotation the gateway sends many pushes with the new token at once: the first
-    makes the replica read the token Secret, the others wait for that read (none refused),
-    and a second read comes no sooner than a second later."""
-    service = DeliveryService(
+def token_service(tmp_path: Path, api: ApiClient) -> DeliveryService:
+    return DeliveryService(
         api=api,
         store=LocalDirStore(tmp_path),
         ownership=cast(Ownership, OwnsEverything()),
         namespaces=[],
     )
+
+
+async def test_pushes_during_a_token_reread_wait_for_it_and_one_read_serves_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, api: ApiClient
+) -> None:
+    """After a rotation the gateway sends many pushes with the new token at once: the first
+    makes the replica read the token Secret, the others wait for that read (none refused),
+    and a second read comes no sooner than a second after the first began."""
+    service = token_service(tmp_path, api)
     key = ("team-a", "orders")
     service.ingest_topics[key] = IngestTopic(QUEUE, TOKEN, 1)
-    reads: list[TopicKeyT] = []
+    reads: list[float] = []
 
     async def read_tokens(topic: TopicKeyT) -> dict[str, str]:
-        reads.append(topic)
+        assert topic == key
+        reads.append(time.monotonic())
         await asyncio.sleep(0.2)  # an API server round trip
         return {"token": "rotated-0123456789"}
 
     monkeypatch.setattr(service, "_read_tokens", read_tokens)
     answers = await asyncio.gather(*(service.recheck_token(*key) for _ in range(20)))
-    assert reads == [key]
+    assert len(reads) == 1
     assert all(a is not None and a.accepts("rotated-0123456789") for a in answers)
     assert all(a is not None and a.accepts(TOKEN) for a in answers)  # the overlap
-    assert await service.recheck_token(*key) is service.ingest_topics[key]
-    assert reads == [key]  # within the second: no new read
+    # Pushes within the second after it: one more read for all of them, a second after the
+    # first began, never sooner.
+    again = await asyncio.gather(*(service.recheck_token(*key) for _ in range(20)))
+    assert len(reads) == 2 and reads[1] - reads[0] >= 1.0
+    assert all(a is service.ingest_topics[key] for a in again)
+
+
+async def test_a_token_made_within_a_second_of_the_last_read_is_taken_not_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, api: ApiClient
+) -> None:
+    """The replica read the Secret a moment ago (its refresh, or another push's recheck),
+    then the token changed and the gateway pushes with it at once: that push waits for the
+    next read and is taken. Refusing it until the second is over lost the events of a
+    deleted and remade token Secret with hand-off sync."""
+    service = token_service(tmp_path, api)
+    key = ("team-a", "orders")
+    service.ingest_topics[key] = IngestTopic(QUEUE, TOKEN, 1, read_at=time.monotonic())
+    secret = {"token": "remade-0123456789"}
+
+    async def read_tokens(topic: TopicKeyT) -> dict[str, str]:
+        return dict(secret)
+
+    monkeypatch.setattr(service, "_read_tokens", read_tokens)
+    found = await service.recheck_token(*key)
+    assert found is not None and found.accepts("remade-0123456789")
+
+
+async def test_a_read_begun_before_the_push_came_does_not_answer_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, api: ApiClient
+) -> None:
+    """A read under way when the push came may have missed its token: the push waits for a
+    read begun after it came."""
+    service = token_service(tmp_path, api)
+    key = ("team-a", "orders")
+    service.ingest_topics[key] = IngestTopic(QUEUE, TOKEN, 1)
+    tokens = iter(["stale-0123456789", "fresh-0123456789"])
+
+    async def read_tokens(topic: TopicKeyT) -> dict[str, str]:
+        token = next(tokens)
+        await asyncio.sleep(0.3)
+        return {"token": token}
+
+    monkeypatch.setattr(service, "_read_tokens", read_tokens)
+    first = asyncio.ensure_future(service.recheck_token(*key))
+    await asyncio.sleep(0.1)  # the first read is under way
+    found = await service.recheck_token(*key)
+    assert found is not None and found.accepts("fresh-0123456789")
+    assert (await first) is not None
+
+
+async def test_a_deleted_token_secret_keeps_the_token_held_until_a_new_one_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, api: ApiClient
+) -> None:
+    """Between a token Secret's deletion and the operator making it again, the gateway still
+    pushes with the token it has: a read finding no Secret keeps that token, and the remade
+    one is taken once it is there (the held one for the overlap)."""
+    service = token_service(tmp_path, api)
+    key = ("team-a", "orders")
+    service.ingest_topics[key] = IngestTopic(QUEUE, TOKEN, 1)
+    secret: dict[str, str] = {}
+
+    async def read_tokens(topic: TopicKeyT) -> dict[str, str]:
+        return dict(secret)
+
+    monkeypatch.setattr(service, "_read_tokens", read_tokens)
+    missing = await service.recheck_token(*key)
+    assert missing is not None and missing.accepts(TOKEN)
+    secret["token"] = "remade-0123456789"
+    remade = await service.recheck_token(*key)
+    assert remade is not None and remade.accepts("remade-0123456789") and remade.accepts(TOKEN)
 
 
 SECRET = "s3cr3t-never-logged"

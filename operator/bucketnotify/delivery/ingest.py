@@ -119,6 +119,9 @@ def event_id(record: Mapping[str, Any]) -> str:
 
 
 Resolver = Callable[[str, str], Awaitable[IngestTopic | None]]
+Rechecker = Callable[[str, str, float], Awaitable[IngestTopic | None]]
+"""(namespace, topic, since) → the Topic as a read of its token Secret begun at or after
+``since`` (monotonic) found it."""
 
 
 class Ingest:
@@ -130,7 +133,7 @@ class Ingest:
         committed: Callable[[QueueName, int], None] | None = None,
         metrics: DeliveryMetrics | None = None,
         recorder: Recorder | None = None,
-        recheck: Resolver | None = None,
+        recheck: Rechecker | None = None,
         direct: DirectDelivery | None = None,
     ) -> None:
         self.store = store
@@ -236,6 +239,7 @@ class Ingest:
         return web.json_response({"error": "queue store unavailable"}, status=503)
 
     async def _handle(self, request: web.Request) -> web.Response:
+        arrived = time.monotonic()
         namespace = request.match_info["namespace"]
         name = request.match_info["topic"]
         topic = self.topics.get((namespace, name))
@@ -245,7 +249,7 @@ class Ingest:
             return web.json_response({"error": "no such persistent topic"}, status=404)
         token = request.match_info["token"]
         if not topic.accepts(token) and self._recheck is not None:
-            topic = await self._recheck(namespace, name) or topic
+            topic = await self._recheck(namespace, name, arrived) or topic
         if not topic.accepts(token):
             return web.json_response({"error": "wrong token"}, status=403)
         if request.content_length is not None and request.content_length > MAX_BODY_BYTES:

@@ -293,7 +293,7 @@ class DeliveryService:
         # request into an API server call.
         self._misses: dict[TopicKey, float] = {}
         self._unlisted_warned: dict[str, float] = {}
-        self._token_reads: dict[TopicKey, asyncio.Future[IngestTopic | None]] = {}
+        self._token_reads: dict[TopicKey, asyncio.Task[None]] = {}
         """Token Secret reads under way (``recheck_token``), one per Topic at most."""
         self._lock = asyncio.Lock()
         self._loops: dict[tuple[QueueName, int], asyncio.Task[None]] = {}
@@ -477,10 +477,11 @@ class DeliveryService:
         )
         if not due:
             return
+        started = time.monotonic()
         tokens = await self._read_tokens(key)
         await self._open(key, spec, generation, uid, draining=False)
         runtime = self.topics[key]
-        self._set_tokens(key, runtime.queue, runtime.shards, tokens)
+        self._set_tokens(key, runtime.queue, runtime.shards, tokens, started)
 
     async def _read_tokens(self, key: TopicKey) -> dict[str, str]:
         try:
@@ -489,14 +490,26 @@ class DeliveryService:
             return {}  # the operator has not created it yet
 
     def _set_tokens(
-        self, key: TopicKey, queue: QueueName, shards: int, secret: dict[str, str]
+        self,
+        key: TopicKey,
+        queue: QueueName,
+        shards: int,
+        secret: dict[str, str],
+        read_at: float,
     ) -> None:
+        """Take the token Secret's data, read from ``read_at`` (monotonic, when the read
+        began: a push that came before then is answered by it)."""
         token = secret.get(INGEST_TOKEN_KEY)
+        old = self.ingest_topics.get(key)
+        if not token and old is not None:
+            # The Secret was deleted and the operator is making it again with a new token:
+            # until the gateway topic has that one, the gateway pushes with the token held
+            # here, and with hand-off sync a refused push is an event lost.
+            self.ingest_topics[key] = replace(old, queue=queue, shards=shards, read_at=read_at)
+            return
         if not token:
-            self.ingest_topics.pop(key, None)
             return
         now = time.monotonic()
-        old = self.ingest_topics.get(key)
         replaced, until = None, 0.0
         if old is not None and old.token != token:
             replaced, until = old.token, now + self.timings.token_overlap_s
@@ -510,28 +523,48 @@ class DeliveryService:
             previous=secret.get(PREVIOUS_TOKEN_KEY) or None,
             replaced=replaced,
             replaced_until=until,
-            read_at=now,
+            read_at=read_at,
         )
 
-    async def recheck_token(self, namespace: str, name: str) -> IngestTopic | None:
-        """Read the token Secret of a known Topic again (a push came with a token it does
-        not hold), at most once a second per Topic: a rotated token works at once, not a
-        ``secret_refresh_s`` later, and a sender guessing tokens costs few API calls.
-        Pushes that come while a read is under way wait for that read: after a rotation the
-        gateway sends many with the new token at once, and none may be refused."""
-        key = (namespace, name)
-        running = self._token_reads.get(key)
-        if running is not None:
-            return await asyncio.shield(running)
-        current = self.ingest_topics.get(key)
-        if current is None or time.monotonic() - current.read_at < TOKEN_RECHECK_S:
-            return current
-        read = asyncio.ensure_future(self._reread_tokens(key))
-        self._token_reads[key] = read
-        read.add_done_callback(lambda _: self._token_reads.pop(key, None))
-        return await asyncio.shield(read)
+    async def recheck_token(
+        self, namespace: str, name: str, since: float | None = None
+    ) -> IngestTopic | None:
+        """The Topic as a read of its token Secret begun at or after ``since`` (monotonic;
+        default now) found it: a push came at ``since`` with a token this replica does not
+        hold.
 
-    async def _reread_tokens(self, key: TopicKey) -> IngestTopic | None:
+        The operator writes the Secret before it gives the gateway the token, so such a read
+        sees every token the gateway can push with. Reads are one a second per Topic at
+        most (a sender guessing tokens costs few API calls); a push that comes within the
+        second waits for the next read instead of being refused, and pushes that come
+        together share one read: after a rotation the gateway sends many with the new token
+        at once, and with hand-off sync a refused push is an event lost."""
+        key = (namespace, name)
+        since = time.monotonic() if since is None else since
+        while True:
+            current = self.ingest_topics.get(key)
+            if current is None or current.read_at >= since:
+                return current
+            read = self._token_reads.get(key)
+            if read is None or read.done():
+                read = asyncio.create_task(
+                    self._reread_tokens(key, not_before=current.read_at + TOKEN_RECHECK_S)
+                )
+                self._token_reads[key] = read
+                read.add_done_callback(
+                    lambda done: (
+                        self._token_reads.pop(key, None)
+                        if self._token_reads.get(key) is done
+                        else None
+                    )
+                )
+            # A read under way that began before ``since`` may miss the token: then the
+            # loop waits for the next one.
+            await asyncio.shield(read)
+
+    async def _reread_tokens(self, key: TopicKey, not_before: float) -> None:
+        await asyncio.sleep(max(0.0, not_before - time.monotonic()))
+        started = time.monotonic()
         try:
             # Bounded: the pushes waiting for it must not hang on an API server that does
             # not answer (the gateway's own push timeout would then decide).
@@ -541,13 +574,11 @@ class DeliveryService:
             log.warning("cannot read the ingest token of topic %s/%s: %s", *key, exc)
             current = self.ingest_topics.get(key)
             if current is not None:
-                self.ingest_topics[key] = replace(current, read_at=time.monotonic())
-            return self.ingest_topics.get(key)
+                self.ingest_topics[key] = replace(current, read_at=started)
+            return
         latest = self.ingest_topics.get(key)
-        if latest is None:
-            return None  # retired meanwhile
-        self._set_tokens(key, latest.queue, latest.shards, secret)
-        return self.ingest_topics.get(key)
+        if latest is not None:  # not retired meanwhile
+            self._set_tokens(key, latest.queue, latest.shards, secret, started)
 
     async def _endpoint_inputs(
         self, namespace: str, spec: TopicSpec
