@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import gzip
 import json
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import cast
 
@@ -16,9 +19,11 @@ from bucketnotify.delivery.endpoints.testing import MockEndpoint
 from bucketnotify.delivery.ingest import Ingest, IngestTopic, build_app, event_id
 from bucketnotify.delivery.ownership import Ownership
 from bucketnotify.delivery.queue import QueueLimits, QueueName
+from bucketnotify.delivery.recording import Recorder, RecordWriter
 from bucketnotify.delivery.service import DeliveryService
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from bucketnotify.delivery.worker import DeliveryPolicy
+from bucketnotify.gateway.errors import GatewayServerError
 from bucketnotify.metrics import DeliveryMetrics, OperatorMetrics
 from tests.delivery import OwnsEverything, Samples, one_shard_runtime, samples
 from tests.kubeapi import UNREACHABLE
@@ -130,3 +135,129 @@ def test_registries_are_per_instance() -> None:
     a.reconcile.labels("topic", "change", "success").inc()
     assert 'result="success"' in a.exposition().decode()
     assert 'result="success"' not in b.exposition().decode()
+
+
+class KeptRecords:
+    """A records target that keeps what is written, for a test to read."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+
+    async def write(self, path: str, body: bytes) -> None:
+        self.written.append(body)
+
+
+async def test_a_round_cut_short_by_the_store_counts_its_pushes_once_and_no_drop(
+    tmp_path: Path,
+) -> None:
+    """The queue store fails while removing what a round pushed (docs/records.md): the
+    pushes that round made are counted and recorded, its drops are not (they did not
+    happen); the next round removes the delivered entries without pushing or counting them
+    again, and makes and counts the drop. Dead letters are counted once."""
+
+    class FailingRemovals(LocalDirStore):
+        failing = True
+
+        async def remove(self, queue: QueueName, shard: int, entry_ids: Sequence[str]) -> None:
+            if self.failing:
+                raise GatewayServerError("SlowDown: the queue store's gateway is busy")
+            await super().remove(queue, shard, entry_ids)
+
+    store = FailingRemovals(tmp_path)
+    metrics = DeliveryMetrics()
+    kept = KeptRecords()
+    writer = RecordWriter(kept, replica="replica-0", metrics=metrics)
+    api = ApiClient(kopf.ConnectionInfo(server=UNREACHABLE))
+    service = DeliveryService(
+        api=api,
+        store=store,
+        ownership=cast(Ownership, OwnsEverything()),
+        namespaces=[],
+        metrics=metrics,
+        recorder=Recorder(writer, "replica-0"),
+    )
+    queue, parking = QueueName("ns", "t"), QueueName("ns", "parking")
+    for q in (queue, parking):
+        await store.create(q, 1, QueueLimits())
+        metrics.add_topic(q.namespace, q.topic)
+
+    def handler(delivery: Delivery) -> None:
+        if delivery.record["s3"]["object"]["key"] == "huge":
+            raise UndeliverableError("too large")
+
+    endpoint = MockEndpoint(handler)
+    runtime = replace(one_shard_runtime(queue, endpoint), dead_letter="parking")
+    service.topics[("ns", "t")] = runtime
+    parking_endpoint = MockEndpoint()
+    parking_runtime = one_shard_runtime(parking, parking_endpoint)
+    service.topics[("ns", "parking")] = parking_runtime
+    events = [event("a"), event("b"), event("huge")]
+    reservation = await store.reserve(queue, 0, len(events), 100_000, 0)
+    await store.commit(reservation, [(event_id(r), json.dumps(r).encode()) for r in events], 0)
+    t = {"namespace": "ns", "topic": "t"}
+    counted = (
+        "pubsub_push_ok_total",
+        "pubsub_push_failed_total",
+        "pubsub_event_lost_total",
+        "bucketnotify_event_dead_lettered_total",
+        "bucketnotify_duplicates_suppressed_total",
+        "bucketnotify_delivery_latency_seconds_count",
+    )
+
+    def counts() -> dict[str, float]:
+        found = samples(metrics.exposition().decode())
+        return {name.split("_", 1)[1]: value(found, name, **t) for name in counted}
+
+    async def outcomes() -> list[tuple[str, str]]:
+        assert await writer.flush()
+        return sorted(
+            (record["outcome"], record["key"])
+            for body in kept.written
+            for record in map(json.loads, gzip.decompress(body).decode().splitlines())
+        )
+
+    try:
+        first = await service._process(runtime, endpoint, 0)
+        after_first = (counts(), await outcomes(), len(await store.list(queue, 0)))
+        store.failing = False
+        second = await service._process(runtime, endpoint, 0)
+        after_second = (counts(), await outcomes(), await store.list(queue, 0))
+        parked = await store.list(parking, 0)
+        parking_result = await service._process(parking_runtime, parking_endpoint, 0)
+    finally:
+        await service.events.aclose()
+        await api.close()
+
+    assert first is None  # cut short
+    assert after_first == (
+        {
+            "push_ok_total": 2,
+            "push_failed_total": 1,  # huge, refused for good: a failed attempt, not a drop
+            "event_lost_total": 0,
+            "event_dead_lettered_total": 0,
+            "duplicates_suppressed_total": 0,
+            "delivery_latency_seconds_count": 2,
+        },
+        [("delivered", "a"), ("delivered", "b"), ("failed", "huge")],
+        3,  # nothing was removed
+    )
+    assert second is not None
+    assert after_second == (
+        {
+            "push_ok_total": 2,  # a and b neither pushed nor counted again
+            "push_failed_total": 2,
+            "event_lost_total": 0,
+            "event_dead_lettered_total": 1,
+            "duplicates_suppressed_total": 0,
+            "delivery_latency_seconds_count": 2,
+        },
+        [("dead_lettered", "huge"), ("delivered", "a"), ("delivered", "b"), ("failed", "huge")],
+        [],
+    )
+    assert sorted(d.record["s3"]["object"]["key"] for d in endpoint.delivered) == ["a", "b"]
+    # The dead letter is in the parking topic's queue, not lost: the cut round had handed it
+    # over before its removals failed, so it is there twice with one identity, and the
+    # parking topic pushes it once.
+    assert {e.event_id for e in parked} == {event_id(event("huge"))}
+    assert parking_result is not None and parking_result.delivered == 1
+    assert [d.record["s3"]["object"]["key"] for d in parking_endpoint.delivered] == ["huge"]

@@ -87,8 +87,8 @@ class TopicEvents:
                 f" in {took:.0f} s",
             )
             health.failing_since = None
-        if result.fenced:
-            return  # nothing was dropped: the next owner decides
+        if not result.drops_stand:
+            return  # nothing was dropped: the next owner or round decides
         if result.expired:
             say(
                 topic,

@@ -92,6 +92,7 @@ from bucketnotify.delivery.worker import (
     DeliveredCache,
     DeliveryPolicy,
     EventOutcome,
+    RoundCutShort,
     RoundResult,
     process_shard,
 )
@@ -1075,17 +1076,23 @@ class DeliveryService:
     ) -> RoundResult | None:
         queue = runtime.queue
         try:
-            result = await process_shard(
-                store=self._store,
-                queue=queue,
-                shard=shard,
-                endpoint=_Metered(endpoint, self.metrics, queue),
-                policy=runtime.policy,
-                delivered=runtime.delivered.setdefault(shard, DeliveredCache()),
-                still_owned=lambda: self._ownership.owns_shard(queue, shard),
-                now=time.time(),
-                dead_letter=self._dead_letter_sink(runtime),
-            )
+            try:
+                result = await process_shard(
+                    store=self._store,
+                    queue=queue,
+                    shard=shard,
+                    endpoint=_Metered(endpoint, self.metrics, queue),
+                    policy=runtime.policy,
+                    delivered=runtime.delivered.setdefault(shard, DeliveredCache()),
+                    still_owned=lambda: self._ownership.owns_shard(queue, shard),
+                    now=time.time(),
+                    dead_letter=self._dead_letter_sink(runtime),
+                )
+            except RoundCutShort as cut:
+                # What the round did before the store failed is counted and recorded once;
+                # the next round neither pushes nor counts it again.
+                self._account(runtime, shard, cut.result)
+                raise cut.cause from None
         except (GatewayUnreachable, GatewayServerError) as exc:
             # The queue store's gateway is away or overloaded: expected in an outage, and the
             # next round tries again. One line, not a traceback per shard and round.
@@ -1102,6 +1109,12 @@ class DeliveryService:
         except Exception:
             log.exception("round of %s shard %d failed", queue, shard)
             return None
+        self._account(runtime, shard, result)
+        return result
+
+    def _account(self, runtime: TopicRuntime, shard: int, result: RoundResult) -> None:
+        """Count, record, announce and log what one round did."""
+        queue = runtime.queue
         self._count(queue, result)
         self.events.round_done(queue, result)
         if self._recorder is not None:
@@ -1116,10 +1129,12 @@ class DeliveryService:
             # A loss is never routine: WARNING, so that it shows where INFO is filtered out.
             # A round that only delivered is: DEBUG (under load there is one per commit; the
             # metrics and delivery records count them).
-            unusual = result.failed or result.dead_lettered or result.duplicates or result.fenced
+            unusual = (
+                result.failed or result.dead_lettered or result.duplicates or not result.drops_stand
+            )
             log.log(
                 logging.WARNING
-                if result.expired and not result.fenced
+                if result.expired and result.drops_stand
                 else logging.INFO
                 if unusual or result.expired
                 else logging.DEBUG,
@@ -1131,12 +1146,11 @@ class DeliveryService:
                 result.expired,
                 result.dead_lettered,
                 result.duplicates,
-                " (fenced)" if result.fenced else "",
+                " (fenced)" if result.fenced else " (cut short)" if result.cut_short else "",
                 f"; first error: {result.errors[0]}" if result.errors else "",
             )
-        if not result.fenced:
+        if result.drops_stand:
             _log_lost(queue, shard, result)
-        return result
 
     def _count(self, queue: QueueName, result: RoundResult) -> None:
         # Only what is not zero: a round is often one event, and every labels() lookup costs
@@ -1146,7 +1160,7 @@ class DeliveryService:
             (m.push_ok, result.delivered),
             (m.push_failed, result.failed + result.rejected),
         ]
-        if not result.fenced:  # nothing was dropped, removed or written back otherwise
+        if result.drops_stand:  # nothing was dropped, removed or written back otherwise
             counts += [
                 (m.push_retries, result.retried),
                 (m.event_lost, result.expired),

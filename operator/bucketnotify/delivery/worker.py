@@ -44,6 +44,7 @@ __all__ = [
     "DeliveredCache",
     "DeliveryPolicy",
     "EventOutcome",
+    "RoundCutShort",
     "RoundResult",
     "process_shard",
 ]
@@ -103,10 +104,34 @@ class RoundResult:
     """Dropped and handed to the dead-letter topic."""
     duplicates: int = 0
     fenced: bool = False
+    cut_short: bool = False
+    """The queue store failed to remove what the round pushed and dropped: its pushes
+    happened, its drops and removals did not (``RoundCutShort``)."""
     errors: list[str] = field(default_factory=list)
     latencies: list[float] = field(default_factory=list)
     """Seconds from the ingest to the acknowledgement of each delivered entry."""
     outcomes: list[EventOutcome] = field(default_factory=list)
+
+    @property
+    def drops_stand(self) -> bool:
+        """Its drops (expired, dead-lettered, duplicates) and write-backs happened: neither
+        fenced nor cut short."""
+        return not (self.fenced or self.cut_short)
+
+
+class RoundCutShort(Exception):
+    """The queue store failed at a round's end; ``result`` holds what did happen.
+
+    Failing to remove (``result.cut_short``), only the pushes happened (delivered, failed,
+    refused as failed attempts), as in a fenced round: the entries stay queued, and the next
+    round removes the delivered ones without a push and without counting them again, and
+    decides the drops anew. Failing to write back the failed pushes, the removals and drops
+    stand and only ``retried`` is 0."""
+
+    def __init__(self, result: RoundResult, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.result = result
+        self.cause = cause
 
 
 class DeliveredCache:
@@ -117,6 +142,9 @@ class DeliveredCache:
         self._size = size
         self.added = 0
         """Identities added so far: a saver compares it with what it saved."""
+        self.unremoved: set[str] = set()
+        """Queue entries (ids, not event identities) a round cut short delivered and
+        counted: the next round removes them without a push, as no duplicate."""
 
     def __contains__(self, event_id: object) -> bool:
         return event_id in self._ids
@@ -169,6 +197,8 @@ async def process_shard(
     dropped: list[Entry] = []
     # Outcomes that stand only once the round's removals do (dropped, duplicates), by entry.
     drops: dict[str, EventOutcome] = {}
+    refusals: dict[str, EventOutcome] = {}
+    """Pushes refused for good this round, by entry (dropped, unless the drops fail)."""
     entries = await store.list(queue, shard, LIST_BATCH)
     result.listed = len(entries)
     remove: list[str] = []
@@ -193,6 +223,9 @@ async def process_shard(
     blocked: set[tuple[str, str]] = set()
 
     for entry in entries:
+        if entry.id in delivered.unremoved:
+            remove.append(entry.id)  # delivered and counted by a round cut short
+            continue
         record: dict[str, Any] = compact_json.loads(entry.body)
         obj = object_of(record)
         if entry.event_id in delivered:
@@ -242,7 +275,7 @@ async def process_shard(
             dropped.append(entry)
             if outcome.error:
                 result.errors.append(outcome.error)
-            drops[entry.id] = EventOutcome(
+            drops[entry.id] = refusals[entry.id] = EventOutcome(
                 Outcome.REJECTED, entry, record, attempts, acked_at, outcome.error
             )
         else:
@@ -300,9 +333,7 @@ async def process_shard(
 
     if not owned():
         result.fenced = True
-        # Its pushes happened, the drops did not: a refused push is one more failed attempt
-        # of an event that stays queued for the next owner.
-        result.outcomes += [_refused(o) for o in drops.values() if o.outcome is Outcome.REJECTED]
+        _pushes_only(result, refusals)
         return result
     if dropped and dead_letter is not None:
         result.expired -= len(dropped)
@@ -319,15 +350,38 @@ async def process_shard(
                     result.outcomes.append(_refused(kept))
             dropped = []
     remove += [e.id for e in dropped]
-    if remove:
-        await store.remove(queue, shard, remove)
-    if retry:
-        await store.update(queue, shard, retry)
-        result.retried = len(retry)
+    try:
+        if remove:
+            await store.remove(queue, shard, remove)
+    except Exception as exc:
+        result.cut_short = True
+        result.dead_lettered = 0  # handed over, but counted by the round that removes them
+        delivered.unremoved.update(
+            o.entry.id for o in result.outcomes if o.outcome is Outcome.DELIVERED
+        )
+        _pushes_only(result, refusals)
+        raise RoundCutShort(result, exc) from exc
+    delivered.unremoved.difference_update(remove)
+    if result.listed < LIST_BATCH:
+        delivered.unremoved.clear()  # every entry was listed: the others are gone
     # A drop happens when its removal (or its dead-letter commit) is done.
     removed_at = time.time()
     result.outcomes += [replace(o, at=removed_at) for o in drops.values()]
+    if retry:
+        try:
+            await store.update(queue, shard, retry)
+        except Exception as exc:
+            # The removals stand and so do the drops: counted. The failed pushes are tried
+            # again with these attempts uncounted.
+            raise RoundCutShort(result, exc) from exc
+        result.retried = len(retry)
     return result
+
+
+def _pushes_only(result: RoundResult, refusals: dict[str, EventOutcome]) -> None:
+    """``result`` as its pushes left it: its drops did not happen, and a refused push is
+    one more failed attempt of an event that stays queued."""
+    result.outcomes += [_refused(o) for o in refusals.values()]
 
 
 class _Progress:
