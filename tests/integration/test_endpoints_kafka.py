@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer
+from aiokafka import errors as kafka_errors
 from aiokafka.structs import ConsumerRecord
 
 from bucketnotify.api.topic import Endpoint as EndpointSpec
@@ -29,6 +30,7 @@ from bucketnotify.delivery.endpoints import (
     open_endpoint,
 )
 from bucketnotify.delivery.endpoints.base import event_body
+from bucketnotify.delivery.endpoints.kafka import KafkaPusher
 from tests.localservices import LocalService
 from tests.ownservices import OwnService, own_service
 from tests.processes import free_port
@@ -356,5 +358,42 @@ async def test_a_push_that_outlives_its_wait_is_not_produced_again(
     records = await consume(bootstrap, topic, 2)
     assert [r.key for r in records] == [b"mybucket1/warm", b"mybucket1/f"]
     # Anything produced twice would follow within the wait.
+    with pytest.raises(TimeoutError):
+        await consume(bootstrap, topic, 3, timeout_s=5)
+
+
+async def test_a_producer_that_lost_its_sequence_state_is_replaced_and_the_event_produced(
+    kafka: LocalService,
+) -> None:
+    """A broker that lost the idempotent producer's state (killed and started again) makes
+    aiokafka fail the producer's sends with ``OutOfOrderSequenceNumber``, and every send
+    after. The endpoint replaces the producer: the failed push is retryable, the event's
+    next attempt goes out through a new producer, and the topic holds every event once.
+
+    The state loss itself cannot be made on demand (a broker restart causes it in about one
+    run in two): the running producer's sends are made to fail as aiokafka's sender fails
+    them; the broker, the topic and the new producer are real."""
+    topic = new_topic()
+    bootstrap = kafka["KAFKA_BOOTSTRAP"]
+    first, lost = Delivery("first", s3_record(key="first")), Delivery("lost", s3_record(key="lost"))
+    async with kafka_endpoint(f"kafka://{bootstrap}", topic, ackLevel="broker") as endpoint:
+        await send_until_acked(endpoint, [first], within_s=60)
+        assert isinstance(endpoint, KafkaPusher)
+        broken = endpoint._producer
+
+        async def send_fails(*args: Any, **kwargs: Any) -> asyncio.Future[Any]:
+            failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            failed.set_exception(kafka_errors.OutOfOrderSequenceNumber())
+            return failed
+
+        broken.send = send_fails
+        (outcome,) = await endpoint.send([lost])
+        assert not outcome.ok and outcome.retryable, outcome
+        assert outcome.error is not None and "OutOfOrderSequenceNumber" in outcome.error
+        (again,) = await endpoint.send([lost])
+        assert again.ok, again
+        assert endpoint._producer is not broken
+    records = await consume(bootstrap, topic, 2)
+    assert [r.key for r in records] == [b"mybucket1/first", b"mybucket1/lost"]
     with pytest.raises(TimeoutError):
         await consume(bootstrap, topic, 3, timeout_s=5)
