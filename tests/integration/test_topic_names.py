@@ -20,7 +20,7 @@ from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.operator import StartOperator
 from tests.resources import apply, condition
-from tests.s3 import connection, release_of
+from tests.s3 import connection, release_of, s3_client
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("crds")
@@ -275,3 +275,70 @@ def test_the_longest_default_name_is_taken_by_the_gateway_with_a_notification_on
     )
     applied = condition(kubectl, namespace, "bucketnotification", "long")["applied"]
     assert applied["topicArn"] == arns[longest]
+
+
+def test_a_moved_sharers_bucket_notifications_follow_it_to_its_new_gateway_topic(
+    kubectl: Kubectl,
+    namespace: str,
+    other_namespace: str,
+    start_operator: StartOperator,
+    gateway: TopicClient,
+    rgw: LocalService,
+) -> None:
+    """Upgrade: the younger of two Topics that shared one bare-named gateway topic moves to
+    ``<namespace>_<name>``; its BucketNotification, written by the older release with the
+    shared ARN, follows it: the bucket's notification and the ``applied`` status name the
+    new ARN, and the older sharer's own notification keeps the shared one."""
+    name = f"moving-{uuid.uuid4().hex[:8]}"
+    arn = gateway.upsert(name, {"push-endpoint": "http://127.0.0.1:9/old"})
+    s3 = s3_client(rgw)
+    buckets = {ns: f"{name}-{i}" for i, ns in enumerate((namespace, other_namespace))}
+    events = ["s3:ObjectCreated:*"]
+    for ns, bucket in buckets.items():
+        apply(kubectl, ns, "Topic", name, http(ns))
+        as_an_older_release_left_it(kubectl, ns, name, arn)
+        # The bucket's notification as the older release wrote it: the shared ARN.
+        s3.create_bucket(Bucket=bucket)
+        s3.put_bucket_notification_configuration(
+            Bucket=bucket,
+            NotificationConfiguration={
+                "TopicConfigurations": [{"Id": name, "TopicArn": arn, "Events": events}]
+            },
+        )
+        apply(
+            kubectl,
+            ns,
+            "BucketNotification",
+            name,
+            {"bucket": bucket, "topicRef": {"name": name}, "testEvent": False, "events": events},
+        )
+        kubectl.run(
+            "patch", "bucketnotification", name, "-n", ns, "--subresource=status",
+            "--type=merge", "-p",
+            json.dumps({"status": {"applied": {"id": name, "topicArn": arn, "events": events}}}),
+        )  # fmt: skip
+        time.sleep(1.1)  # creationTimestamp has whole seconds: make the order plain
+    start_operator(namespaces=json.dumps([namespace, other_namespace]))
+
+    moved = f"arn:aws:sns:default::{other_namespace}_{name}"
+
+    def on_bucket(bucket: str) -> list[str]:
+        found = s3.get_bucket_notification_configuration(Bucket=bucket)
+        return [c["TopicArn"] for c in found.get("TopicConfigurations", []) if c["Id"] == name]
+
+    wait_until(
+        lambda: on_bucket(buckets[other_namespace]),
+        lambda arns: arns == [moved],
+        60,
+        "the younger sharer's notification on its new gateway topic",
+    )
+    status = condition(kubectl, other_namespace, "bucketnotification", name)
+    assert status["applied"]["topicArn"] == moved
+    assert kubectl.get("topic", name, other_namespace)["status"]["arn"] == moved
+    # The older sharer kept the shared gateway topic, and its notification with it.
+    assert on_bucket(buckets[namespace]) == [arn]
+    assert condition(kubectl, namespace, "bucketnotification", name)["applied"]["topicArn"] == arn
+    for ns in (namespace, other_namespace):
+        kubectl.run("delete", "bucketnotification", name, "-n", ns, "--timeout=60s")
+        kubectl.run("delete", "topic", name, "-n", ns, "--timeout=60s")
+    assert gateway.get(arn) is None and gateway.get(moved) is None
