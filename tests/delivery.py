@@ -16,19 +16,22 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bucketnotify.delivery.endpoints.base import Endpoint
 from bucketnotify.delivery.ownership import LeaseSettings
-from bucketnotify.delivery.queue import QueueName
+from bucketnotify.delivery.queue import QueueName, QueueStore
 from bucketnotify.delivery.service import TopicRuntime
+from bucketnotify.delivery.stores.open import store_for
+from bucketnotify.delivery.stores.s3 import S3Store
 from bucketnotify.delivery.worker import DeliveredCache, DeliveryPolicy
+from bucketnotify.settings import OperatorSettings
 from devstack.gateway import gateway_settings
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
@@ -130,6 +133,18 @@ class DeliveryCluster:
             )
         return total
 
+    def queued(self, queue: QueueName, shards: int) -> list[str]:
+        """The object keys of the events still queued in ``queue`` (``queued_keys``)."""
+        return queued_keys(self.env["BUCKETNOTIFY_DELIVERY_STORE"], queue, shards, self.env)
+
+    def saved_delivered(self, queue: QueueName, shard: int) -> list[str]:
+        """The identities of the events ``shard`` delivered, as saved for its next owner."""
+
+        async def read(store: QueueStore) -> list[str]:
+            return list(await store.load_delivered(queue, shard))
+
+        return on_store(self.env["BUCKETNOTIFY_DELIVERY_STORE"], self.env, read)
+
     def holders(self) -> dict[int, str]:
         """Partition → holder of every partition Lease that is held and not expired."""
         return partition_holders(self.kubectl, self.namespace)
@@ -166,6 +181,43 @@ def wait_ready(port: int, program: Program, timeout: float = 60) -> None:
 
 
 StartCluster = Callable[..., DeliveryCluster]
+
+
+T = TypeVar("T")
+
+
+def on_store(store_url: str, env: dict[str, str], read: Callable[[QueueStore], Awaitable[T]]) -> T:
+    """``read`` run on the queue store a replica with ``env`` (its
+    ``BUCKETNOTIFY_GATEWAY_*``) uses at ``store_url``."""
+
+    async def run() -> T:
+        operator = OperatorSettings(
+            gateway_endpoint=env.get("BUCKETNOTIFY_GATEWAY_ENDPOINT"),
+            gateway_access_key=env.get("BUCKETNOTIFY_GATEWAY_ACCESS_KEY"),
+            gateway_secret_key=env.get("BUCKETNOTIFY_GATEWAY_SECRET_KEY"),
+            gateway_region=env.get("BUCKETNOTIFY_GATEWAY_REGION", "default"),
+        )
+        store = store_for(store_url, operator)
+        try:
+            return await read(store)
+        finally:
+            if isinstance(store, S3Store):
+                await store.aclose()
+
+    return asyncio.run(run())
+
+
+def queued_keys(store_url: str, queue: QueueName, shards: int, env: dict[str, str]) -> list[str]:
+    """The object keys of the events queued in ``queue`` (``on_store``). An entry is removed
+    only after its push was answered: once none is left, no push of them is still to come."""
+
+    async def read(store: QueueStore) -> list[str]:
+        entries = []
+        for shard in range(shards):
+            entries += await store.list(queue, shard, 100_000)
+        return [json.loads(e.body)["s3"]["object"]["key"] for e in entries]
+
+    return on_store(store_url, env, read)
 
 
 @pytest.fixture()

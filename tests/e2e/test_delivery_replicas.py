@@ -154,7 +154,13 @@ def test_three_replicas_spread_evenly_and_a_killed_owner_loses_nothing(
             120,
             "every event delivered after the kill",
         )
-        time.sleep(3)  # stragglers, to count every duplicate
+        # Every entry removed: no push of them is still to come, so every duplicate is in.
+        wait_until(
+            lambda: cluster.queued(QueueName(namespace, topic), SHARDS),
+            lambda left: left == [],
+            60,
+            "every entry removed",
+        )
         delivered(receiver, got)
 
     counts = collections.Counter(k for k, _ in got)
@@ -267,7 +273,12 @@ def test_a_writer_killed_between_reserve_and_commit_leaks_no_reservation(
             20,
             "the accepted event delivered",
         )
-        time.sleep(2)
+        wait_until(
+            lambda: cluster.queued(QueueName(namespace, "small"), 1),
+            lambda left: left == [],
+            30,
+            "the accepted event removed",
+        )
         arrived += [r for q in receiver.received() for r in json.loads(q.body)["Records"]]
     assert [r["s3"]["object"]["key"] for r in arrived] == ["accepted"]
     log = cluster.replicas["replica-1"].log()
@@ -351,10 +362,20 @@ def test_endpoint_outages_retry_until_delivered_or_expire_as_configured(
             30,
             "maxRetries used up",
         )
-        time.sleep(4)  # nothing more may come after the entries are dropped
+        # Nothing more may come once the entries are dropped (removed from their queues).
+        wait_until(
+            lambda: [
+                key
+                for name in (*topics, "parking")
+                for key in cluster.queued(QueueName(namespace, name), SHARDS)
+            ],
+            lambda left: left == [],
+            30,
+            "every entry delivered or dropped",
+        )
         observe()
         settled = dict(attempts)
-        time.sleep(3)
+        time.sleep(2)  # a retry timer would fire within retrySleepDuration (1 s)
         observe()
     assert dict(attempts) == settled, "attempts after the events were dropped"
     assert ok == {(t, k): 1 for t in ("recovers", "parking") for k in keys}, "each once"
@@ -420,7 +441,17 @@ def test_metrics_count_a_known_workload_exactly(
             40,
             "every event delivered or lost",
         )
-        time.sleep(3)  # nothing more may happen
+        # Every entry delivered or dropped and removed: no round has anything left to count.
+        wait_until(
+            lambda: [
+                key
+                for name in ("up", "down")
+                for key in cluster.queued(QueueName(namespace, name), SHARDS)
+            ],
+            lambda left: left == [],
+            30,
+            "every entry removed",
+        )
         found = scrape(url)
     expected = {
         ("pubsub_event_triggered_total", "up"): 5,

@@ -15,9 +15,12 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from pathlib import Path
 
 import pytest
 
+from bucketnotify.delivery.queue import QueueName
+from tests.delivery import queued_keys
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.operator import StartOperator
@@ -82,6 +85,7 @@ def test_a_rotated_ingest_token_takes_effect_at_once_and_no_event_is_lost(
     namespace: str,
     start_operator: StartOperator,
     replica: tuple[Program, int],
+    queues: Path,
     rgw: LocalService,
 ) -> None:
     _, port = replica
@@ -235,6 +239,12 @@ def test_a_rotated_ingest_token_takes_effect_at_once_and_no_event_is_lost(
             uploader.join(timeout=30)
         wait_until(delivered, lambda keys: set(acked) <= set(keys), 60, "uploads delivered")
         assert refused(port) == before
-        # Late copies (a push repeated after a slow answer) would come within this.
-        time.sleep(3)
+        # Late copies (a push repeated after a slow answer) come before their entry is
+        # removed: once the queue is empty, all are in.
+        wait_until(
+            lambda: queued_keys(f"dir://{queues}", QueueName(namespace, topic), 2, {}),
+            lambda left: left == [],
+            30,
+            "an empty queue",
+        )
         assert sorted(delivered()) == sorted(acked), "every upload exactly once"
