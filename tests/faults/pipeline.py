@@ -241,6 +241,8 @@ class Pipeline:
     store_endpoint: str | None = None
     """Where the replicas reach the gateway that holds their queue store (a proxy a test
     can cut), if not at ``rgw`` directly."""
+    store_url: str | None = None
+    """The replicas' queue store, if not a bucket of its own on ``rgw`` (``dir://...``)."""
     kubectl: Kubectl = field(init=False)
     namespace: str = field(init=False)
     cluster: DeliveryCluster = field(init=False)
@@ -259,7 +261,9 @@ class Pipeline:
             self.namespace,
             {
                 "KUBECONFIG": self.kube["KUBECONFIG_ADMIN"],
-                "BUCKETNOTIFY_DELIVERY_STORE": f"s3://bnq-{uuid.uuid4().hex[:12]}",
+                "BUCKETNOTIFY_DELIVERY_STORE": (
+                    self.store_url or f"s3://bnq-{uuid.uuid4().hex[:12]}"
+                ),
                 "BUCKETNOTIFY_DELIVERY_LEASE_NAMESPACE": self.namespace,
                 "BUCKETNOTIFY_DELIVERY_NAMESPACES": json.dumps([self.namespace]),
                 **gateway,

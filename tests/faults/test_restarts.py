@@ -505,3 +505,38 @@ def test_a_replica_frozen_past_its_lease_repeats_only_what_it_had_under_way(
         if not (stream.written_at[key][0] <= ended and stream.written_at[key][1] >= began)
     ]
     assert not outside, f"sync writes lost that were not made during the freeze: {outside}"
+
+
+ENDPOINT_OUTAGE_S = 6
+
+
+def test_direct_delivery_through_an_endpoint_outage_loses_and_repeats_nothing(
+    kube: LocalService, rgw: LocalService, tmp_path: Path, pipelines: Callable[..., Pipeline]
+) -> None:
+    """A replica alone on a dir store pushes each event itself before the gateway gets its
+    answer (direct delivery, that store's default). The endpoint answers 503 for 6 s under
+    the stream: the direct pushes fail, their events are queued, and the rounds deliver
+    them once it is back. Both hand-offs: nothing lost, nothing twice."""
+    pipeline = pipelines(kube, rgw, replicas=1, store_url=f"dir://{tmp_path}/queues")
+    cluster = pipeline.cluster
+    counts: dict[str, float] = {}
+
+    def outage() -> None:
+        counts["direct before"] = cluster.metric("bucketnotify_events_direct_total")
+        failed = cluster.metric("pubsub_push_failed_total")
+        receiver.status = 503
+        time.sleep(ENDPOINT_OUTAGE_S)
+        receiver.status = 200
+        counts["failed during"] = cluster.metric("pubsub_push_failed_total") - failed
+        counts["direct at the end"] = cluster.metric("bucketnotify_events_direct_total")
+
+    with RecordingHttpServer() as receiver:
+        _, outcomes = run(pipeline, HttpTarget(receiver), outage)
+        counts["direct after"] = cluster.metric("bucketnotify_events_direct_total")
+    print(counts)
+    assert counts["direct before"] > 0, "no event went directly: direct delivery was off"
+    assert counts["failed during"] > 0, "no push failed: the outage missed the stream"
+    assert counts["direct after"] > counts["direct at the end"], "direct delivery never resumed"
+    assert_none_lost(outcomes)
+    for outcome in outcomes:
+        assert outcome.duplicates == 0, outcome.line()
