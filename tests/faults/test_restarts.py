@@ -214,6 +214,10 @@ def test_a_rabbitmq_restart_loses_no_acknowledged_event_and_repeats_only_unconfi
     assert fault.window is not None
     began, ended = fault.window
     for outcome in outcomes:
+        # By count: no more than the topic's writes of the unconfirmed window.
+        assert len(outcome.duplicated) <= PER_SECOND / len(outcomes) * UNCONFIRMED_WINDOW_S, (
+            outcome.line()
+        )
         for key in outcome.duplicated:
             sent, acked = stream.written_at[key]
             print(f"{key}: written {sent - began:+.2f} s .. {acked - began:+.2f} s from the stop")
