@@ -215,7 +215,7 @@ def test_a_rabbitmq_restart_loses_no_acknowledged_event_and_repeats_only_unconfi
     began, ended = fault.window
     for outcome in outcomes:
         # By count: no more than the topic's writes of the unconfirmed window.
-        assert len(outcome.duplicated) <= PER_SECOND / len(outcomes) * UNCONFIRMED_WINDOW_S, (
+        assert outcome.duplicates <= PER_SECOND / len(outcomes) * UNCONFIRMED_WINDOW_S, (
             outcome.line()
         )
         for key in outcome.duplicated:
