@@ -34,6 +34,7 @@ from bucketnotify.controller import handlers
 from bucketnotify.controller.drift_loop import ObjectLocks
 from bucketnotify.controller.handlers import WATCHED_RESOURCES
 from bucketnotify.controller.notifications import BucketLocks
+from bucketnotify.delivery.draining import ConnectionDrain
 from bucketnotify.delivery.ownership import LeaseSettings, Ownership
 from bucketnotify.delivery.record_targets import records_target_for
 from bucketnotify.delivery.recording import Recorder, RecordWriter
@@ -56,6 +57,11 @@ __all__ = ["main"]
 
 log = logging.getLogger("bucketnotify")
 
+DRAIN_MAX_S = 2.0
+DRAIN_QUIET_S = 0.5
+"""A stopping replica's listener stays open while requests still come on kept-alive
+connections, each answered with ``Connection: close`` (``delivery.draining``): at most
+DRAIN_MAX_S, and no longer than DRAIN_QUIET_S after the last request."""
 API_CONNECTIONS = 24
 """kopf's connections for its requests (patches, reads) at most, beside one per watch stream
 (``kopf_connections``). Its own session has no limit: at 2,000 objects it kept about 230
@@ -286,10 +292,18 @@ async def _deliver(
         direct=settings.direct_delivery and isinstance(store, LocalDirStore),
     )
     stop = asyncio.Event()
+    drain = ConnectionDrain()
+
+    def stopping() -> None:
+        stop.set()
+        drain.closing = True
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    runner = web.AppRunner(service.app(), access_log=None)
+        loop.add_signal_handler(sig, stopping)
+    app = service.app()
+    app.middlewares.append(drain.middleware)
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, settings.listen_host, settings.listen_port).start()
     log.info(
@@ -304,6 +318,8 @@ async def _deliver(
         await service.run(stop)
     finally:
         announcing.cancel()
+        if runner.server is not None:
+            await drain.drain(runner.server, max_s=DRAIN_MAX_S, quiet_s=DRAIN_QUIET_S)
         await runner.cleanup()
         await store.aclose()
         if writer is not None:
