@@ -626,11 +626,12 @@ def test_evictions_respect_the_pod_disruption_budget(release: Release, ckubectl:
 
 
 def test_helm_uninstall_removes_the_release_and_its_namespace_goes(
-    release: Release, helm_bin: str, node: LocalService, ckubectl: Kubectl
+    release: Release, helm_bin: str, node: LocalService, ckubectl: Kubectl, rgw: LocalService
 ) -> None:
     """The user deletes their Topics and notifications while the operator still runs (its
     finalizers clean the gateway), then uninstalls: nothing of the release is left and the
-    namespace deletion completes."""
+    namespace deletion completes. The CRDs and the queue bucket on the gateway (events not
+    yet delivered, the delivery records) stay."""
     ns = release.namespace
     ckubectl.run(
         "delete", "bucketnotifications,topics", "--all", "-n", ns, "--wait=true", "--timeout=120s"
@@ -688,6 +689,10 @@ def test_helm_uninstall_removes_the_release_and_its_namespace_goes(
     # The CRDs stay (crds.keep), so the users' objects of other releases survive.
     for crd in ("topics.bucketnotify.io", "bucketnotifications.bucketnotify.io"):
         assert ckubectl.run("get", "crd", crd, check=False).returncode == 0, crd
+    (queue_bucket,) = [
+        v.split("=", 1)[1] for v in release.values if v.startswith("delivery.store.bucket=")
+    ]
+    s3_client(rgw).head_bucket(Bucket=queue_bucket)  # raises when it is gone
     ckubectl.run("delete", "namespace", ns, "--wait=false")
     wait_until(
         lambda: ckubectl.run("get", "namespace", ns, check=False).returncode,
