@@ -19,15 +19,16 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from bucketnotify.apiserver import ApiClient
 from bucketnotify.delivery.endpoints.base import Endpoint
-from bucketnotify.delivery.ownership import LeaseSettings
+from bucketnotify.delivery.ownership import LeaseSettings, Ownership
 from bucketnotify.delivery.queue import QueueName, QueueStore
-from bucketnotify.delivery.service import TopicRuntime
+from bucketnotify.delivery.service import DeliveryService, TopicRuntime
 from bucketnotify.delivery.stores.open import store_for
 from bucketnotify.delivery.stores.s3 import S3Store
 from bucketnotify.delivery.worker import DeliveredCache, DeliveryPolicy
@@ -348,6 +349,18 @@ def one_shard_runtime(
         generation=1,
         secrets_read_at=0,
         delivered={0: DeliveredCache()},
+    )
+
+
+def lone_service(api: ApiClient, store: QueueStore, **settings: Any) -> DeliveryService:
+    """A delivery service alone with every shard (``OwnsEverything``), listing no
+    namespace: the rounds and the ingest driven by a test."""
+    return DeliveryService(
+        api=api,
+        store=store,
+        ownership=cast(Ownership, OwnsEverything()),
+        namespaces=[],
+        **settings,
     )
 
 

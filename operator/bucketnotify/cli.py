@@ -62,6 +62,7 @@ DRAIN_QUIET_S = 0.5
 """A stopping replica's listener stays open while requests still come on kept-alive
 connections, each answered with ``Connection: close`` (``delivery.draining``): at most
 DRAIN_MAX_S, and no longer than DRAIN_QUIET_S after the last request."""
+
 API_CONNECTIONS = 24
 """kopf's connections for its requests (patches, reads) at most, beside one per watch stream
 (``kopf_connections``). Its own session has no limit: at 2,000 objects it kept about 230

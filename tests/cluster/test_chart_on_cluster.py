@@ -156,36 +156,51 @@ def bucket(release: Release, ckubectl: Kubectl, rgw: LocalService, receiver: Any
     """A persistent Topic to ``receiver`` and a BucketNotification on a new bucket, applied
     with kubectl and Ready."""
     name = f"cluster-{uuid.uuid4().hex[:6]}"
-    s3_client(rgw).create_bucket(Bucket=name)
     ns = release.namespace
+    spec = {
+        "name": f"{ns}-webhook",
+        "endpoint": {"http": {"url": receiver.url}},
+        "persistent": True,
+        "delivery": {"handoff": "persistent", "shards": 4},
+    }
+    notified_bucket(ckubectl, rgw, ns, name, "webhook", spec, "uploads")
+    return name
+
+
+def notified_bucket(
+    ckubectl: Kubectl,
+    rgw: LocalService,
+    namespace: str,
+    bucket: str,
+    topic: str,
+    spec: dict[str, Any],
+    notification: str,
+) -> None:
+    """Bucket ``bucket``, and a Topic and a BucketNotification of every ObjectCreated event
+    on it applied with kubectl, both Ready."""
+    s3_client(rgw).create_bucket(Bucket=bucket)
     ckubectl.apply(
         {
             "apiVersion": API,
             "kind": "Topic",
-            "metadata": {"name": "webhook", "namespace": ns},
-            "spec": {
-                "name": f"{ns}-webhook",
-                "endpoint": {"http": {"url": receiver.url}},
-                "persistent": True,
-                "delivery": {"handoff": "persistent", "shards": 4},
-            },
+            "metadata": {"name": topic, "namespace": namespace},
+            "spec": spec,
         }
     )
     ckubectl.apply(
         {
             "apiVersion": API,
             "kind": "BucketNotification",
-            "metadata": {"name": "uploads", "namespace": ns},
+            "metadata": {"name": notification, "namespace": namespace},
             "spec": {
-                "bucket": name,
-                "topicRef": {"name": "webhook"},
+                "bucket": bucket,
+                "topicRef": {"name": topic},
                 "events": ["s3:ObjectCreated:*"],
             },
         }
     )
-    wait_ready(ckubectl, "topic", "webhook", ns)
-    wait_ready(ckubectl, "bucketnotification", "uploads", ns)
-    return name
+    wait_ready(ckubectl, "topic", topic, namespace)
+    wait_ready(ckubectl, "bucketnotification", notification, namespace)
 
 
 def test_uploads_reach_the_endpoint_through_the_pods_once_each(
@@ -258,33 +273,12 @@ def test_pods_deleted_and_rolled_under_a_stream_lose_no_acknowledged_event(
     counted and bounded."""
     ns = release.namespace
     sync_bucket = f"cluster-sync-{uuid.uuid4().hex[:6]}"
-    s3_client(rgw).create_bucket(Bucket=sync_bucket)
-    ckubectl.apply(
-        {
-            "apiVersion": API,
-            "kind": "Topic",
-            "metadata": {"name": "webhook-sync", "namespace": ns},
-            "spec": {
-                "endpoint": {"http": {"url": receiver.url}},
-                "persistent": True,
-                "delivery": {"handoff": "sync", "shards": 4},
-            },
-        }
-    )
-    ckubectl.apply(
-        {
-            "apiVersion": API,
-            "kind": "BucketNotification",
-            "metadata": {"name": "uploads-sync", "namespace": ns},
-            "spec": {
-                "bucket": sync_bucket,
-                "topicRef": {"name": "webhook-sync"},
-                "events": ["s3:ObjectCreated:*"],
-            },
-        }
-    )
-    wait_ready(ckubectl, "topic", "webhook-sync", ns)
-    wait_ready(ckubectl, "bucketnotification", "uploads-sync", ns)
+    sync_spec = {
+        "endpoint": {"http": {"url": receiver.url}},
+        "persistent": True,
+        "delivery": {"handoff": "sync", "shards": 4},
+    }
+    notified_bucket(ckubectl, rgw, ns, sync_bucket, "webhook-sync", sync_spec, "uploads-sync")
     # One attempt: a retried PUT would be a second event of its key (botocore's legacy
     # "max_attempts" counts retries, not attempts).
     s3 = s3_client(

@@ -7,7 +7,6 @@ The disk is a tmpfs of its own (root mounts it, as CI runs), small enough to fil
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import json
 import subprocess
@@ -17,9 +16,8 @@ from pathlib import Path
 import pytest
 
 from bucketnotify.delivery.queue import QueueName
-from bucketnotify.delivery.stores.localdir import LocalDirStore
 from devstack.programs import free_port
-from tests.delivery import push_records, wait_ready
+from tests.delivery import push_records, queued_keys, wait_ready
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.processes import Program
@@ -46,14 +44,8 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
-def queued_keys(store: Path, queue: QueueName) -> list[str]:
-    async def read() -> list[str]:
-        entries = []
-        for shard in range(SHARDS):
-            entries += await LocalDirStore(store).list(queue, shard, 100_000)
-        return [json.loads(e.body)["s3"]["object"]["key"] for e in entries]
-
-    return asyncio.run(read())
+def queued(disk: Path, queue: QueueName) -> list[str]:
+    return queued_keys(f"dir://{disk}", queue, SHARDS, {})
 
 
 def test_a_full_disk_answers_503_keeps_what_was_acknowledged_and_recovers(
@@ -102,7 +94,7 @@ def test_a_full_disk_answers_503_keeps_what_was_acknowledged_and_recovers(
             assert acknowledged, "nothing fit at all"
             # Nothing half-written: the queue reads back, holding exactly what was answered 200.
             queue = QueueName(namespace, "full")
-            assert sorted(queued_keys(small_disk, queue)) == sorted(acknowledged)
+            assert sorted(queued(small_disk, queue)) == sorted(acknowledged)
             assert "out of space" in replica.log()
 
             receiver.status = 200  # deliveries remove entries and free the disk
@@ -129,9 +121,7 @@ def test_a_full_disk_answers_503_keeps_what_was_acknowledged_and_recovers(
             wait_until(arrived, lambda s: set(later) <= set(s), 60, "the events sent after")
             # Late copies (a push made again after a removal the full disk refused) come
             # before their entry is removed: once the queue is empty, all are in.
-            wait_until(
-                lambda: queued_keys(small_disk, queue), lambda k: k == [], 60, "an empty queue"
-            )
+            wait_until(lambda: queued(small_disk, queue), lambda k: k == [], 60, "an empty queue")
             counts = collections.Counter(arrived())
             assert [k for k, c in counts.items() if c > 1] == [], "delivered twice"
             assert set(counts) == set(acknowledged) | set(later)

@@ -7,21 +7,19 @@ import json
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from bucketnotify.apiserver import ApiClient
 from bucketnotify.delivery.ingest import MAX_BODY_BYTES, Ingest, IngestTopic, build_app, event_id
-from bucketnotify.delivery.ownership import Ownership
 from bucketnotify.delivery.queue import QueueLimits, QueueName, shard_of
-from bucketnotify.delivery.service import DeliveryService
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from bucketnotify.delivery.stores.s3 import S3Store
 from bucketnotify.gateway.connection import GatewayConnection
 from devstack.programs import free_port
-from tests.delivery import OwnsEverything
+from tests.delivery import lone_service
 from tests.kubeapi import unreachable_api
 from tests.records import event
 
@@ -232,22 +230,13 @@ async def api() -> AsyncIterator[ApiClient]:
         yield api
 
 
-def token_service(tmp_path: Path, api: ApiClient) -> DeliveryService:
-    return DeliveryService(
-        api=api,
-        store=LocalDirStore(tmp_path),
-        ownership=cast(Ownership, OwnsEverything()),
-        namespaces=[],
-    )
-
-
 async def test_pushes_during_a_token_reread_wait_for_it_and_one_read_serves_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, api: ApiClient
 ) -> None:
     """After a rotation the gateway sends many pushes with the new token at once: the first
     makes the replica read the token Secret, the others wait for that read (none refused),
     and a second read comes no sooner than a second after the first began."""
-    service = token_service(tmp_path, api)
+    service = lone_service(api, LocalDirStore(tmp_path))
     key = ("team-a", "orders")
     service.ingest_topics[key] = IngestTopic(QUEUE, TOKEN, 1)
     reads: list[float] = []
@@ -277,7 +266,7 @@ async def test_a_token_made_within_a_second_of_the_last_read_is_taken_not_refuse
     then the token changed and the gateway pushes with it at once: that push waits for the
     next read and is taken. Refusing it until the second is over lost the events of a
     deleted and remade token Secret with hand-off sync."""
-    service = token_service(tmp_path, api)
+    service = lone_service(api, LocalDirStore(tmp_path))
     key = ("team-a", "orders")
     service.ingest_topics[key] = IngestTopic(QUEUE, TOKEN, 1, read_at=time.monotonic())
     secret = {"token": "remade-0123456789"}
@@ -295,7 +284,7 @@ async def test_a_read_begun_before_the_push_came_does_not_answer_it(
 ) -> None:
     """A read under way when the push came may have missed its token: the push waits for a
     read begun after it came."""
-    service = token_service(tmp_path, api)
+    service = lone_service(api, LocalDirStore(tmp_path))
     key = ("team-a", "orders")
     service.ingest_topics[key] = IngestTopic(QUEUE, TOKEN, 1)
     tokens = iter(["stale-0123456789", "fresh-0123456789"])
@@ -319,7 +308,7 @@ async def test_a_deleted_token_secret_keeps_the_token_held_until_a_new_one_is_re
     """Between a token Secret's deletion and the operator making it again, the gateway still
     pushes with the token it has: a read finding no Secret keeps that token, and the remade
     one is taken once it is there (the held one for the overlap)."""
-    service = token_service(tmp_path, api)
+    service = lone_service(api, LocalDirStore(tmp_path))
     key = ("team-a", "orders")
     service.ingest_topics[key] = IngestTopic(QUEUE, TOKEN, 1)
     secret: dict[str, str] = {}

@@ -7,7 +7,6 @@ import json
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import cast
 
 import kopf
 from aiohttp.test_utils import TestClient, TestServer
@@ -17,15 +16,13 @@ from bucketnotify.delivery.endpoints.base import Delivery
 from bucketnotify.delivery.endpoints.errors import RejectedError, UndeliverableError
 from bucketnotify.delivery.endpoints.testing import MockEndpoint
 from bucketnotify.delivery.ingest import Ingest, IngestTopic, build_app, event_id
-from bucketnotify.delivery.ownership import Ownership
 from bucketnotify.delivery.queue import QueueLimits, QueueName
 from bucketnotify.delivery.recording import Recorder, RecordWriter
-from bucketnotify.delivery.service import DeliveryService
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from bucketnotify.delivery.worker import DeliveryPolicy
 from bucketnotify.gateway.errors import GatewayServerError
 from bucketnotify.metrics import DeliveryMetrics, OperatorMetrics
-from tests.delivery import OwnsEverything, Samples, one_shard_runtime, samples
+from tests.delivery import Samples, lone_service, one_shard_runtime, samples
 from tests.kubeapi import UNREACHABLE
 from tests.records import event
 
@@ -71,13 +68,7 @@ async def test_rounds_count_pushes_losses_retries_and_duplicates_exactly(tmp_pat
     store = LocalDirStore(tmp_path)
     metrics = DeliveryMetrics()
     api = ApiClient(kopf.ConnectionInfo(server=UNREACHABLE))
-    service = DeliveryService(
-        api=api,
-        store=store,
-        ownership=cast(Ownership, OwnsEverything()),
-        namespaces=[],
-        metrics=metrics,
-    )
+    service = lone_service(api, store, metrics=metrics)
     queue = QueueName("ns", "t")
     await store.create(queue, 1, QueueLimits())
     metrics.add_topic("ns", "t")
@@ -168,14 +159,7 @@ async def test_a_round_cut_short_by_the_store_counts_its_pushes_once_and_no_drop
     kept = KeptRecords()
     writer = RecordWriter(kept, replica="replica-0", metrics=metrics)
     api = ApiClient(kopf.ConnectionInfo(server=UNREACHABLE))
-    service = DeliveryService(
-        api=api,
-        store=store,
-        ownership=cast(Ownership, OwnsEverything()),
-        namespaces=[],
-        metrics=metrics,
-        recorder=Recorder(writer, "replica-0"),
-    )
+    service = lone_service(api, store, metrics=metrics, recorder=Recorder(writer, "replica-0"))
     queue, parking = QueueName("ns", "t"), QueueName("ns", "parking")
     for q in (queue, parking):
         await store.create(q, 1, QueueLimits())
