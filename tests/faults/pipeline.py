@@ -41,10 +41,19 @@ class Stream:
 
     A write counts as acknowledged only when the gateway answered 200; one that failed or
     timed out is kept apart (its event may or may not exist, as for any client).
+
+    With ``versions`` > 1 each object is written that many times in a row, each write one
+    byte longer, so that the order of one object's events can be checked: a write is then
+    known by ``write_id`` (its key and version), here and to an ``HttpTarget(versioned=True)``.
     """
 
     def __init__(
-        self, rgw: LocalService, buckets: list[str], per_second: float, writers: int = 2
+        self,
+        rgw: LocalService,
+        buckets: list[str],
+        per_second: float,
+        writers: int = 2,
+        versions: int = 1,
     ) -> None:
         # One attempt and short timeouts: a write during an outage fails now, and the
         # stream keeps its pace instead of queueing retries. A retried PUT is a second
@@ -60,6 +69,7 @@ class Stream:
         self._buckets = buckets
         self.writers = writers
         self._interval = writers / per_second
+        self._versions = versions
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self.acked: dict[str, list[str]] = {b: [] for b in buckets}
@@ -91,20 +101,55 @@ class Stream:
         n = 0
         next_at = time.monotonic()
         while not self._stop.is_set():
-            bucket = self._buckets[n % len(self._buckets)]
-            key = f"w{writer}-{n:06d}"
+            written, version = divmod(n, self._versions)
+            bucket = self._buckets[written % len(self._buckets)]
+            key = f"w{writer}-{written:06d}"
+            write = key if self._versions == 1 else write_id(key, version)
             sent = time.time()
             try:
-                self._s3.put_object(Bucket=bucket, Key=key, Body=b"x" * 64)
+                self._s3.put_object(Bucket=bucket, Key=key, Body=b"x" * (BODY + version))
                 ok = True
             except Exception:  # any failure means "not acknowledged"
                 ok = False
             with self._lock:
-                (self.acked if ok else self.unacked)[bucket].append(key)
-                self.written_at[key] = (sent, time.time())
+                (self.acked if ok else self.unacked)[bucket].append(write)
+                self.written_at[write] = (sent, time.time())
             n += 1
             next_at += self._interval
             self._stop.wait(max(0.0, next_at - time.monotonic()))
+
+
+BODY = 64
+"""The size of an object's first write; each further version of it is one byte longer."""
+
+
+def write_id(key: str, version: int) -> str:
+    """One write of a versioned stream: the object's key and which of its writes."""
+    return f"{key}~{version}"
+
+
+def object_of(write: str) -> str:
+    """The object key of a write (of a versioned stream or not)."""
+    return write.rpartition("~")[0] or write
+
+
+def out_of_order(arrived: list[str], acked: list[str]) -> list[str]:
+    """The acknowledged writes of a versioned stream whose event first arrived after the
+    event of a later write of the same object. Repeats count at their first arrival: a
+    repeat of an older write after a newer one is a duplicate, not a reordering."""
+    acknowledged = set(acked)
+    first: set[str] = set()
+    newest: dict[str, int] = {}
+    late = []
+    for write in arrived:
+        if write not in acknowledged or write in first:
+            continue
+        first.add(write)
+        key, _, version = write.rpartition("~")
+        if int(version) < newest.get(key, -1):
+            late.append(write)
+        newest[key] = max(int(version), newest.get(key, -1))
+    return late
 
 
 class Target(Protocol):
@@ -120,8 +165,12 @@ class Target(Protocol):
 
 
 class HttpTarget:
-    def __init__(self, receiver: RecordingHttpServer) -> None:
+    """An HTTP receiver with a path per topic; ``versioned``: what arrived is named by
+    ``write_id`` (key and version, from the object's size), for a versioned ``Stream``."""
+
+    def __init__(self, receiver: RecordingHttpServer, versioned: bool = False) -> None:
         self._receiver = receiver
+        self._versioned = versioned
         self._seen: dict[str, list[str]] = collections.defaultdict(list)
         self.arrivals: dict[str, dict[str, list[float]]] = collections.defaultdict(
             lambda: collections.defaultdict(list)
@@ -136,11 +185,15 @@ class HttpTarget:
             if request.status == 200:
                 records = json.loads(request.body)["Records"]
                 name = request.path.strip("/")
-                keys = [r["s3"]["object"]["key"] for r in records]
+                keys = [self._write_of(r["s3"]["object"]) for r in records]
                 self._seen[name] += keys
                 for key in keys:
                     self.arrivals[name][key].append(request.time)
         return list(self._seen[topic])
+
+    def _write_of(self, obj: dict[str, Any]) -> str:
+        key: str = obj["key"]
+        return write_id(key, int(obj["size"]) - BODY) if self._versioned else key
 
 
 class AmqpTarget:

@@ -31,6 +31,8 @@ from tests.faults.pipeline import (
     Pipeline,
     Stream,
     Target,
+    object_of,
+    out_of_order,
     settle,
 )
 from tests.localservices import LocalService
@@ -63,12 +65,13 @@ def run(
     handoffs: tuple[str, ...] = HANDOFFS,
     may_lose: tuple[str, ...] = (),
     streaming: list[Stream] | None = None,
+    versions: int = 1,
 ) -> tuple[Stream, list[Outcome]]:
     """Stream, ``fault``, stream on; then wait until every acknowledged write arrived (of a
     hand-off in ``may_lose``: until nothing new arrives, see ``settle``). The stream is put
     in ``streaming`` for a fault that watches it."""
     buckets = pipeline.topics(target, handoffs)
-    with Stream(pipeline.rgw, list(buckets.values()), PER_SECOND) as stream:
+    with Stream(pipeline.rgw, list(buckets.values()), PER_SECOND, versions=versions) as stream:
         if streaming is not None:
             streaming.append(stream)
         time.sleep(BEFORE_S)
@@ -87,6 +90,20 @@ def run(
 def assert_none_lost(outcomes: list[Outcome]) -> None:
     for outcome in outcomes:
         assert not outcome.lost, f"{outcome.topic}: acknowledged events lost: {outcome.lost[:20]}"
+
+
+VERSIONS = 3
+"""Writes of each object in a row, in the tests that check the order of one object's events."""
+
+
+def assert_in_order(stream: Stream, target: HttpTarget, outcome: Outcome) -> None:
+    """Hand-off sync: each write of an object waited for its event's commit (or push), so
+    the events of one object arrive in the order of its writes (repeats aside)."""
+    acked = stream.acked[f"{outcome.topic}-b"]
+    late = out_of_order(target.keys(outcome.topic), acked)
+    objects = {object_of(write) for write in acked}
+    print(f"{outcome.topic}: {len(objects)} objects written up to {VERSIONS} times each")
+    assert not late, f"{outcome.topic}: arrived after a later write of its object: {late[:20]}"
 
 
 @pytest.fixture()
@@ -273,11 +290,11 @@ def test_replicas_killed_again_and_again_lose_only_what_was_in_flight(
     victims_partitions: list[set[int]] = []
     streaming: list[Stream] = []
     receiver = RecordingHttpServer()
-    target = HttpTarget(receiver)
+    target = HttpTarget(receiver, versioned=True)
 
-    def partition(topic: str, key: str) -> int:
+    def partition(topic: str, write: str) -> int:
         queue = QueueName(pipeline.namespace, topic)
-        return partition_of(queue, shard_of(f"{topic}-b", key, SHARDS), PARTITIONS)
+        return partition_of(queue, shard_of(f"{topic}-b", object_of(write), SHARDS), PARTITIONS)
 
     def in_flight_now(held: set[int]) -> list[str]:
         """Acknowledged writes of the partitions ``held`` whose events have not arrived."""
@@ -316,7 +333,12 @@ def test_replicas_killed_again_and_again_lose_only_what_was_in_flight(
 
     with receiver:
         stream, outcomes = run(
-            pipeline, target, kill_repeatedly, may_lose=("sync",), streaming=streaming
+            pipeline,
+            target,
+            kill_repeatedly,
+            may_lose=("sync",),
+            streaming=streaming,
+            versions=VERSIONS,
         )
     assert len(victims) == KILLS
     by_handoff = {o.topic.split("-")[0]: o for o in outcomes}
@@ -380,6 +402,7 @@ def test_replicas_killed_again_and_again_lose_only_what_was_in_flight(
     outside = [key for key in sync.lost if not in_flight_at_a_kill(key)]
     assert not outside, f"sync writes lost that were not in flight at a kill: {outside}"
     assert len(sync.lost) <= KILLS * stream.writers
+    assert_in_order(stream, target, sync)
 
 
 STALE_CONNECTION_S = 0.5
@@ -535,7 +558,8 @@ def test_direct_delivery_through_an_endpoint_outage_loses_and_repeats_nothing(
         counts["direct at the end"] = cluster.metric("bucketnotify_events_direct_total")
 
     with RecordingHttpServer() as receiver:
-        _, outcomes = run(pipeline, HttpTarget(receiver), outage)
+        target = HttpTarget(receiver, versioned=True)
+        stream, outcomes = run(pipeline, target, outage, versions=VERSIONS)
         counts["direct after"] = cluster.metric("bucketnotify_events_direct_total")
     print(counts)
     assert counts["direct before"] > 0, "no event went directly: direct delivery was off"
@@ -544,3 +568,4 @@ def test_direct_delivery_through_an_endpoint_outage_loses_and_repeats_nothing(
     assert_none_lost(outcomes)
     for outcome in outcomes:
         assert outcome.duplicates == 0, outcome.line()
+    assert_in_order(stream, target, next(o for o in outcomes if o.topic.startswith("sync-")))
