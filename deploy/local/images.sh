@@ -6,6 +6,10 @@
 #   deploy/local/images.sh build    the Dockerfile on that base -> $IMAGE_TAG
 #   deploy/local/images.sh import   $IMAGE_TAG into the node's containerd (skipped when there)
 #   deploy/local/images.sh all      the three; the last line on stdout is the image reference
+#   deploy/local/images.sh release COMMIT
+#                                   the image of an earlier commit (a release users run), built
+#                                   as `all` builds ours from that commit's tree and imported:
+#                                   prints "IMAGE TREE", TREE holding that commit's chart
 #   deploy/local/images.sh spark    the report image (Dockerfile target `report` on a base with
 #                                   Java) with the Spark operator's controller added, imported:
 #                                   $SPARK_IMAGE_TAG, for the Spark operator and SparkApplications
@@ -166,6 +170,9 @@ build() {
     target=(--target "$IMAGE_TARGET")
   fi
   [[ -n $IMAGE_BUILD_ARGS ]] && read -r -a extra <<<"$IMAGE_BUILD_ARGS"
+  # The OCI labels' version and revision (a tree without .git: IMAGE_REVISION names it).
+  extra+=(--build-arg "VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' "$BN_REPO/pyproject.toml")")
+  extra+=(--build-arg "REVISION=${IMAGE_REVISION:-$(git -C "$BN_REPO" rev-parse HEAD 2>/dev/null || echo unknown)}")
   ca=$(host_ca_bundle)
   mkdir -p "$work/pip"
   printf '[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n' >"$work/pip/pip.conf"
@@ -238,12 +245,39 @@ spark() {
   IMAGE_TAG=$SPARK_IMAGE_TAG
 }
 
+# ---------------------------------------------------------------------------------- release
+
+# The commit's own Dockerfile and tree, as its release was built: an upgrade test installs
+# that chart and image first. A clone without the commit (shallow) fetches it from origin.
+release() {
+  local commit=${1:-} short revision
+  [[ -n $commit ]] || die "usage: $0 release COMMIT"
+  if ! git -C "$BN_REPO" cat-file -e "$commit^{commit}" 2>/dev/null; then
+    git -C "$BN_REPO" fetch --quiet origin "$commit" 2>/dev/null ||
+      die "commit $commit is not in $BN_REPO and origin does not give it (a shallow clone? git fetch --unshallow)"
+  fi
+  short=$(git -C "$BN_REPO" rev-parse --short=12 "$commit^{commit}")
+  tree="$work/release-$short"
+  if [[ ! -f $tree/.complete ]]; then
+    rm -rf "$tree" && mkdir -p "$tree"
+    git -C "$BN_REPO" archive "$short" | tar -x -C "$tree"
+    touch "$tree/.complete"
+  fi
+  base "$BASE_IMAGE" "${BASE_PACKAGES[@]}"
+  revision=$(git -C "$BN_REPO" rev-parse "$short")
+  IMAGE_TAG="localhost/bucketnotify:$short" DOCKERFILE="$tree/Dockerfile" BN_REPO="$tree" \
+    IMAGE_REVISION="$revision" build
+  IMAGE_TAG="localhost/bucketnotify:$short" import
+  IMAGE_TAG="localhost/bucketnotify:$short $tree"
+}
+
 case "${1:-}" in
   base) base "$BASE_IMAGE" "${BASE_PACKAGES[@]}" ;;
   build) build ;;
   import) import ;;
   all) base "$BASE_IMAGE" "${BASE_PACKAGES[@]}"; build; import ;;
   spark) spark ;;
-  *) die "usage: $0 base|build|import|all|spark" ;;
+  release) release "${2:-}" ;;
+  *) die "usage: $0 base|build|import|all|spark|release COMMIT" ;;
 esac
 echo "$IMAGE_TAG"

@@ -18,14 +18,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.pods import Release, describe, describe_all
+from tests.cluster.pods import Release, Upgrade, describe, describe_all
+from tests.cluster.uploads import Uploads, notified_bucket
 from tests.install.manifests import CHART, helm
 from tests.kubectl import Kubectl
 from tests.localservices import LOCAL, LocalService, start, stop
+from tests.receivers import RecordingHttpServer
 from tests.tcpproxy import TcpProxy
 
 # helm --wait: five pods start at once on two cores, each importing kopf or aiohttp.
 INSTALL_TIMEOUT = "6m"
+PREVIOUS_RELEASE = "c11807d139c0a95529e1d4a50cf8bea43cf659c7"
+"""The release our users run before this one: its chart and image (built from this commit
+as its release was) are installed first, and upgraded to ours under a stream of uploads.
+Moved on at each release (CHANGELOG.md)."""
 
 
 @pytest.fixture(scope="session")
@@ -126,6 +132,13 @@ def gateway_for_pods(node: LocalService, rgw: LocalService) -> Iterator[TcpProxy
 
 
 @pytest.fixture(scope="module")
+def receiver(node: LocalService) -> Iterator[RecordingHttpServer]:
+    """The HTTP endpoint, on the bridge where the delivery pods reach it."""
+    with RecordingHttpServer(host=node["NODE_ADDRESS"]) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
 def release(
     helm_bin: str,
     image: str,
@@ -133,10 +146,15 @@ def release(
     ckubectl: Kubectl,
     rgw: LocalService,
     gateway_for_pods: TcpProxy,
+    receiver: RecordingHttpServer,
 ) -> Iterator[Release]:
-    """The chart installed with `helm install --wait` into a fresh namespace, then upgraded
-    with the ingest URL the host-side gateway can use (the Service's ClusterIP, known only
-    once installed): the upgrade rolls the operator's pods, which must come back Ready."""
+    """The previous release's chart and image (``PREVIOUS_RELEASE``) installed with `helm
+    install --wait` into a fresh namespace, upgraded with the ingest URL the host-side
+    gateway can use (the Service's ClusterIP, known only once installed), then upgraded to
+    our chart and image as a user would, while uploads to a Topic with hand-off sync go on
+    (``Release.upgrade``; the first test checks them). Each upgrade rolls the pods, which
+    must come back Ready."""
+    previous, previous_tree = run_script("images.sh", "release", PREVIOUS_RELEASE).split()
     suffix = uuid.uuid4().hex[:6]
     # Unique: the chart's ClusterRoles are cluster-wide and named after the release.
     name, namespace = f"bn{suffix}", f"bn-{suffix}"
@@ -146,7 +164,7 @@ def release(
     watched = [namespace, f"{namespace}-apps"] + [f"{namespace}-t{i:02d}" for i in range(2, 20)]
     for ns in watched:
         ckubectl.run("create", "namespace", ns)
-    repository, _, tag = image.rpartition(":")
+    repository, _, tag = previous.rpartition(":")
     values = [
         f"watchNamespaces={{{','.join(watched)}}}",
         f"image.repository={repository}",
@@ -171,13 +189,14 @@ def release(
                 "annotate", "crd", crd, f"meta.helm.sh/release-name={name}",
                 f"meta.helm.sh/release-namespace={namespace}", "--overwrite",
             )  # fmt: skip
+    previous_chart = str(Path(previous_tree) / "charts" / "bucketnotify")
     started = time.monotonic()
     try:
         helm(
             helm_bin,
             "install",
             name,
-            str(CHART),
+            previous_chart,
             "-n",
             namespace,
             "--kubeconfig",
@@ -202,7 +221,7 @@ def release(
             helm_bin,
             "upgrade",
             name,
-            str(CHART),
+            previous_chart,
             "-n",
             namespace,
             "--kubeconfig",
@@ -216,9 +235,42 @@ def release(
         )
     except AssertionError as exc:
         pytest.fail(f"{exc}\n{describe(ckubectl, namespace)}", pytrace=False)
+    configured = time.monotonic() - started
+    # Hand-off sync: an upload whose push a stopping pod refused is lost, so the rolling
+    # update must keep every one (the chart's preStop pause, grace and connection drain).
+    bucket = f"cluster-upgrade-{suffix}"
+    spec = {
+        "endpoint": {"http": {"url": f"{receiver.url}/upgrade"}},
+        "persistent": True,
+        "delivery": {"handoff": "sync", "shards": 4},
+    }
+    notified_bucket(ckubectl, rgw, namespace, bucket, "webhook-sync", spec, "uploads-sync")
+    repository, _, tag = image.rpartition(":")
+    values = [
+        *(v for v in values if not v.startswith(("image.repository=", "image.tag="))),
+        f"image.repository={repository}",
+        f"image.tag={tag}",
+    ]
+    started = time.monotonic()
+    with Uploads(rgw, bucket, "upgrade") as uploads:
+        time.sleep(3)
+        try:
+            helm(
+                helm_bin, "upgrade", name, str(CHART), "-n", namespace,
+                "--kubeconfig", node["NODE_KUBECONFIG"], "--reuse-values",
+                "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
+                "--wait", "--timeout", INSTALL_TIMEOUT,
+            )  # fmt: skip
+        except AssertionError as exc:
+            pytest.fail(f"{exc}\n{describe(ckubectl, namespace)}", pytrace=False)
+        time.sleep(3)
     upgraded = time.monotonic() - started
-    print(f"helm install --wait: {installed:.0f} s; helm upgrade --wait: {upgraded:.0f} s")
-    yield Release(name, namespace, ingest_url, values, watched)
+    print(
+        f"helm install --wait ({previous}): {installed:.0f} s; helm upgrade --wait with the"
+        f" ingest URL: {configured:.0f} s; helm upgrade --wait to {image}: {upgraded:.0f} s"
+    )
+    upgrade = Upgrade(previous, image, bucket, uploads.acknowledged)
+    yield Release(name, namespace, ingest_url, values, watched, upgrade)
     print(describe(ckubectl, namespace)[-6000:])
     helm(
         helm_bin,

@@ -18,6 +18,18 @@ class Release:
     values: list[str]
     watched: list[str]
     """``watchNamespaces``: the release's own namespace first."""
+    upgrade: Upgrade
+
+
+@dataclass(frozen=True)
+class Upgrade:
+    """The release was installed as ``previous`` and upgraded to ``image`` while uploads to
+    ``bucket`` (a Topic with hand-off sync) went on: the keys the gateway acknowledged."""
+
+    previous: str
+    image: str
+    bucket: str
+    acknowledged: list[str]
 
 
 def pods(kubectl: Kubectl, namespace: str, component: str) -> list[dict[str, Any]]:

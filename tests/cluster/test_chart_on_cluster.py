@@ -1,7 +1,8 @@
 """The chart on a real one-node cluster: our image runs as pods, as our users run it.
 
-One release serves the module (installing it costs a minute): the tests run in file order
-and the last one uninstalls it.
+One release serves the module (installing it costs a minute): the previous release,
+upgraded to ours under a stream of uploads (the fixture `release`), checked by the first
+test. The tests run in file order and the last one uninstalls it.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import datetime as dt
 import gzip
 import json
-import threading
 import time
 import uuid
 from collections import Counter
@@ -20,60 +20,47 @@ import pytest
 import yaml
 
 from tests.cluster.pods import Release, describe, describe_all, pods, ready
+from tests.cluster.uploads import API, Uploads, notified_bucket
 from tests.install.manifests import helm
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
-from tests.receivers import RecordingHttpServer, keys_of
+from tests.receivers import keys_of
 from tests.s3 import s3_client, sns_client
 from tests.waiting import wait_until
 
-API = "bucketnotify.io/v1alpha1"
 SPARK_DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "spark"
 pytestmark = pytest.mark.usefixtures("release")
 
 
-def condition(kubectl: Kubectl, kind: str, name: str, namespace: str) -> dict[str, Any]:
-    status = kubectl.get(kind, name, namespace).get("status") or {}
-    return {c["type"]: c for c in status.get("conditions", [])}.get("Ready", {})
-
-
-def wait_ready(kubectl: Kubectl, kind: str, name: str, namespace: str) -> None:
-    wait_until(
-        lambda: condition(kubectl, kind, name, namespace),
-        lambda c: c.get("status") == "True",
-        90,
-        f"{kind} {name} Ready",
-    )
-
-
-def notify(
-    kubectl: Kubectl,
-    namespace: str,
-    topic: str,
-    topic_spec: dict[str, Any],
-    notification: str,
-    bucket: str,
+def test_an_upgrade_from_the_previous_release_under_a_stream_loses_and_repeats_nothing(
+    release: Release, receiver: Any
 ) -> None:
-    """A Topic and a BucketNotification of ``bucket`` on it, applied with kubectl; both
-    Ready."""
-    kubectl.apply(
-        {
-            "apiVersion": API,
-            "kind": "Topic",
-            "metadata": {"name": topic, "namespace": namespace},
-            "spec": topic_spec,
-        }
+    """`helm upgrade` from the previous release's chart and image to ours rolled every pod
+    while uploads to a Topic with hand-off sync went on: each acknowledged upload arrives,
+    once (a refused push of hand-off sync is an upload lost, so none may be)."""
+    upgrade = release.upgrade
+
+    def arrived() -> list[str]:
+        return [k for k in keys_of(receiver.received()) if k.startswith("upgrade/")]
+
+    seen: list[str] = []
+    wait_until(
+        lambda: sorted(set(upgrade.acknowledged) - set(seen.extend(arrived()) or seen)),
+        lambda missing: not missing,
+        120,
+        f"every upload acknowledged through the upgrade from {upgrade.previous}",
     )
-    kubectl.apply(
-        {
-            "apiVersion": API,
-            "kind": "BucketNotification",
-            "metadata": {"name": notification, "namespace": namespace},
-            "spec": {"bucket": bucket, "topicRef": {"name": topic}},
-        }
+
+    time.sleep(5)  # anything sent twice arrives within this
+    seen += arrived()
+    counts = Counter(seen)
+    print(
+        f"through the upgrade from {upgrade.previous}: {len(upgrade.acknowledged)} acknowledged,"
+        f" {len(counts)} delivered, {sum(n - 1 for n in counts.values())} repeated"
     )
-    wait_ready(kubectl, "topic", topic, namespace)
-    wait_ready(kubectl, "bucketnotification", notification, namespace)
+    assert len(upgrade.acknowledged) > 30  # the stream ran through the rolling update
+    assert set(counts) == set(upgrade.acknowledged)
+    assert all(n == 1 for n in counts.values()), "a graceful rolling update repeats nothing"
 
 
 def test_every_pod_is_ready_and_the_operator_leads_under_its_pod_name(
@@ -85,6 +72,8 @@ def test_every_pod_is_ready_and_the_operator_leads_under_its_pod_name(
     assert len(operators) == 2 and len(deliveries) == 3
     for pod in operators + deliveries:
         assert ready(pod), describe(ckubectl, release.namespace)
+        (container,) = pod["spec"]["containers"]
+        assert container["image"] == release.upgrade.image
         (status,) = pod["status"]["containerStatuses"]
         assert status["restartCount"] == 0, describe(ckubectl, release.namespace)
     # The upgrade replaced the operator pods: one of the new ones leads within a Lease.
@@ -145,13 +134,6 @@ def test_kubectl_apply_is_checked_by_the_operator_pods_webhook(
 
 
 @pytest.fixture(scope="module")
-def receiver(node: LocalService) -> Any:
-    """The HTTP endpoint, on the bridge where the delivery pods reach it."""
-    with RecordingHttpServer(host=node["NODE_ADDRESS"]) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
 def bucket(release: Release, ckubectl: Kubectl, rgw: LocalService, receiver: Any) -> str:
     """A persistent Topic to ``receiver`` and a BucketNotification on a new bucket, applied
     with kubectl and Ready."""
@@ -165,42 +147,6 @@ def bucket(release: Release, ckubectl: Kubectl, rgw: LocalService, receiver: Any
     }
     notified_bucket(ckubectl, rgw, ns, name, "webhook", spec, "uploads")
     return name
-
-
-def notified_bucket(
-    ckubectl: Kubectl,
-    rgw: LocalService,
-    namespace: str,
-    bucket: str,
-    topic: str,
-    spec: dict[str, Any],
-    notification: str,
-) -> None:
-    """Bucket ``bucket``, and a Topic and a BucketNotification of every ObjectCreated event
-    on it applied with kubectl, both Ready."""
-    s3_client(rgw).create_bucket(Bucket=bucket)
-    ckubectl.apply(
-        {
-            "apiVersion": API,
-            "kind": "Topic",
-            "metadata": {"name": topic, "namespace": namespace},
-            "spec": spec,
-        }
-    )
-    ckubectl.apply(
-        {
-            "apiVersion": API,
-            "kind": "BucketNotification",
-            "metadata": {"name": notification, "namespace": namespace},
-            "spec": {
-                "bucket": bucket,
-                "topicRef": {"name": topic},
-                "events": ["s3:ObjectCreated:*"],
-            },
-        }
-    )
-    wait_ready(ckubectl, "topic", topic, namespace)
-    wait_ready(ckubectl, "bucketnotification", notification, namespace)
 
 
 def test_uploads_reach_the_endpoint_through_the_pods_once_each(
@@ -232,20 +178,13 @@ def test_the_last_of_twenty_watched_namespaces_reconciles_and_delivers(
     ns = release.watched[-1]
     bucket = f"last-{uuid.uuid4().hex[:6]}"
     s3 = s3_client(rgw)
-    s3.create_bucket(Bucket=bucket)
-    notify(
-        ckubectl,
-        ns,
-        "t",
-        {
-            "name": f"{ns}-t",
-            "endpoint": {"http": {"url": f"{receiver.url}/last"}},
-            "persistent": True,
-            "delivery": {"handoff": "sync"},
-        },
-        "n",
-        bucket,
-    )
+    spec = {
+        "name": f"{ns}-t",
+        "endpoint": {"http": {"url": f"{receiver.url}/last"}},
+        "persistent": True,
+        "delivery": {"handoff": "sync"},
+    }
+    notified_bucket(ckubectl, rgw, ns, bucket, "t", spec, "n")
     s3.put_object(Bucket=bucket, Key="from-the-last-namespace", Body=b"x")
     seen: list[str] = []
     wait_until(
@@ -262,93 +201,30 @@ FORCE_KILL_REPEATS = 10 * 5
 the pods had pushed and not yet recorded, at most the last 5 s (docs/operator.md)."""
 
 
-def test_pods_deleted_and_rolled_under_a_stream_lose_no_acknowledged_event(
+def test_pods_deleted_and_killed_under_a_stream_lose_no_acknowledged_event(
     release: Release, ckubectl: Kubectl, rgw: LocalService, bucket: str, receiver: Any
 ) -> None:
-    """kubectl delete of the delivery pod holding most partitions, a rolling restart of the
-    delivery Deployment (under a second stream, to a Topic with hand-off sync: the chart's
-    preStop pause and grace keep its uploads from being refused), deletion of the operator's
-    leader pod (another pod leads), then every delivery pod killed at once with no grace,
-    under a steady stream of uploads: every acknowledged upload arrives; the repeats are
-    counted and bounded."""
+    """kubectl delete of the delivery pod holding most partitions, deletion of the
+    operator's leader pod (another pod leads), then every delivery pod killed at once with
+    no grace, under a steady stream of uploads: every acknowledged upload arrives; the
+    repeats are counted and bounded. (A rolling update under hand-off sync: the first
+    test.)"""
     ns = release.namespace
-    sync_bucket = f"cluster-sync-{uuid.uuid4().hex[:6]}"
-    sync_spec = {
-        "endpoint": {"http": {"url": receiver.url}},
-        "persistent": True,
-        "delivery": {"handoff": "sync", "shards": 4},
-    }
-    notified_bucket(ckubectl, rgw, ns, sync_bucket, "webhook-sync", sync_spec, "uploads-sync")
-    # One attempt: a retried PUT would be a second event of its key (botocore's legacy
-    # "max_attempts" counts retries, not attempts).
-    s3 = s3_client(
-        rgw,
-        retries={"total_max_attempts": 1, "mode": "standard"},
-        read_timeout=20,
-        connect_timeout=2,
-    )
-    acknowledged: list[str] = []
-    stop = threading.Event()
-    synced: list[str] = []
-    stop_sync = threading.Event()
+    deployment = f"deployment/{release.name}-bucketnotify-delivery"
     seen: list[str] = []
-
-    def write(into: list[str], to: str, prefix: str, until: threading.Event) -> None:
-        i = 0
-        while not until.is_set():
-            key = f"{prefix}/{i:05d}"
-            try:
-                s3.put_object(Bucket=to, Key=key, Body=b"x")
-                into.append(key)
-            except Exception as exc:  # a refused write is not acknowledged: not counted
-                print(f"write {key}: {exc}")
-            i += 1
-            time.sleep(0.1)
-
-    writer = threading.Thread(
-        target=write, args=(acknowledged, bucket, "stream", stop), daemon=True
-    )
-    writer.start()
-    sync_writer = threading.Thread(
-        target=write, args=(synced, sync_bucket, "sync", stop_sync), daemon=True
-    )
-    try:
+    with Uploads(rgw, bucket, "stream") as uploads:
         time.sleep(5)
         holders = Counter(
             lease["spec"].get("holderIdentity")
             for lease in json.loads(
                 ckubectl.run(
-                    "get",
-                    "leases",
-                    "-n",
-                    ns,
-                    "-l",
-                    "bucketnotify.io/lease-role=partition",
-                    "-o",
-                    "json",
+                    "get", "leases", "-n", ns, "-l", "bucketnotify.io/lease-role=partition",
+                    "-o", "json",
                 ).stdout
             )["items"]
-        )
+        )  # fmt: skip
         busiest, _ = holders.most_common(1)[0]
         ckubectl.run("delete", "pod", "-n", ns, busiest, "--wait=true")
-        deployment = f"deployment/{release.name}-bucketnotify-delivery"
-        sync_writer.start()
-        try:
-            time.sleep(3)
-            ckubectl.run("rollout", "restart", deployment, "-n", ns)
-            ckubectl.run("rollout", "status", deployment, "-n", ns, "--timeout=300s")
-            time.sleep(3)
-        finally:
-            stop_sync.set()
-            sync_writer.join()
-        # Every hand-off sync upload in before the force-kill, which may repeat what is
-        # under way: the repeats counted for this stream are those of graceful restarts.
-        wait_until(
-            lambda: sorted(set(synced) - set(seen.extend(keys_of(receiver.received())) or seen)),
-            lambda missing: not missing,
-            120,
-            "every hand-off sync upload at the endpoint",
-        )
         leader = ckubectl.get("lease", "bucketnotify-operator", ns)["spec"]["holderIdentity"]
         ckubectl.run("delete", "pod", "-n", ns, leader, "--wait=true")
         wait_until(
@@ -368,10 +244,7 @@ def test_pods_deleted_and_rolled_under_a_stream_lose_no_acknowledged_event(
         )  # fmt: skip
         ckubectl.run("rollout", "status", deployment, "-n", ns, "--timeout=300s")
         time.sleep(5)
-    finally:
-        stop.set()
-        writer.join()
-        stop_sync.set()
+    acknowledged = uploads.acknowledged
     wait_until(
         lambda: sorted(set(acknowledged) - set(seen.extend(keys_of(receiver.received())) or seen)),
         lambda missing: not missing,
@@ -382,20 +255,13 @@ def test_pods_deleted_and_rolled_under_a_stream_lose_no_acknowledged_event(
     seen += [k for k in keys_of(receiver.received())]
     counts = Counter(k for k in seen if k.startswith("stream/"))
     duplicates = sum(n - 1 for n in counts.values())
-    sync_counts = Counter(k for k in seen if k.startswith("sync/"))
     print(
         f"{len(acknowledged)} acknowledged, {len(counts)} delivered, {duplicates} duplicates"
-        f" ({1000 * duplicates / max(1, len(acknowledged)):.1f} per 1,000); hand-off sync"
-        f" through the rolling restart: {len(synced)} acknowledged, {len(sync_counts)}"
-        f" delivered, {sum(n - 1 for n in sync_counts.values())} duplicates"
+        f" ({1000 * duplicates / max(1, len(acknowledged)):.1f} per 1,000)"
     )
     assert set(acknowledged) <= set(counts)
     assert len(acknowledged) > 100  # the stream ran through the faults
     assert duplicates <= FORCE_KILL_REPEATS
-    # Hand-off sync: a refused push is an upload lost, so none may be.
-    assert set(synced) <= set(sync_counts)
-    assert len(synced) > 30  # the second stream ran through the rolling restart
-    assert all(n == 1 for n in sync_counts.values()), "graceful restarts repeat nothing"
 
 
 def delivered_records(s3: Any, bucket: str, namespace: str, topic: str) -> Counter[str]:
@@ -450,15 +316,8 @@ def test_the_report_runs_under_the_spark_operator_and_counts_what_the_pods_deliv
     ns = release.namespace
     s3 = s3_client(rgw)
     bucket = f"reported-{uuid.uuid4().hex[:6]}"
-    s3.create_bucket(Bucket=bucket)
-    notify(
-        ckubectl,
-        ns,
-        "reported",
-        {"endpoint": {"http": {"url": receiver.url}}, "persistent": True},
-        "reported",
-        bucket,
-    )
+    spec = {"endpoint": {"http": {"url": receiver.url}}, "persistent": True}
+    notified_bucket(ckubectl, rgw, ns, bucket, "reported", spec, "reported")
     keys = [f"report/{i:03d}" for i in range(30)]
     for key in keys:
         s3.put_object(Bucket=bucket, Key=key, Body=b"x")
@@ -554,16 +413,9 @@ def test_a_namespace_deleted_whole_takes_its_gateway_objects_with_it(
     assert ns in release.watched  # made before the install, which put a Role in it
     s3 = s3_client(rgw)
     bucket = f"gone-{uuid.uuid4().hex[:6]}"
-    s3.create_bucket(Bucket=bucket)
     topic_name = f"{ns}-t"
-    notify(
-        ckubectl,
-        ns,
-        "t",
-        {"name": topic_name, "endpoint": {"http": {"url": "http://127.0.0.1:9/"}}},
-        "n",
-        bucket,
-    )
+    spec = {"name": topic_name, "endpoint": {"http": {"url": "http://127.0.0.1:9/"}}}
+    notified_bucket(ckubectl, rgw, ns, bucket, "t", spec, "n")
     assert s3.get_bucket_notification_configuration(Bucket=bucket).get("TopicConfigurations")
 
     ckubectl.run("delete", "namespace", ns, "--wait=false")
