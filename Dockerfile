@@ -20,11 +20,12 @@ ENV PIP_NO_CACHE_DIR=1 \
 # or the build backend.
 RUN python -m venv /opt/bucketnotify
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md requirements.lock ./
 # The dependencies first, from pyproject.toml alone (the package directories are still empty),
-# so that a change to the code below reuses this layer instead of installing them again.
+# so that a change to the code below reuses this layer instead of installing them again; at
+# the versions of requirements.lock (make lock), those the tests ran with.
 RUN mkdir -p operator/bucketnotify spark/bucketnotify_report \
-    && /opt/bucketnotify/bin/pip install ".${EXTRAS:+[${EXTRAS}]}" \
+    && /opt/bucketnotify/bin/pip install -c requirements.lock ".${EXTRAS:+[${EXTRAS}]}" \
     && /opt/bucketnotify/bin/pip uninstall --yes bucketnotify
 COPY operator/ operator/
 # The report job (bucketnotify_report) is part of the same distribution.
@@ -72,3 +73,13 @@ WORKDIR /var/lib/bucketnotify
 EXPOSE 8085 9090
 ENTRYPOINT ["bucketnotify"]
 CMD ["--help"]
+# Last, so that a new revision changes no layer above: the build passes both
+# (deploy/local/images.sh: the version from pyproject.toml, the revision from git).
+ARG VERSION=unknown
+ARG REVISION=unknown
+LABEL org.opencontainers.image.title="bucketnotify" \
+      org.opencontainers.image.description="Bucket notifications for Ceph RGW-compatible S3 gateways, run the Kubernetes way: operator and delivery service" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.source="https://github.com/bucketnotify/bucketnotify" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}"

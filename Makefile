@@ -35,10 +35,10 @@ COMPAT_TESTS := \
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/.installed: pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,report]'
+	$(BIN)/pip install -q -c requirements.lock -e '.[dev,report]'
 	touch $@
 
 .PHONY: install
@@ -90,6 +90,11 @@ crds-check: install ## fail when crds/ is not what the API models generate
 .PHONY: manifests
 manifests: install tools ## render deploy/base/bucketnotify.yaml from the Helm chart's defaults
 	$(BIN)/python -m tests.install.manifests
+
+.PHONY: lock
+lock: install ## rewrite requirements.lock from pyproject.toml, keeping its pins where they still fit (UPGRADE=1: the newest of everything)
+	$(BIN)/uv pip compile pyproject.toml --extra report --extra dev --python-version 3.11 \
+	  $(if $(UPGRADE),--upgrade) -q -o requirements.lock
 
 .PHONY: test-unit
 test-unit: install ## unit tests only (no services)

@@ -9,6 +9,9 @@ Layers, top to bottom (enforced by ``.importlinter`` in ``make lint``):
 - ``api``: pure models, importing nothing of ours
 """
 
+from importlib.metadata import version
+
 __all__ = ["__version__"]
 
-__version__ = "0.1.0.dev0"
+# pyproject.toml is the one place the version is written; the package is always installed.
+__version__ = version("bucketnotify")

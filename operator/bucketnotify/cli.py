@@ -15,10 +15,11 @@ from typing import Any
 
 import aiohttp
 import kopf
+import shtab
 import uvloop
 from aiohttp import web
 
-from bucketnotify import admin, logs
+from bucketnotify import __version__, admin, logs
 from bucketnotify.admission import PATH as ADMISSION_PATH
 from bucketnotify.admission import serve_admission
 from bucketnotify.apiserver import (
@@ -379,9 +380,26 @@ def _record_writer(
     )
 
 
+def _program() -> str:
+    # Installed as kubectl-bucketnotify too: kubectl runs it as the plugin `kubectl
+    # bucketnotify`, and the usage lines should say what the user typed.
+    if os.path.basename(sys.argv[0]).startswith("kubectl-"):
+        return "kubectl bucketnotify"
+    return "bucketnotify"
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bucketnotify")
+    parser = argparse.ArgumentParser(prog=_program())
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
+    completion = commands.add_parser(
+        "completion",
+        help="print the shell completion script: source <(bucketnotify completion bash)",
+        description="Print the completion script of the bucketnotify command for bash or zsh."
+        " bash: source <(bucketnotify completion bash); zsh: bucketnotify completion zsh >"
+        ' "${fpath[1]}/_bucketnotify".',
+    )
+    completion.add_argument("shell", choices=["bash", "zsh"])
     servers = [
         commands.add_parser(
             "operator", help="reconcile Topics into the gateway (settings: BUCKETNOTIFY_* env)"
@@ -407,6 +425,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command in admin.COMMANDS:
         return admin.run(args)
+    if args.command == "completion":
+        parser.prog = "bucketnotify"  # the script completes the command, not the plugin
+        print(shtab.complete(parser, shell=args.shell))
+        return 0
     log_settings = LogSettings()
     logs.configure(args.log_format or log_settings.format, args.log_level or log_settings.level)
     operator = OperatorSettings()

@@ -15,6 +15,8 @@ This module imports nothing of ours: every layer may use it.
 from __future__ import annotations
 
 import contextlib
+import platform
+from importlib.metadata import version
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -52,12 +54,23 @@ PUSH_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 
 RECONCILE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
+def build_info(registry: CollectorRegistry) -> None:
+    """``bucketnotify_build_info``: what runs, for alerts and dashboards across an upgrade."""
+    Gauge(
+        "bucketnotify_build_info",
+        "1, labelled with the version of bucketnotify and of the Python running it.",
+        ("version", "python"),
+        registry=registry,
+    ).labels(version("bucketnotify"), platform.python_version()).set(1)
+
+
 class DeliveryMetrics:
     """The metrics of one delivery replica."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        build_info(r)
         # Counters are created without the _total suffix so the reference's names stay
         # exactly as they are (prometheus_client exposes "<name>_total" for counters).
         self.event_triggered = Counter(
@@ -249,6 +262,7 @@ class OperatorMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        build_info(r)
         self.reconcile = Counter(
             "bucketnotify_reconcile",
             "Handler runs, by kind (topic, notification), action (change, drift, delete) "

@@ -57,7 +57,10 @@ ALL_OPTIONS: dict[str, Any] = {
         "ingestURL": "http://ingest.example:8085",
         "service": {"type": "NodePort"},
     },
-    "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
+    "metrics": {
+        "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}},
+        "prometheusRule": {"enabled": True, "labels": {"release": "prom"}},
+    },
     "networkPolicy": {
         "enabled": True,
         "ingestFrom": [{"namespaceSelector": {"matchLabels": {"name": "rook-ceph"}}}],
@@ -87,7 +90,14 @@ def helm_binary() -> str:
     return result.stdout.strip().splitlines()[-1]
 
 
+KUBE_VERSION = "1.30.0"
+"""What ``helm template`` renders for, as a user must say: the chart's ``kubeVersion`` is
+1.30 or later, and helm's offline default is 1.20."""
+
+
 def helm(helm_bin: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    if args[:1] == ("template",) and "--kube-version" not in args:
+        args = (*args, "--kube-version", KUBE_VERSION)
     result = subprocess.run(
         [helm_bin, *args], capture_output=True, text=True, timeout=300, check=False
     )

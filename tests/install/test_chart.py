@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from tests.install.manifests import ALL_OPTIONS, CHART, helm, template
+from tests.promql import metric_names, our_series
 
 
 @pytest.fixture()
@@ -423,3 +424,38 @@ def test_webhook_values(helm_bin: str) -> None:
     }
     volumes = {v["name"]: v for v in _container(own, "operator")["pod"]["volumes"]}
     assert volumes["webhook-tls"]["secret"]["secretName"] == "made-by-cert-manager"
+
+
+def test_alerts_ask_series_we_export_and_servicemonitors_keep_our_namespace_label(
+    helm_bin: str, all_options: str
+) -> None:
+    """Each alert of the PrometheusRule parses and asks only series the operator or the
+    delivery service export, scoped to the Topic (``namespace``, ``topic``) where they
+    count events. The ServiceMonitors honour our labels: otherwise Prometheus renames the
+    Topic's ``namespace`` label to ``exported_namespace`` and every alert and dashboard
+    panel groups by the pod's namespace instead."""
+    objs = template(helm_bin, values=[all_options])
+    (rule,) = [o for o in objs if o["kind"] == "PrometheusRule"]
+    assert rule["metadata"]["labels"]["release"] == "prom"
+    alerts = {r["alert"]: r for group in rule["spec"]["groups"] for r in group["rules"]}
+    assert {
+        "BucketNotifyEventsLost",
+        "BucketNotifyEndpointFailing",
+        "BucketNotifyQueueGrowing",
+        "BucketNotifyPartitionsUnowned",
+        "BucketNotifyReconcileErrors",
+    } == set(alerts)
+    exported = our_series()
+    for name, alert in alerts.items():
+        asked = metric_names(alert["expr"])
+        assert asked and asked <= exported, f"{name}: {asked - exported}"
+        assert alert["labels"]["severity"] in {"warning", "critical"}
+        assert alert["annotations"]["summary"] and alert["annotations"]["description"]
+    for name in ("BucketNotifyEventsLost", "BucketNotifyEndpointFailing"):
+        assert "by (namespace, topic)" in alerts[name]["expr"], name
+    assert "by (namespace, topic)" in alerts["BucketNotifyQueueGrowing"]["expr"]
+    assert 'namespace="bucketnotify"' in alerts["BucketNotifyPartitionsUnowned"]["expr"]
+    monitors = [o for o in objs if o["kind"] == "ServiceMonitor"]
+    assert len(monitors) == 2
+    for monitor in monitors:
+        assert all(e["honorLabels"] is True for e in monitor["spec"]["endpoints"])

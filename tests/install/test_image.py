@@ -18,6 +18,8 @@ import zipfile
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 from tests.localservices import REPO
 
@@ -94,12 +96,13 @@ def test_multi_stage_pinned_and_non_root() -> None:
 
 def test_the_only_package_list_is_pyproject() -> None:
     """Nothing is installed by name: the project's dependencies (with the extras the build
-    asks for, which pyproject.toml declares) and then the project itself without them."""
+    asks for, which pyproject.toml declares) at the versions of the lock, and then the
+    project itself without them."""
     steps = instructions()
     runs = [a for w, a in steps if w == "RUN"]
     installs = [m.strip() for run in runs for m in re.findall(r"pip install ([^&;]+)", run)]
-    assert installs == ['".${EXTRAS:+[${EXTRAS}]}"', "--no-deps ."], installs
-    assert not any(re.search(r"apt-get install|apk add|requirements", run) for run in runs)
+    assert installs == ['-c requirements.lock ".${EXTRAS:+[${EXTRAS}]}"', "--no-deps ."]
+    assert not any(re.search(r"apt-get install|apk add|-r ", run) for run in runs)
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
         "optional-dependencies"
     ]
@@ -208,3 +211,47 @@ def test_build_context_installs_exactly_the_declared_dependencies(tmp_path: Path
     assert required == sorted(str(Requirement(d)) for d in declared)
     assert "bucketnotify/cli.py" in names
     assert "bucketnotify = bucketnotify.cli:main" in entry_points
+    assert "kubectl-bucketnotify = bucketnotify.cli:main" in entry_points
+
+
+def test_the_lock_pins_every_dependency_where_pyproject_allows() -> None:
+    """requirements.lock (make lock) pins each dependency of the package, the report job and
+    the developers to one version its specifier takes: the image and .venv install at
+    those versions, the ones the tests ran with."""
+    pins = {
+        canonicalize_name(name): Version(version)
+        for name, version in re.findall(
+            r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", (REPO / "requirements.lock").read_text(), re.M
+        )
+    }
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    optional = project["optional-dependencies"]
+    for declared in [*project["dependencies"], *optional["report"], *optional["dev"]]:
+        requirement = Requirement(declared)
+        if requirement.name == project["name"]:
+            continue
+        pinned = pins.get(canonicalize_name(requirement.name))
+        assert pinned is not None, f"{requirement.name} is not in requirements.lock: make lock"
+        assert requirement.specifier.contains(pinned, prereleases=True), (
+            f"requirements.lock pins {requirement.name} {pinned}, pyproject.toml asks"
+            f" {requirement.specifier}: make lock"
+        )
+
+
+def test_the_image_is_labelled_with_its_version_and_revision_last() -> None:
+    """OCI labels a registry and a scanner read; the version and revision come from the
+    build (deploy/local/images.sh), after every other step so a new revision rebuilds
+    nothing."""
+    steps = stages()[""]
+    labels = dict(re.findall(r'(org\.opencontainers\.image\.[a-z]+)="([^"]*)"', steps[-1][1]))
+    assert steps[-1][0] == "LABEL"
+    assert labels["org.opencontainers.image.version"] == "${VERSION}"
+    assert labels["org.opencontainers.image.revision"] == "${REVISION}"
+    assert (
+        labels["org.opencontainers.image.licenses"]
+        == tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["license"]["text"]
+    )
+    assert {"title", "description", "source"} <= {k.rsplit(".", 1)[1] for k in labels}
+    assert [w for w, _ in steps[-3:-1]] == ["ARG", "ARG"]
+    script = (REPO / "deploy" / "local" / "images.sh").read_text()
+    assert '--build-arg "VERSION=' in script and '--build-arg "REVISION=' in script

@@ -152,9 +152,10 @@ def test_gitops_overlay_applies_and_reapplies_unchanged(kubectl: Kubectl) -> Non
 def test_every_option_passes_a_server_dry_run(
     helm_bin: str, kubectl: Kubectl, namespace: str, tmp_path: Path
 ) -> None:
-    """ServiceMonitor, NetworkPolicy, the Spark report, the dir store's claim, namespaced RBAC:
-    the apiserver accepts each object of a kind it serves; kinds of operators not installed
-    here (Prometheus Operator, Spark operator) are the only ones left out."""
+    """ServiceMonitor, PrometheusRule, NetworkPolicy, the Spark report, the dir store's claim,
+    namespaced RBAC: the apiserver accepts each object of a kind it serves; kinds of
+    operators not installed here (Prometheus Operator, Spark operator) are the only ones
+    left out."""
     values = {**ALL_OPTIONS, "watchNamespaces": [namespace]}
     path = tmp_path / "values.yaml"
     path.write_text(yaml.safe_dump(values))
@@ -165,6 +166,7 @@ def test_every_option_passes_a_server_dry_run(
     left_out = {(group_of(o), o["kind"]) for o in objs} - served
     assert left_out <= {
         ("monitoring.coreos.com", "ServiceMonitor"),
+        ("monitoring.coreos.com", "PrometheusRule"),
         ("sparkoperator.k8s.io", "ScheduledSparkApplication"),
     }, left_out
     out = apply(kubectl, accepted, namespace, "--dry-run=server")

@@ -373,6 +373,74 @@ def test_missing_secret_then_created_resyncs_without_waiting(
     assert gateway_topic(gateway, arn).endpoint_address == "http://127.0.0.1:9/r"
 
 
+def test_a_gateway_secret_as_rook_makes_it_or_with_mapped_keys_is_read_as_it_is(
+    kubectl: Kubectl,
+    namespace: str,
+    start_operator: StartOperator,
+    rgw: LocalService,
+    gateway: TopicClient,
+) -> None:
+    """A Secret exactly as Rook makes it for a CephObjectStoreUser (its type, labels and
+    keys ``Endpoint``, ``AccessKey``, ``SecretKey``) is a gatewayRef as it is; a Secret with
+    other key names is one once ``keys`` maps them; a Secret with neither says what it
+    lacks."""
+    start_operator()
+    kubectl.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {
+                "name": "rook-ceph-object-user-my-store-team",
+                "namespace": namespace,
+                "labels": {
+                    "app": "rook-ceph-rgw",
+                    "user": "team",
+                    "rook_cluster": namespace,
+                    "rook_object_store": "my-store",
+                },
+            },
+            "type": "kubernetes.io/rook",
+            "stringData": {
+                "AccessKey": rgw["RGW_ACCESS_KEY"],
+                "SecretKey": rgw["RGW_SECRET_KEY"],
+                "Endpoint": rgw["RGW_ENDPOINT"],
+            },
+        }
+    )
+    kubectl.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "keys-of-its-own", "namespace": namespace},
+            "stringData": {
+                "url": rgw["RGW_ENDPOINT"],
+                "id": rgw["RGW_ACCESS_KEY"],
+                "key": rgw["RGW_SECRET_KEY"],
+            },
+        }
+    )
+    refs = {
+        "rook": {"secretName": "rook-ceph-object-user-my-store-team"},
+        "mapped": {
+            "secretName": "keys-of-its-own",
+            "keys": {"endpoint": "url", "accessKey": "id", "secretKey": "key"},
+        },
+        "unmapped": {"secretName": "keys-of-its-own"},
+    }
+    for name, ref in refs.items():
+        spec = {"endpoint": {"http": {"url": f"http://127.0.0.1:9/{name}"}}, "gatewayRef": ref}
+        kubectl.apply({**topic(name, spec), "metadata": {"name": name, "namespace": namespace}})
+    for name in ("rook", "mapped"):
+        arn = ready(kubectl, namespace, name)["arn"]
+        assert gateway_topic(gateway, arn).endpoint_address == f"http://127.0.0.1:9/{name}"
+    (condition,) = ready(kubectl, namespace, "unmapped", status="False")["conditions"]
+    assert condition["reason"] == "SecretNotFound"
+    assert condition["message"] == (
+        f"gateway Secret {namespace}/keys-of-its-own lacks endpoint, accessKey, secretKey"
+        " (or Rook's Endpoint, AccessKey, SecretKey)"
+    )
+
+
 def test_a_secret_created_after_its_topic_is_read_labelled_and_then_watched(
     kubectl: Kubectl,
     namespace: str,

@@ -19,9 +19,9 @@ import pytest
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.cog.plugins import register_default_plugins
 from grafana_foundation_sdk.models.dashboard import Dashboard, Panel, RowPanel
-from prometheus_client import CollectorRegistry
 
 from bucketnotify.metrics import DeliveryMetrics, OperatorMetrics
+from tests.promql import exported_names, metric_names
 
 DASHBOARD = Path(__file__).parents[2] / "deploy" / "grafana" / "bucketnotify-dashboard.json"
 COLUMNS = 24
@@ -47,29 +47,6 @@ def queries(dashboard: dict[str, Any]) -> list[str]:
     exprs = [t["expr"] for p in panels(dashboard) for t in p["targets"]]
     exprs += [v["query"]["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
     return exprs
-
-
-def exported_names(registry: CollectorRegistry) -> set[str]:
-    """Every series name a registry exposes, from its metric families' types."""
-    suffixes = {
-        "counter": ("_total", "_created"),
-        "gauge": ("",),
-        "histogram": ("_bucket", "_sum", "_count", "_created"),
-    }
-    return {
-        family.name + suffix for family in registry.collect() for suffix in suffixes[family.type]
-    }
-
-
-def metric_names(expr: str) -> set[str]:
-    names: set[str] = set()
-
-    def visit(node: promql_parser.Expr, *_: object) -> None:
-        if isinstance(node, promql_parser.VectorSelector) and node.name:
-            names.add(node.name)
-
-    promql_parser.walk(promql_parser.parse(expr), visit)
-    return names
 
 
 def not_kept(given: Any, encoded: Any, path: str = "") -> list[str]:

@@ -56,15 +56,40 @@ class CredentialsRef(Model):
     """Key of the password in the Secret."""
 
 
+class GatewaySecretKeys(Model):
+    """The key names of a gateway Secret made by another tool, where they differ from ours."""
+
+    endpoint: str = Field(default="endpoint", min_length=1, max_length=253)
+    """Key of the gateway's URL."""
+    access_key: str = Field(default="accessKey", min_length=1, max_length=253)
+    """Key of the access key."""
+    secret_key: str = Field(default="secretKey", min_length=1, max_length=253)
+    """Key of the secret key."""
+    region: str = Field(default="region", min_length=1, max_length=253)
+    """Key of the region (the zonegroup name); optional in the Secret."""
+
+
+ROOK_USER_SECRET_KEYS = GatewaySecretKeys(
+    endpoint="Endpoint",
+    access_key="AccessKey",
+    secret_key="SecretKey",  # noqa: S106  # a key name, not a secret
+)
+"""The keys of the Secret Rook makes for a CephObjectStoreUser."""
+
+
 class GatewayRef(Model):
     """Which gateway and whose credentials, overriding the operator's default connection.
 
     The Secret holds `endpoint` (URL of the gateway), `accessKey`, `secretKey` and
-    optionally `region` (the zonegroup name).
+    optionally `region` (the zonegroup name). A Secret Rook made for a CephObjectStoreUser
+    (`Endpoint`, `AccessKey`, `SecretKey`) is read as it is; for other key names, set
+    `keys`.
     """
 
     secret_name: str = Field(min_length=1, max_length=253)
     """Name of the Secret in the object's namespace."""
+    keys: GatewaySecretKeys | None = None
+    """The Secret's key names, where they are neither ours nor Rook's."""
 
 
 ConditionStatus = Literal["True", "False", "Unknown"]

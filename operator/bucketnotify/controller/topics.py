@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ValidationError
 
-from bucketnotify.api.common import GatewayRef
+from bucketnotify.api.common import ROOK_USER_SECRET_KEYS, GatewayRef, GatewaySecretKeys
 from bucketnotify.api.topic import PERSISTENT_NAME_MAX, PERSISTENT_NAME_MESSAGE, TopicSpec
 from bucketnotify.controller.conditions import ready_status
 from bucketnotify.controller.topic_builder import (
@@ -97,16 +97,33 @@ class NotReconcilable(Exception):
         self.retry = retry
 
 
+def gateway_secret_keys(ref: GatewayRef, data: dict[str, str]) -> GatewaySecretKeys:
+    """The key names to read: those ``ref`` gives, else ours, else Rook's where the Secret
+    has Rook's (a CephObjectStoreUser's Secret) and none of ours."""
+    if ref.keys is not None:
+        return ref.keys
+    ours = GatewaySecretKeys()
+    rooks = ROOK_USER_SECRET_KEYS
+    if ours.endpoint not in data and all(
+        k in data for k in (rooks.endpoint, rooks.access_key, rooks.secret_key)
+    ):
+        return rooks
+    return ours
+
+
 async def gateway_connection(
     kube: Kube, namespace: str, ref: GatewayRef | None, settings: OperatorSettings
 ) -> GatewayConnection:
     """The connection named by ``ref``, or the operator's default one."""
     if ref is not None:
         data = await kube.secret_data(namespace, ref.secret_name)
-        missing = [k for k in ("endpoint", "accessKey", "secretKey") if not data.get(k)]
+        keys = gateway_secret_keys(ref, data)
+        wanted = (keys.endpoint, keys.access_key, keys.secret_key)
+        missing = [k for k in wanted if not data.get(k)]
         if missing:
             raise SecretMissing(
                 f"gateway Secret {namespace}/{ref.secret_name} lacks {', '.join(missing)}"
+                + ("" if ref.keys else " (or Rook's Endpoint, AccessKey, SecretKey)")
             )
         kind = data.get("kind") or "ceph"
         if kind not in GATEWAY_KINDS:
@@ -116,10 +133,10 @@ async def gateway_connection(
                 f" {', '.join(GATEWAY_KINDS)}, not {kind!r}",
             )
         return GatewayConnection(
-            data["endpoint"],
-            data["accessKey"],
-            data["secretKey"],
-            data.get("region", "default"),
+            data[keys.endpoint],
+            data[keys.access_key],
+            data[keys.secret_key],
+            data.get(keys.region) or "default",
             kind,
         )
     if not (
