@@ -201,6 +201,21 @@ class PlainFormatter(logging.Formatter):
         return super().format(record)
 
 
+class RetriedAtWarning(logging.Filter):
+    """kopf logs a handler's retried failure ("failed temporarily") at ERROR, though it is
+    an expected wait (a Topic not Ready yet) that its retry handles: a WARNING, as every
+    other transient failure of ours is. Its last retry and its permanent failures stay
+    ERROR: those need a person."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.ERROR and _RETRIED.search(str(record.msg)):
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+_RETRIED = re.compile(r" failed temporarily: ")
+
+
 class _Handler(logging.StreamHandler[TextIO]):
     """Ours, so a second ``configure`` replaces it instead of adding another."""
 
@@ -220,6 +235,9 @@ def configure(
     root = logging.getLogger()
     root.handlers[:] = [h for h in root.handlers if not isinstance(h, _Handler)]
     root.addHandler(handler)
+    kopf_objects = logging.getLogger("kopf.objects")
+    if not any(isinstance(f, RetriedAtWarning) for f in kopf_objects.filters):
+        kopf_objects.addFilter(RetriedAtWarning())
     root.setLevel(level.upper())
     # httpx logs every request URL at INFO, and a webhook URL often carries its own token:
     # only its warnings are worth a line, and only at DEBUG do we want the rest.

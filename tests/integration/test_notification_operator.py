@@ -311,6 +311,15 @@ def test_missing_bucket_and_unready_topic_wait_then_recover(
     s3.create_bucket(Bucket=later)
     condition(kubectl, namespace, "bucketnotification", "early")
     assert notifications.get(later, "early") is not None
+    # Each wait was a retry kopf logs as "failed temporarily": an expected wait is a
+    # WARNING, never an ERROR (kopf's own level), so that ERROR means "needs a person".
+    waits = [
+        json.loads(line)
+        for line in operator.log().splitlines()
+        if "failed temporarily" in line and f'"namespace": "{namespace}"' in line
+    ]
+    assert waits, "no retried wait in the operator's log"
+    assert {wait["severity"] for wait in waits} == {"warning"}
 
 
 def test_credentials_that_do_not_own_the_bucket_say_so(

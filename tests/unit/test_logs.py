@@ -219,3 +219,21 @@ def test_plain_format_prefixes_the_object_and_redacts() -> None:
         root.setLevel(saved_level)
     line = stream.getvalue().strip()
     assert line.endswith(" INFO kopf.objects: [ns/t] token=*** seen")
+
+
+def test_a_retried_kopf_handler_failure_is_a_warning_and_its_last_retry_an_error(
+    captured: tuple[logging.Logger, io.StringIO],
+) -> None:
+    """kopf's own words (kopf/_core/actions/execution.py) for a TemporaryError: retried is
+    a WARNING; retried no more, or failed for good, stays an ERROR."""
+    _, stream = captured
+    kopf_objects = logging.getLogger("kopf.objects")
+    handler = "Handler 'notification_created'"
+    kopf_objects.error(f"{handler} failed temporarily: Topic ns/t is not Ready yet")
+    kopf_objects.error(
+        f"{handler} failed temporarily but will exceed 5 retries: Topic ns/t is not Ready yet"
+    )
+    kopf_objects.error(f"{handler} failed permanently: spec is invalid at: bucket")
+    retried, last, permanent = lines(stream)
+    assert retried["severity"] == "warning"
+    assert last["severity"] == "error" and permanent["severity"] == "error"
