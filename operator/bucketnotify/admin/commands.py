@@ -2,6 +2,7 @@
 
     bucketnotify topic list|get|rm|stats|dump
     bucketnotify notification list|get
+    bucketnotify import rook -f FILE   (offline: Rook's notification objects as ours)
 
 Their arguments, what each does, and the exit code: decided in ``run`` alone, from the kind
 of ``AdminError`` (see ``errors``). A command returns what it prints, so nothing reaches the
@@ -19,8 +20,12 @@ import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
+
+from bucketnotify.admin import rook
 from bucketnotify.admin.cluster import (
     Cluster,
     Kind,
@@ -46,7 +51,7 @@ from bucketnotify.delivery.queue import QueueName
 
 __all__ = ["COMMANDS", "EPILOG", "register", "run"]
 
-COMMANDS = ("topic", "notification")
+COMMANDS = ("topic", "notification", "import")
 
 EPILOG = """\
 exit codes:
@@ -78,6 +83,8 @@ class Done:
     """For stdout: the answer."""
     note: str = ""
     """For stderr: a remark beside it (that a list is empty)."""
+    code: int = 0
+    """The exit code: 1 when part of the answer could not be given (``note`` says why)."""
 
 
 # --- arguments ------------------------------------------------------------------------------
@@ -168,7 +175,8 @@ def _list_and_get(actions: Actions, kind: Kind, common: argparse.ArgumentParser)
 
 
 def register(commands: Actions) -> None:
-    """Add ``topic`` and ``notification`` to the ``bucketnotify`` command's subcommands."""
+    """Add ``topic``, ``notification`` and ``import`` to the ``bucketnotify`` command's
+    subcommands."""
     common = _common()
 
     topic = _group(commands, "topic", "Topics and the persistent queues of the delivery service")
@@ -208,6 +216,31 @@ def register(commands: Actions) -> None:
 
     notification = _group(commands, "notification", "BucketNotifications")
     _list_and_get(notification, "notification", common)
+
+    imports = _group(commands, "import", "our objects for another tool's, printed as YAML")
+    from_rook = imports.add_parser(
+        "rook",
+        help="Topics and BucketNotifications for Rook's CephBucketTopics and"
+        " CephBucketNotifications (offline: reads files, not the cluster)",
+        description="Print a Topic for each CephBucketTopic and a BucketNotification for each"
+        " bucket a CephBucketNotification is bound to (through the labels of the"
+        " ObjectBucketClaims in the input). What cannot be converted is named on stderr and"
+        " the exit code is 1. Example: kubectl get cephbuckettopics,cephbucketnotifications,obc"
+        " -n team-a -o yaml | bucketnotify import rook -f - > bucketnotify.yaml",
+    )
+    from_rook.add_argument(
+        "-f",
+        "--filename",
+        action="append",
+        required=True,
+        help="YAML of Rook's objects and the claims they bind ('-' for stdin); repeatable",
+    )
+    from_rook.add_argument(
+        "--gateway-secret",
+        metavar="NAME",
+        help="gatewayRef of every Topic: a Secret of the object store's user (Rook's"
+        " CephObjectStoreUser Secret works as it is); default: the operator's gateway",
+    )
 
 
 # --- the commands ---------------------------------------------------------------------------
@@ -292,6 +325,26 @@ async def topic_dump(args: argparse.Namespace) -> Done:
     return Done(document([dump_entry(shard, entry) for shard, entry in found], "json"))
 
 
+def _yaml_documents(names: list[str]) -> list[Any]:
+    documents: list[Any] = []
+    for name in names:
+        try:
+            text = sys.stdin.read() if name == "-" else Path(name).read_text()
+            documents += list(yaml.safe_load_all(text))
+        except OSError as exc:
+            raise AdminError(f"cannot read {name}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise AdminError(f"{name} is not YAML: {exc}") from None
+    return documents
+
+
+async def import_rook(args: argparse.Namespace) -> Done:
+    done = rook.convert(_yaml_documents(args.filename), args.gateway_secret)
+    out = yaml.safe_dump_all(done.objects, sort_keys=False) if done.objects else ""
+    note = "".join(f"warning: {problem}\n" for problem in done.problems)
+    return Done(out, note, 1 if done.problems else 0)
+
+
 HANDLERS: dict[tuple[str, str], Callable[[argparse.Namespace], Coroutine[Any, Any, Done]]] = {
     ("topic", "list"): partial(_list, "topic"),
     ("topic", "get"): partial(_get, "topic"),
@@ -300,6 +353,7 @@ HANDLERS: dict[tuple[str, str], Callable[[argparse.Namespace], Coroutine[Any, An
     ("topic", "dump"): topic_dump,
     ("notification", "list"): partial(_list, "notification"),
     ("notification", "get"): partial(_get, "notification"),
+    ("import", "rook"): import_rook,
 }
 
 
@@ -319,4 +373,4 @@ def run(args: argparse.Namespace) -> int:
         # `... | head` read what it wanted: not a failure. The interpreter flushes stdout
         # once more at exit, so point it somewhere that takes the rest.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    return 0
+    return done.code
