@@ -208,12 +208,9 @@ class RetriedAtWarning(logging.Filter):
     ERROR: those need a person."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno == logging.ERROR and _RETRIED.search(str(record.msg)):
+        if record.levelno == logging.ERROR and " failed temporarily: " in str(record.msg):
             record.levelno, record.levelname = logging.WARNING, "WARNING"
         return True
-
-
-_RETRIED = re.compile(r" failed temporarily: ")
 
 
 class _Handler(logging.StreamHandler[TextIO]):

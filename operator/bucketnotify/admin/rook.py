@@ -71,12 +71,8 @@ def _meta(item: dict[str, Any], name: str | None = None) -> dict[str, Any]:
 
 def _where(item: dict[str, Any]) -> str:
     meta = item.get("metadata") or {}
-    name = meta.get("name", "?")
-    return (
-        f"{item.get('kind')} {meta['namespace']}/{name}"
-        if meta.get("namespace")
-        else (f"{item.get('kind')} {name}")
-    )
+    namespace = f"{meta['namespace']}/" if meta.get("namespace") else ""
+    return f"{item.get('kind')} {namespace}{meta.get('name', '?')}"
 
 
 def _topic(item: dict[str, Any], gateway_secret: str | None, done: Conversion) -> None:
