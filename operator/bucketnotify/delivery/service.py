@@ -94,6 +94,7 @@ from bucketnotify.delivery.worker import (
     EventOutcome,
     RoundCutShort,
     RoundResult,
+    judge,
     process_shard,
 )
 from bucketnotify.event_recorder import EventRecorder
@@ -817,20 +818,22 @@ class DeliveryService:
         else:
             endpoint = _Metered(runtime.endpoint, self.metrics, queue)
             (outcome,) = await endpoint.send([Delivery(entry.id, record, body)])
-            acked_at = time.time()
-            if outcome.ok:
+            verdict = judge(entry, record, outcome, time.time())
+            if verdict.outcome is Outcome.DELIVERED:
                 result.delivered = 1
-                result.latencies.append(acked_at - ingest_time)
+                result.latencies.append(verdict.at - ingest_time)
                 delivered.add(event_id)
-                result.outcomes.append(EventOutcome(Outcome.DELIVERED, entry, record, 1, acked_at))
+                result.outcomes.append(verdict)
                 self._save_soon(runtime, shard, delivered)
-            elif outcome.retryable or not await self._drop(runtime, entry, record, outcome, result):
+            elif verdict.outcome is Outcome.FAILED or not await self._drop(
+                runtime, verdict, result
+            ):
                 # Recorded once it is queued (``queued``), with the ingest time it gets there.
                 result.failed = 1
-                if outcome.error:
-                    result.errors.append(outcome.error)
-                self._direct_failed[(queue, shard, event_id)] = EventOutcome(
-                    Outcome.FAILED, entry, record, 1, acked_at, outcome.error
+                if verdict.error:
+                    result.errors.append(verdict.error)
+                self._direct_failed[(queue, shard, event_id)] = replace(
+                    verdict, outcome=Outcome.FAILED
                 )
         self._count(queue, result)
         self.events.round_done(queue, result)
@@ -850,12 +853,7 @@ class DeliveryService:
         return not result.failed
 
     async def _drop(
-        self,
-        runtime: TopicRuntime,
-        entry: Entry,
-        record: dict[str, Any],
-        outcome: PushOutcome,
-        result: RoundResult,
+        self, runtime: TopicRuntime, refused: EventOutcome, result: RoundResult
     ) -> bool:
         """A direct push that retrying cannot help: the event goes to the dead-letter topic,
         or is lost, as a round would drop it; False when the dead-letter topic refuses it
@@ -866,7 +864,7 @@ class DeliveryService:
             dropped = Outcome.REJECTED
         else:
             try:
-                await sink([entry])
+                await sink([refused.entry])
             except Exception as exc:
                 log.warning(
                     "%s: dead-letter topic refused an undeliverable event, queueing it: %s",
@@ -877,9 +875,9 @@ class DeliveryService:
             result.dead_lettered = 1
             dropped = Outcome.DEAD_LETTERED
         result.rejected = 1
-        if outcome.error:
-            result.errors.append(outcome.error)
-        result.outcomes.append(EventOutcome(dropped, entry, record, 1, time.time(), outcome.error))
+        if refused.error:
+            result.errors.append(refused.error)
+        result.outcomes.append(replace(refused, outcome=dropped, at=time.time()))
         return True
 
     async def queued(self, queue: QueueName, shard: int, event_id: str, committed: bool) -> None:

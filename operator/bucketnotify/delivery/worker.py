@@ -46,6 +46,8 @@ __all__ = [
     "EventOutcome",
     "RoundCutShort",
     "RoundResult",
+    "expiry",
+    "judge",
     "process_shard",
 ]
 
@@ -161,7 +163,18 @@ class DeliveredCache:
         return list(islice(reversed(self._ids), count))[::-1]
 
 
-def _expiry(entry: Entry, policy: DeliveryPolicy, now: float) -> str | None:
+def judge(entry: Entry, record: dict[str, Any], outcome: PushOutcome, at: float) -> EventOutcome:
+    """What one push made of its event: the one decision of the rounds and of the direct
+    path. DELIVERED; FAILED when another attempt may succeed (the entry waits for it);
+    REJECTED when retrying cannot help (e.g. too large for the broker), which the caller
+    drops at once: to the dead-letter topic if it takes it, else lost."""
+    if outcome.ok:
+        return EventOutcome(Outcome.DELIVERED, entry, record, entry.attempts + 1, at)
+    kind = Outcome.FAILED if outcome.retryable else Outcome.REJECTED
+    return EventOutcome(kind, entry, record, entry.attempts + 1, at, outcome.error)
+
+
+def expiry(entry: Entry, policy: DeliveryPolicy, now: float) -> str | None:
     """Why ``entry`` has expired, or None while it has not."""
     if policy.time_to_live_s and now - entry.ingest_time > policy.time_to_live_s:
         return f"timeToLive of {policy.time_to_live_s} s passed"
@@ -232,7 +245,7 @@ async def process_shard(
             result.duplicates += 1
             remove.append(entry.id)
             drops[entry.id] = EventOutcome(Outcome.DUPLICATE, entry, record, entry.attempts, now)
-        elif reason := _expiry(entry, policy, now):
+        elif reason := expiry(entry, policy, now):
             result.expired += 1
             dropped.append(entry)
             drops[entry.id] = EventOutcome(
@@ -256,35 +269,25 @@ async def process_shard(
         account(outcome, by_id)
 
     def account(outcome: PushOutcome, by_id: dict[str, tuple[Entry, dict[str, Any]]]) -> None:
-        acked_at = time.time()
         entry, record = by_id[outcome.id]
-        attempts = entry.attempts + 1
-        if outcome.ok:
+        verdict = judge(entry, record, outcome, time.time())
+        if verdict.error:
+            result.errors.append(verdict.error)
+        if verdict.outcome is Outcome.DELIVERED:
             result.delivered += 1
-            result.latencies.append(max(0.0, acked_at - entry.ingest_time))
+            result.latencies.append(max(0.0, verdict.at - entry.ingest_time))
             remove.append(entry.id)
             delivered.add(entry.event_id)
-            result.outcomes.append(
-                EventOutcome(Outcome.DELIVERED, entry, record, attempts, acked_at)
-            )
-        elif not outcome.retryable:
-            # Retrying cannot help (e.g. too large for the broker): drop it as lost, and
-            # keep the object's later events waiting no longer.
+            result.outcomes.append(verdict)
+        elif verdict.outcome is Outcome.REJECTED:
+            # Dropped at the round's end; the object's later events wait for it no longer.
             result.expired += 1
             result.rejected += 1
             dropped.append(entry)
-            if outcome.error:
-                result.errors.append(outcome.error)
-            drops[entry.id] = refusals[entry.id] = EventOutcome(
-                Outcome.REJECTED, entry, record, attempts, acked_at, outcome.error
-            )
+            drops[entry.id] = refusals[entry.id] = verdict
         else:
             result.failed += 1
-            if outcome.error:
-                result.errors.append(outcome.error)
-            result.outcomes.append(
-                EventOutcome(Outcome.FAILED, entry, record, attempts, acked_at, outcome.error)
-            )
+            result.outcomes.append(verdict)
             blocked.add(object_of(record))
             retry.append(
                 Entry(
