@@ -5,7 +5,7 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from bucketnotify.controller.topic_builder import ingest_token_secret
+from bucketnotify.api.topic import ingest_token_secret
 from tests.kubectl import Kubectl
 from tests.waiting import wait_until
 

@@ -8,11 +8,10 @@ from typing import Any
 
 import pytest
 
-from bucketnotify.api.topic import TopicSpec
+from bucketnotify.api.topic import TopicSpec, broker_cleartext_refusal
 from bucketnotify.controller.topic_builder import (
     Credentials,
     TopicBuildError,
-    broker_cleartext_refusal,
     gateway_attributes,
 )
 

@@ -278,3 +278,44 @@ class Topic(Model):
 
     spec: TopicSpec
     status: TopicStatus | None = None
+
+
+# --- rules of a Topic both the operator and the delivery service apply --------------------
+
+INGEST_TOKEN_KEY = "token"  # noqa: S105 - the key name in the Secret, not a secret
+PREVIOUS_TOKEN_KEY = "previous-token"  # noqa: S105 - a key name, as above
+"""Also taken by the ingest while the Secret holds it: set by whoever rotates the token, for
+pushes the gateway queued with the old push-endpoint (docs/operator.md, token rotation)."""
+
+
+def ingest_token_secret(name: str) -> str:
+    """The Secret holding the ingest token of persistent Topic ``name``."""
+    return f"{name}{INGEST_TOKEN_SUFFIX}"
+
+
+def endpoint_topic_name(metadata_name: str, spec: TopicSpec) -> str:
+    """The AMQP routing key or Kafka topic our delivery service uses for a persistent Topic.
+
+    Deliberately not namespace-qualified: it names something on the user's own broker, and
+    changing it would silently route existing Topics' events elsewhere."""
+    return spec.endpoint_topic or spec.name or metadata_name
+
+
+def broker_cleartext_refusal(spec: TopicSpec) -> str | None:
+    """Why broker credentials of ``spec`` would cross a transport without TLS, or None.
+
+    Shared by the operator (it refuses the Topic) and the delivery service (it refuses to
+    connect): a Topic edited to a plain URL after the operator accepted it must not make
+    the delivery service send the password in the clear before the operator reacts."""
+    endpoint = spec.endpoint
+    if endpoint.amqp is not None and not endpoint.amqp.url.startswith("amqps://"):
+        kind = "AMQP"
+    elif endpoint.kafka is not None and not endpoint.kafka.use_ssl:
+        kind = "Kafka"
+    else:
+        return None
+    return (
+        f"{kind} credentials would cross a transport without TLS: use "
+        + ("an amqps:// url" if kind == "AMQP" else "useSSL: true")
+        + " or ask the operator's admin to allow cleartext secrets"
+    )

@@ -21,6 +21,7 @@ from typing import Any, Literal, TypeVar, cast
 import kopf
 
 from bucketnotify.api.common import GROUP, VERSION
+from bucketnotify.api.topic import ingest_token_secret
 from bucketnotify.apiserver import ApiError
 from bucketnotify.controller.conditions import ready_condition
 from bucketnotify.controller.drift_loop import DriftLoop
@@ -35,7 +36,6 @@ from bucketnotify.controller.topic_builder import (
     NameClaim,
     arn_topic_name,
     gateway_scope,
-    ingest_token_secret,
     referenced_secrets,
     wanted_gateway_topic_name,
 )

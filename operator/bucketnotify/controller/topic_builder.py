@@ -16,17 +16,16 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from bucketnotify.api.topic import (
     CLOUD_EVENTS_NEED_PERSISTENT,
-    INGEST_TOKEN_SUFFIX,
     AmqpEndpoint,
     KafkaEndpoint,
     TopicSpec,
+    broker_cleartext_refusal,
 )
 from bucketnotify.gateway.release import GatewayRelease
 
 __all__ = [
     "GATEWAY_TOPIC_NAME",
     "OWNER",
-    "PREVIOUS_TOKEN_KEY",
     "QUEUE_WITHOUT_LIMITS",
     "Credentials",
     "NameClaim",
@@ -35,12 +34,10 @@ __all__ = [
     "check_gateway_name",
     "default_gateway_topic_name",
     "differences",
-    "endpoint_topic_name",
     "gateway_attributes",
     "gateway_scope",
     "gateway_topic_name",
     "ingest_endpoint",
-    "ingest_token_secret",
     "name_owner",
     "referenced_secrets",
     "wanted_gateway_topic_name",
@@ -107,14 +104,6 @@ def check_gateway_name(name: str, release: GatewayRelease | None) -> None:
 def arn_topic_name(arn: str) -> str:
     """The topic name an ARN (``arn:aws:sns:<zonegroup>:<tenant>:<name>``) ends with."""
     return arn.rsplit(":", 1)[-1]
-
-
-def endpoint_topic_name(metadata_name: str, spec: TopicSpec) -> str:
-    """The AMQP routing key or Kafka topic our delivery service uses for a persistent Topic.
-
-    Deliberately not namespace-qualified: it names something on the user's own broker, and
-    changing it would silently route existing Topics' events elsewhere."""
-    return spec.endpoint_topic or spec.name or metadata_name
 
 
 def wanted_gateway_topic_name(
@@ -227,26 +216,6 @@ def _refuse_cleartext(
         )
 
 
-def broker_cleartext_refusal(spec: TopicSpec) -> str | None:
-    """Why broker credentials of ``spec`` would cross a transport without TLS, or None.
-
-    Shared by the operator (it refuses the Topic) and the delivery service (it refuses to
-    connect): a Topic edited to a plain URL after the operator accepted it must not make
-    the delivery service send the password in the clear before the operator reacts."""
-    endpoint = spec.endpoint
-    if endpoint.amqp is not None and not endpoint.amqp.url.startswith("amqps://"):
-        kind = "AMQP"
-    elif endpoint.kafka is not None and not endpoint.kafka.use_ssl:
-        kind = "Kafka"
-    else:
-        return None
-    return (
-        f"{kind} credentials would cross a transport without TLS: use "
-        + ("an amqps:// url" if kind == "AMQP" else "useSSL: true")
-        + " or ask the operator's admin to allow cleartext secrets"
-    )
-
-
 def _amqp(amqp: AmqpEndpoint, credentials: Credentials | None, allow: bool) -> dict[str, str]:
     secure = amqp.url.startswith("amqps://")
     _refuse_cleartext("AMQP", secure, credentials, allow)
@@ -275,17 +244,6 @@ def _kafka(kafka: KafkaEndpoint, credentials: Credentials | None, allow: bool) -
     if kafka.sasl is not None:
         attributes["mechanism"] = kafka.sasl.mechanism
     return attributes
-
-
-INGEST_TOKEN_KEY = "token"  # noqa: S105 - the key name in the Secret, not a secret
-PREVIOUS_TOKEN_KEY = "previous-token"  # noqa: S105 - a key name, as above
-"""Also taken by the ingest while the Secret holds it: set by whoever rotates the token, for
-pushes the gateway queued with the old push-endpoint (docs/operator.md, token rotation)."""
-
-
-def ingest_token_secret(name: str) -> str:
-    """The Secret holding the ingest token of persistent Topic ``name``."""
-    return f"{name}{INGEST_TOKEN_SUFFIX}"
 
 
 def ingest_endpoint(ingest_url: str, namespace: str, name: str, token: str) -> str:

@@ -16,11 +16,16 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ValidationError
 
 from bucketnotify.api.common import ROOK_USER_SECRET_KEYS, GatewayRef, GatewaySecretKeys
-from bucketnotify.api.topic import PERSISTENT_NAME_MAX, PERSISTENT_NAME_MESSAGE, TopicSpec
+from bucketnotify.api.topic import (
+    INGEST_TOKEN_KEY,
+    PERSISTENT_NAME_MAX,
+    PERSISTENT_NAME_MESSAGE,
+    TopicSpec,
+    ingest_token_secret,
+)
 from bucketnotify.controller.conditions import ready_status
 from bucketnotify.controller.topic_builder import (
     GATEWAY_TOPIC_NAME,
-    INGEST_TOKEN_KEY,
     OWNER,
     PUSH_ENDPOINT,
     Credentials,
@@ -32,7 +37,6 @@ from bucketnotify.controller.topic_builder import (
     gateway_attributes,
     gateway_topic_name,
     ingest_endpoint,
-    ingest_token_secret,
 )
 from bucketnotify.gateway.connection import GATEWAY_KINDS, GatewayConnection
 from bucketnotify.gateway.errors import (

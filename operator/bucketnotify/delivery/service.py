@@ -67,15 +67,15 @@ from typing import Any, Self
 from aiohttp import web
 
 from bucketnotify.api.common import GROUP, VERSION
-from bucketnotify.api.topic import TopicSpec
-from bucketnotify.apiserver import ApiClient, ApiError, log_retried, object_path
-from bucketnotify.controller.topic_builder import (
+from bucketnotify.api.topic import (
     INGEST_TOKEN_KEY,
     PREVIOUS_TOKEN_KEY,
+    TopicSpec,
     broker_cleartext_refusal,
     endpoint_topic_name,
     ingest_token_secret,
 )
+from bucketnotify.apiserver import ApiClient, ApiError, log_retried, object_path
 from bucketnotify.delivery.direct import ShardGate
 from bucketnotify.delivery.endpoints.base import Delivery, Endpoint, PushOutcome, object_of
 from bucketnotify.delivery.endpoints.errors import ConfigurationError
