@@ -20,7 +20,7 @@ import pytest
 
 from tests.cluster.pods import Release, Upgrade, describe, describe_all
 from tests.cluster.uploads import Uploads, notified_bucket
-from tests.install.manifests import CHART, helm
+from tests.install.manifests import CHART, PREVIOUS_RELEASE, helm
 from tests.kubectl import Kubectl
 from tests.localservices import LOCAL, LocalService, start, stop
 from tests.receivers import RecordingHttpServer
@@ -28,10 +28,6 @@ from tests.tcpproxy import TcpProxy
 
 # helm --wait: five pods start at once on two cores, each importing kopf or aiohttp.
 INSTALL_TIMEOUT = "6m"
-PREVIOUS_RELEASE = "c11807d139c0a95529e1d4a50cf8bea43cf659c7"
-"""The release our users run before this one: its chart and image (built from this commit
-as its release was) are installed first, and upgraded to ours under a stream of uploads.
-Moved on at each release (CHANGELOG.md)."""
 
 
 @pytest.fixture(scope="session")

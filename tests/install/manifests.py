@@ -90,6 +90,12 @@ def helm_binary() -> str:
     return result.stdout.strip().splitlines()[-1]
 
 
+PREVIOUS_RELEASE = "c11807d139c0a95529e1d4a50cf8bea43cf659c7"
+"""The release our users run before this one. The cluster tier installs its chart and image
+(built from this commit as its release was) and upgrades them to ours under a stream of
+uploads; the chart tests render ours with its values alone, as `helm upgrade
+--reuse-values` does. Moved on at each release (CHANGELOG.md)."""
+
 KUBE_VERSION = "1.30.0"
 """What ``helm template`` renders for, as a user must say: the chart's ``kubeVersion`` is
 1.30 or later, and helm's offline default is 1.20."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.install.manifests import ALL_OPTIONS, CHART, helm, template
+from tests.install.manifests import ALL_OPTIONS, CHART, PREVIOUS_RELEASE, helm, template
 from tests.promql import metric_names, our_series
 
 
@@ -459,3 +460,29 @@ def test_alerts_ask_series_we_export_and_servicemonitors_keep_our_namespace_labe
     assert len(monitors) == 2
     for monitor in monitors:
         assert all(e["honorLabels"] is True for e in monitor["spec"]["endpoints"])
+
+
+def test_an_upgrade_reusing_the_previous_releases_values_renders(
+    helm_bin: str, tmp_path: Path
+) -> None:
+    """`helm upgrade --reuse-values` renders our templates with the previous release's
+    values alone: a value added since has no default then, and a template that reads it
+    unguarded fails the upgrade (a PrometheusRule template did: "nil pointer evaluating
+    interface {}.enabled"). Rendered here as helm does it, with the chart's values.yaml
+    replaced by the previous release's."""
+    chart = tmp_path / "bucketnotify"
+    shutil.copytree(CHART, chart)
+    previous = subprocess.run(
+        ["git", "show", f"{PREVIOUS_RELEASE}:charts/bucketnotify/values.yaml"],
+        cwd=CHART,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    (chart / "values.yaml").write_text(previous)
+    for options in ([], ["--set", "metrics.prometheusRule.enabled=true"]):
+        args = ["template", "x", str(chart), *options]
+        rendered = helm(helm_bin, *args, check=False)
+        assert rendered.returncode == 0, rendered.stderr
+        assert "kind: Deployment" in rendered.stdout
+    assert "kind: PrometheusRule" in rendered.stdout and "for: 10m" in rendered.stdout
