@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +24,34 @@ def _service(name: str) -> Iterator[LocalService]:
         yield service
     finally:
         localservices.stop(service)
+
+
+def gateway_abort(rgw: LocalService) -> str | None:
+    """What the gateway's log says of its end when its process is gone, else None."""
+    log = Path(rgw["CEPH_LOG"])
+    try:
+        os.kill(int((log.parent / "rgw.pid").read_text()), 0)
+        return None
+    except (OSError, ValueError):
+        pass
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    start = next((i for i, line in enumerate(lines) if "Caught signal" in line), len(lines))
+    return "\n".join(lines[max(start - 3, 0) : start + 12]) or "(its log says nothing)"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A test that failed because the gateway died says so, with the gateway's own words:
+    the next tests only see a refused connection, and a restart wipes the log."""
+    report = yield
+    rgw = getattr(item, "funcargs", {}).get("rgw")
+    if report.failed and rgw is not None:
+        abort = gateway_abort(rgw)
+        if abort is not None:
+            report.sections.append(("the gateway's process is gone", abort))
+    return report
 
 
 @pytest.fixture(scope="session")

@@ -59,8 +59,14 @@ class AmqpSink:
         return self
 
     async def next_body(self, timeout_s: float = 20) -> dict[str, Any]:
-        message = await self._queue.get(timeout=timeout_s, fail=True)
-        assert message is not None
+        # basic.get answers at once: a record the gateway has not yet published (ackLevel
+        # none returns the S3 request before the broker has it) is waited for here.
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while (message := await self._queue.get(fail=False)) is None:
+            assert asyncio.get_running_loop().time() < deadline, (
+                f"no record on the queue bound by {self._routing_key!r} in {timeout_s} s"
+            )
+            await asyncio.sleep(0.05)
         await message.ack()
         body: dict[str, Any] = json.loads(message.body)
         return body

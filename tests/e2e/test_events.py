@@ -34,7 +34,7 @@ OPAQUE = "owner=e2e"
 # Kafka delivery is the delivery service's job and is tested with it.
 @pytest.fixture(params=["http", "amqp"])
 async def sink(
-    request: pytest.FixtureRequest, rabbitmq: LocalService, namespace: str
+    request: pytest.FixtureRequest, rabbitmq: LocalService, rgw: LocalService, namespace: str
 ) -> AsyncIterator[tuple[str, Sink]]:
     topic = f"e2e-{request.param}-{uuid.uuid4().hex[:8]}"
     made: Sink
@@ -48,6 +48,9 @@ async def sink(
             rabbitmq["AMQP_PORT"],
             f"{namespace}_{topic}",
         ).start()
+        if release_of(rgw).aborts_on_amqp_confirms:
+            # The operator refuses confirms there (tests/integration/test_release_behaviour.py).
+            made.endpoint["amqp"]["ackLevel"] = "none"
     yield topic, made
     await made.close()
 

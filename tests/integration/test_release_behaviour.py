@@ -97,6 +97,31 @@ def test_events_a_release_lacks_make_the_notification_unsupported_and_the_others
                 assert held.events == NotificationConfig(name, held.topic_arn, tuple(events)).events
 
 
+def test_amqp_confirms_are_refused_where_the_gateways_own_amqp_client_aborts(
+    kubectl: Kubectl, namespace: str, start_operator: StartOperator, rgw: LocalService
+) -> None:
+    """Ceph 18.2's radosgw aborts when its own AMQP push waits for a broker's confirm
+    (docs/gateway-compatibility.md): there the operator writes no such topic and says how
+    to keep the confirms; elsewhere the gateway holds the ack level asked for."""
+    release = release_of(rgw)
+    start_operator()
+    amqp = {"url": "amqp://127.0.0.1:9", "exchange": "events", "ackLevel": "broker"}
+    apply(kubectl, namespace, "Topic", "confirmed", {"endpoint": {"amqp": amqp}})
+    gateway = TopicClient(connection(rgw))
+    # The release measured to abort, named here rather than read from the rule under test.
+    if release.name == "reef":
+        status = condition(kubectl, namespace, "topic", "confirmed", "False", "Unsupported")
+        (ready,) = status["conditions"]
+        assert f"this gateway runs Ceph {release.name}" in ready["message"]
+        assert "set persistent: true" in ready["message"]
+        assert not [arn for arn in gateway.list_arns() if arn.endswith(f"{namespace}_confirmed")]
+        return
+    arn = condition(kubectl, namespace, "topic", "confirmed")["arn"]
+    held = gateway.get(arn)
+    assert held is not None and not held.persistent
+    assert held.endpoint_args["amqp-ack-level"] == "broker"
+
+
 def test_a_persistent_topics_gateway_queue_never_expires_events_where_the_gateway_would(
     kubectl: Kubectl, namespace: str, start_operator: StartOperator, rgw: LocalService
 ) -> None:

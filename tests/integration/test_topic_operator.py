@@ -23,7 +23,7 @@ from tests.localservices import LocalService
 from tests.operator import DRIFT_INTERVAL_S, StartOperator
 from tests.processes import Program, free_port
 from tests.resources import condition, credentials_secret, gateway_secret
-from tests.s3 import connection
+from tests.s3 import connection, release_of
 from tests.tcpproxy import TcpProxy
 from tests.waiting import wait_until
 
@@ -103,9 +103,12 @@ def gateway_topic(gateway: TopicClient, arn: str) -> GatewayTopic:
 
 
 def test_each_endpoint_kind_reaches_the_gateway(
-    kubectl: Kubectl, namespace: str, operator: Program, gateway: TopicClient
+    kubectl: Kubectl, namespace: str, operator: Program, gateway: TopicClient, rgw: LocalService
 ) -> None:
     """Applied Topics become gateway topics with the reference's attributes, and go Ready."""
+    # Where the gateway's own AMQP client aborts on confirms, the operator refuses them
+    # (tests/integration/test_release_behaviour.py).
+    ack = "none" if release_of(rgw).aborts_on_amqp_confirms else "routable"
     specs = {
         f"{namespace}-web": {
             "endpoint": {"http": {"url": "http://127.0.0.1:9/hook"}},
@@ -117,7 +120,7 @@ def test_each_endpoint_kind_reaches_the_gateway(
                 "amqp": {
                     "url": "amqp://127.0.0.1:5672",
                     "exchange": "events",
-                    "ackLevel": "routable",
+                    "ackLevel": ack,
                     "vhost": "prod",
                 }
             }
@@ -150,7 +153,7 @@ def test_each_endpoint_kind_reaches_the_gateway(
     mq = gateway_topic(gateway, arns[f"{namespace}-mq"])
     assert mq.endpoint_address == "amqp://127.0.0.1:5672/prod"
     assert mq.endpoint_args["amqp-exchange"] == "events"
-    assert mq.endpoint_args["amqp-ack-level"] == "routable"
+    assert mq.endpoint_args["amqp-ack-level"] == ack
 
     log = gateway_topic(gateway, arns[f"{namespace}-log"])
     assert log.endpoint_address == "kafka://127.0.0.1:9092"

@@ -219,3 +219,29 @@ def test_cloud_events_on_a_non_persistent_topic_are_left_to_a_gateway_that_sends
     ingest = "http://ingest/v1/topics/ns/t/token"
     persistent = build({"endpoint": http, "persistent": True}, ingest_url=ingest, release=pacific)
     assert persistent["push-endpoint"] == ingest
+
+
+def test_amqp_confirms_are_not_left_to_a_gateway_whose_own_amqp_client_aborts() -> None:
+    """Ceph 18.2's radosgw aborts when its own push waits for a broker's confirm; ackLevel
+    none, a persistent Topic (the delivery service confirms) and other releases are written."""
+    reef = GatewayRelease("reef", "admin-info")
+    for ack in ("broker", "routable"):
+        amqp = {"amqp": {"url": "amqp://mq", "exchange": "ex", "ackLevel": ack}}
+        with pytest.raises(TopicBuildError) as refused:
+            build({"endpoint": amqp}, release=reef)
+        assert refused.value.reason == "Unsupported"
+        assert "this gateway runs Ceph reef" in str(refused.value)
+        assert "persistent: true" in str(refused.value)
+        assert "ackLevel: none" in str(refused.value)
+        for release in (
+            GatewayRelease("pacific", "admin-info"),
+            GatewayRelease("tentacle", "server-header"),
+            GatewayRelease("unknown", "unreachable"),
+            None,
+        ):
+            assert build({"endpoint": amqp}, release=release)["amqp-ack-level"] == ack
+        ingest = "http://ingest/v1/topics/ns/t/token"
+        persistent = build({"endpoint": amqp, "persistent": True}, ingest_url=ingest, release=reef)
+        assert persistent["push-endpoint"] == ingest
+    unconfirmed = {"amqp": {"url": "amqp://mq", "exchange": "ex", "ackLevel": "none"}}
+    assert build({"endpoint": unconfirmed}, release=reef)["amqp-ack-level"] == "none"

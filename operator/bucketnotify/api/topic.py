@@ -186,6 +186,13 @@ class DeliverySettings(Model):
     """Topic (same namespace) that receives events dropped by timeToLive or maxRetries."""
 
 
+AMQP_CONFIRMS_NEED_PERSISTENT = (
+    "ackLevel broker or routable on a non-persistent Topic makes this gateway wait for the"
+    " broker's confirm in its own AMQP client, which aborts the radosgw process (every S3"
+    " request in flight fails; seen on a multipart upload's completion); set persistent:"
+    " true (the delivery service waits for the confirm instead) or ackLevel: none"
+)
+
 CLOUD_EVENTS_NEED_PERSISTENT = (
     "cloudEvents on a non-persistent Topic needs a gateway of Ceph 18 or later: such a Topic"
     " is pushed by the gateway itself, and Ceph 16 and 17 accept the setting but send no"

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from bucketnotify.api.topic import (
+    AMQP_CONFIRMS_NEED_PERSISTENT,
     CLOUD_EVENTS_NEED_PERSISTENT,
     AmqpEndpoint,
     KafkaEndpoint,
@@ -336,6 +337,15 @@ def gateway_attributes(
             "cloudevents": _bool(endpoint.http.cloud_events),
         }
     elif endpoint.amqp is not None:
+        if (
+            endpoint.amqp.ack_level != "none"
+            and release is not None
+            and release.aborts_on_amqp_confirms
+        ):
+            raise TopicBuildError(
+                "Unsupported",
+                f"this gateway runs Ceph {release.name}: {AMQP_CONFIRMS_NEED_PERSISTENT}",
+            )
         kind_attributes = _amqp(endpoint.amqp, credentials, allow_cleartext_secrets)
     else:
         assert endpoint.kafka is not None  # the schema requires exactly one endpoint

@@ -80,6 +80,16 @@ class GatewayRelease:
         return self.major is None or self.major >= 18
 
     @property
+    def aborts_on_amqp_confirms(self) -> bool:
+        """Whether the gateway's own AMQP push that waits for the broker's confirm
+        (``amqp-ack-level`` broker or routable) can abort the whole radosgw process: Ceph
+        18.2.7 does on a CompleteMultipartUpload of a notified bucket (glibc's mutex
+        assertion in its ``amqp_manager`` thread; ack-level none, 16.2 and 20.2 did not).
+        17 and 19 were not measured and are named ``reef`` when they do not say (set the
+        release to say otherwise); an unknown release is given the benefit."""
+        return self.name == "reef"
+
+    @property
     def makes_topic_copies(self) -> bool:
         """Whether each notification gets a topic copy ``<id>_<topic>`` (before 19's
         notification_v2 format); unknown: yes, so that copies a DELETE left are removed."""
