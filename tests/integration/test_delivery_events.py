@@ -306,7 +306,7 @@ def test_failure_recovery_loss_full_queue_and_missing_secret_are_topic_events_wi
     records = [json.loads(line) for line in logged.splitlines() if line.strip()]
     assert all({"timestamp", "severity", "logger", "message"} <= set(r) for r in records)
     assert any(
-        r["logger"] == "bucketnotify.delivery.service" and "serving topic" in r["message"]
+        r["logger"] == "bucketnotify.delivery.topic_table" and "serving topic" in r["message"]
         for r in records
     )
     assert any(r["severity"] == "debug" for r in records), "DEBUG records were written"

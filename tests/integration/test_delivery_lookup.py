@@ -41,7 +41,7 @@ async def test_names_of_topics_that_do_not_exist_are_remembered_within_a_bound(
         names = [f"nope-{uuid.uuid4().hex[:8]}" for _ in range(60)]
         for name in names:
             assert await service.resolve(namespace, name) is None
-        remembered = service._misses
+        remembered = service.table._misses
         assert len(remembered) == 20
         # The newest are kept: the oldest were dropped first.
         assert list(remembered) == [(namespace, n) for n in names[-20:]]
@@ -92,7 +92,7 @@ async def test_a_namespace_that_cannot_be_listed_keeps_its_topics_and_the_others
                 {"endpoint": {"http": {"url": "http://127.0.0.1:9/"}}, "persistent": True},
             )  # fmt: skip
             token_secret(kubectl, namespace, "later")
-            with caplog.at_level(logging.WARNING, logger="bucketnotify.delivery.service"):
+            with caplog.at_level(logging.WARNING, logger="bucketnotify.delivery.topic_table"):
                 for _ in range(50):  # RBAC takes a moment to see the deletion
                     await service.refresh()
                     if (namespace, "later") in service.ingest_topics and caplog.records:

@@ -247,7 +247,7 @@ async def test_pushes_during_a_token_reread_wait_for_it_and_one_read_serves_them
         await asyncio.sleep(0.2)  # an API server round trip
         return {"token": "rotated-0123456789"}
 
-    monkeypatch.setattr(service, "_read_tokens", read_tokens)
+    monkeypatch.setattr(service.table.tokens, "read", read_tokens)
     answers = await asyncio.gather(*(service.recheck_token(*key) for _ in range(20)))
     assert len(reads) == 1
     assert all(a is not None and a.accepts("rotated-0123456789") for a in answers)
@@ -274,7 +274,7 @@ async def test_a_token_made_within_a_second_of_the_last_read_is_taken_not_refuse
     async def read_tokens(topic: TopicKeyT) -> dict[str, str]:
         return dict(secret)
 
-    monkeypatch.setattr(service, "_read_tokens", read_tokens)
+    monkeypatch.setattr(service.table.tokens, "read", read_tokens)
     found = await service.recheck_token(*key)
     assert found is not None and found.accepts("remade-0123456789")
 
@@ -294,7 +294,7 @@ async def test_a_read_begun_before_the_push_came_does_not_answer_it(
         await asyncio.sleep(0.3)
         return {"token": token}
 
-    monkeypatch.setattr(service, "_read_tokens", read_tokens)
+    monkeypatch.setattr(service.table.tokens, "read", read_tokens)
     first = asyncio.ensure_future(service.recheck_token(*key))
     await asyncio.sleep(0.1)  # the first read is under way
     found = await service.recheck_token(*key)
@@ -316,7 +316,7 @@ async def test_a_deleted_token_secret_keeps_the_token_held_until_a_new_one_is_re
     async def read_tokens(topic: TopicKeyT) -> dict[str, str]:
         return dict(secret)
 
-    monkeypatch.setattr(service, "_read_tokens", read_tokens)
+    monkeypatch.setattr(service.table.tokens, "read", read_tokens)
     missing = await service.recheck_token(*key)
     assert missing is not None and missing.accepts(TOKEN)
     secret["token"] = "remade-0123456789"

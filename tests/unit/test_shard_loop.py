@@ -12,11 +12,12 @@ from typing import cast
 import kopf
 
 from bucketnotify.apiserver import ApiClient
+from bucketnotify.delivery.delivered import DELIVERED_SAVE_S
 from bucketnotify.delivery.endpoints.testing import MockEndpoint
 from bucketnotify.delivery.ingest import event_id
 from bucketnotify.delivery.ownership import LeaseSettings, Ownership
 from bucketnotify.delivery.queue import Entry, QueueLimits, QueueName
-from bucketnotify.delivery.service import DELIVERED_SAVE_S, HANDOVER_POLL_ROUNDS, DeliveryService
+from bucketnotify.delivery.service import HANDOVER_POLL_ROUNDS, DeliveryService
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from tests.delivery import OwnsEverything, one_shard_runtime
 from tests.kubeapi import UNREACHABLE

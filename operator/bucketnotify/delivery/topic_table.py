@@ -1,0 +1,397 @@
+"""The Topic table of a delivery replica: which persistent Topics it serves, each with its
+queue, endpoint and policy (``TopicRuntime``), and the ingest's view of them
+(``IngestTopic``, with the tokens of ``delivery.ingest_tokens``).
+
+Topics are listed every ``refresh_interval_s`` (a watch would react faster; a list every few
+seconds is enough for Topics, which change rarely), and looked up at once when the gateway
+pushes for one not seen yet (``resolve``). The Secrets a Topic uses (ingest token, broker
+credentials, CA bundle) are read when the Topic is new or changed and again every
+``secret_refresh_s``, not on every list: a thousand Topics must not cost a thousand Secret
+reads every few seconds.
+
+A Topic that changes gets a new runtime; the old one's shard loops are let finish first
+(``release``, given by the service, which runs them). A Topic that stops being persistent
+is drained (delivered from its queue until empty); a deleted one takes its queue with it
+(``retire``). An endpoint that cannot be opened as specified (missing credentials or CA, an
+unsupported SASL mechanism) does not stop the ingest: events wait in the queue until the
+Topic or its Secret is fixed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from bucketnotify.api.common import GROUP, VERSION
+from bucketnotify.api.topic import TopicSpec, broker_cleartext_refusal, endpoint_topic_name
+from bucketnotify.apiserver import ApiClient, ApiError, object_path
+from bucketnotify.delivery.endpoints.base import Endpoint
+from bucketnotify.delivery.endpoints.errors import ConfigurationError
+from bucketnotify.delivery.endpoints.factory import open_endpoint
+from bucketnotify.delivery.events import TopicEvents
+from bucketnotify.delivery.ingest import IngestTopic
+from bucketnotify.delivery.ingest_tokens import IngestTokens, TopicKey
+from bucketnotify.delivery.queue import QueueLimits, QueueName, QueueStore
+from bucketnotify.delivery.worker import DeliveredCache, DeliveryPolicy
+from bucketnotify.kube import Kube, SecretMissing
+from bucketnotify.metrics import DeliveryMetrics
+
+__all__ = ["MISS_TTL_S", "TopicKey", "TopicRuntime", "TopicTable"]
+
+log = logging.getLogger(__name__)
+
+# How long a Topic the API server did not have is not asked for again.
+MISS_TTL_S = 1.0
+
+LIST_CONCURRENCY = 8
+"""Namespaces listed at once by a refresh (a replica scoped to 200 lists each of them)."""
+CACHED = {"resourceVersion": "0"}
+"""A refresh's lists are answered from the API server's watch cache, not by a quorum read of
+etcd: a replica scoped to many namespaces lists each every few seconds, and a Topic newer
+than the cache is looked up by its first event anyway (``resolve``)."""
+UNLISTED_WARN_EVERY_S = 60.0
+"""How often a namespace whose Topics cannot be listed is named in a WARNING."""
+
+
+@dataclass
+class TopicRuntime:
+    queue: QueueName
+    shards: int
+    policy: DeliveryPolicy
+    endpoint: Endpoint | None
+    """None while the endpoint cannot be opened as specified (``problem`` says why)."""
+    fingerprint: str
+    """Changes with everything the endpoint was opened from (spec, credentials, CA)."""
+    generation: int
+    secrets_read_at: float
+    problem: str | None = None
+    draining: bool = False
+    """No longer persistent: deliver what is queued, then delete the queue."""
+    empty_sweeps: int = 0
+    """Sweeps in a row that found the draining queue empty."""
+    dead_letter: str | None = None
+    """Topic (same namespace) whose queue takes this one's dropped events."""
+    delivered: dict[int, DeliveredCache] = field(default_factory=dict)
+    delivered_saved: dict[int, tuple[int, float]] = field(default_factory=dict)
+    """Per shard: ``DeliveredCache.added`` at the last save to the store, and when."""
+    endpoint_kind: str | None = None
+    """http, amqp or kafka (for delivery records)."""
+    uid: str = ""
+    """The Topic object's uid: a Topic deleted and made again under its name is new."""
+
+
+def _fingerprint(*parts: object) -> str:
+    return hashlib.sha256(repr(parts).encode()).hexdigest()
+
+
+class TopicTable:
+    MAX_MISSES = 10_000
+    """Unknown Topics remembered (each a recent lookup that found nothing)."""
+
+    def __init__(
+        self,
+        *,
+        api: ApiClient,
+        store: QueueStore,
+        namespaces: list[str],
+        metrics: DeliveryMetrics,
+        events: TopicEvents,
+        release: Callable[[QueueName], Awaitable[None]],
+        secret_refresh_s: float,
+        token_overlap_s: float,
+        reservation_timeout_s: float,
+        allow_cleartext_secrets: bool = False,
+    ) -> None:
+        self._api = api
+        self._kube = Kube(api)
+        self._store = store
+        self._namespaces = namespaces
+        self.metrics = metrics
+        self.events = events
+        self._release = release
+        """Ends the shard loops of a queue (their rounds finish first)."""
+        self._secret_refresh_s = secret_refresh_s
+        self._reservation_timeout_s = reservation_timeout_s
+        self._allow_cleartext = allow_cleartext_secrets
+        self.topics: dict[TopicKey, TopicRuntime] = {}
+        self.ingest_topics: dict[TopicKey, IngestTopic] = {}
+        self.tokens = IngestTokens(self._kube, self.ingest_topics, token_overlap_s)
+        # Unknown Topics looked up recently: a stray or hostile sender must not turn every
+        # request into an API server call.
+        self._misses: dict[TopicKey, float] = {}
+        self._unlisted_warned: dict[str, float] = {}
+        self._lock = asyncio.Lock()
+        self.stored: set[QueueName] = set()
+        """Queues the store held at the last sweep (finds queues to drain after a restart)."""
+
+    async def aclose(self) -> None:
+        for runtime in self.topics.values():
+            if runtime.endpoint is not None:
+                await runtime.endpoint.aclose()
+
+    def in_scope(self, namespace: str) -> bool:
+        return not self._namespaces or namespace in self._namespaces
+
+    async def _list_topics(self) -> tuple[list[dict[str, Any]], set[str]]:
+        """The Topics in scope, and the namespaces whose list failed.
+
+        A namespace that cannot be listed (deleted with its Role, a hiccup of the API
+        server) does not stop the refresh of the others, and its Topics are kept as they
+        were: retiring them would drop their ingest. When no namespace can be listed at
+        all, the refresh fails as a whole."""
+        if not self._namespaces:
+            listed = await self._api.get(object_path(GROUP, VERSION, "topics"), params=CACHED)
+            items: list[dict[str, Any]] = listed["items"]
+            return items, set()
+        limit = asyncio.Semaphore(LIST_CONCURRENCY)
+
+        async def one(namespace: str) -> list[dict[str, Any]]:
+            async with limit:
+                listed = await self._api.get(
+                    object_path(GROUP, VERSION, "topics", namespace), params=CACHED
+                )
+            found: list[dict[str, Any]] = listed["items"]
+            return found
+
+        results = await asyncio.gather(
+            *(one(ns) for ns in self._namespaces), return_exceptions=True
+        )
+        found: list[dict[str, Any]] = []
+        failed: dict[str, Exception] = {}
+        for namespace, result in zip(self._namespaces, results, strict=True):
+            if isinstance(result, Exception):
+                failed[namespace] = result
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                found += result
+        if failed and len(failed) == len(self._namespaces):
+            raise next(iter(failed.values()))
+        now = time.monotonic()
+        for namespace, exc in failed.items():
+            if now - self._unlisted_warned.get(namespace, -1e9) >= UNLISTED_WARN_EVERY_S:
+                self._unlisted_warned[namespace] = now
+                log.warning(
+                    "cannot list the Topics of namespace %s, keeping those it had: %s",
+                    namespace,
+                    str(exc) or type(exc).__name__,
+                )
+        return found, set(failed)
+
+    async def resolve(self, namespace: str, name: str) -> IngestTopic | None:
+        """Look up one Topic now (it may have become Ready since the last refresh)."""
+        key = (namespace, name)
+        if not self.in_scope(namespace):
+            return None
+        if time.monotonic() - self._misses.get(key, -1e9) < MISS_TTL_S:
+            return None
+        async with self._lock:
+            if key not in self.ingest_topics:
+                try:
+                    topic = await self._api.get(
+                        object_path(GROUP, VERSION, "topics", namespace, name)
+                    )
+                    await self.consider(topic)
+                except ApiError as exc:
+                    if exc.status != 404:
+                        raise
+        found = self.ingest_topics.get(key)
+        if found is None:
+            # Oldest first, so the bound drops the stalest: a sender inventing names must
+            # not grow the replica's memory without end.
+            self._misses.pop(key, None)
+            self._misses[key] = time.monotonic()
+            while len(self._misses) > self.MAX_MISSES:
+                del self._misses[next(iter(self._misses))]
+        return found
+
+    async def refresh(self) -> None:
+        """Bring the Topic table in line with the Topics that exist now."""
+        seen: set[TopicKey] = set()
+        async with self._lock:
+            listed, unlisted = await self._list_topics()
+            for topic in listed:
+                meta = topic["metadata"]
+                seen.add((meta["namespace"], meta["name"]))
+                try:
+                    await self.consider(topic)
+                except Exception:
+                    # One broken Topic must not keep the others from being served.
+                    log.exception("cannot serve topic %s/%s", meta["namespace"], meta["name"])
+        for key in set(self.topics) - seen:
+            if key[0] not in unlisted:
+                await self.retire(key, reason="its Topic was deleted")
+        # Drop the ingest of Topics the list no longer shows even without a runtime.
+        for key in set(self.ingest_topics) - seen:
+            if key[0] not in unlisted:
+                self.ingest_topics.pop(key, None)
+
+    async def consider(self, topic: dict[str, Any]) -> None:
+        meta = topic["metadata"]
+        key: TopicKey = (meta["namespace"], meta["name"])
+        spec = TopicSpec.model_validate(topic["spec"])
+        generation = int(meta.get("generation") or 0)
+        uid = str(meta.get("uid") or "")
+        current = self.topics.get(key)
+        queue = QueueName(*key)
+        if not spec.persistent:
+            self.ingest_topics.pop(key, None)
+            if current is None and queue not in self.stored:
+                return
+            # It was persistent: what is queued still goes out, then the queue goes.
+            if current is None or current.generation != generation:
+                await self._open(key, spec, generation, uid, draining=True)
+            return
+        due = (
+            current is None
+            or current.generation != generation
+            or current.draining
+            # Its token Secret did not exist yet (the operator creates it as the Topic gets
+            # Ready): look again now, not a secret_refresh_s later, or the ingest answers 404.
+            or key not in self.ingest_topics
+            or time.monotonic() - current.secrets_read_at > self._secret_refresh_s
+        )
+        if not due:
+            return
+        started = time.monotonic()
+        tokens = await self.tokens.read(key)
+        await self._open(key, spec, generation, uid, draining=False)
+        runtime = self.topics[key]
+        self.tokens.take(key, runtime.queue, runtime.shards, tokens, started)
+
+    async def _endpoint_inputs(
+        self, namespace: str, spec: TopicSpec
+    ) -> tuple[tuple[str, str] | None, str | None]:
+        endpoint = spec.endpoint
+        credentials = None
+        ref = (endpoint.amqp and endpoint.amqp.credentials_ref) or (
+            endpoint.kafka and endpoint.kafka.sasl and endpoint.kafka.sasl.credentials_ref
+        )
+        if ref:
+            data = await self._kube.secret_data(namespace, ref.secret_name)
+            for secret_key in (ref.username_key, ref.password_key):
+                if secret_key not in data:
+                    raise SecretMissing(
+                        f"Secret {namespace}/{ref.secret_name} has no key {secret_key!r}"
+                    )
+            credentials = (data[ref.username_key], data[ref.password_key])
+        ca_ref = (
+            (endpoint.http and endpoint.http.ca_ref)
+            or (endpoint.amqp and endpoint.amqp.ca_ref)
+            or (endpoint.kafka and endpoint.kafka.ca_ref)
+        )
+        ca_pem = await self._kube.ca_bundle(namespace, ca_ref) if ca_ref else None
+        return credentials, ca_pem
+
+    async def _open(
+        self, key: TopicKey, spec: TopicSpec, generation: int, uid: str, *, draining: bool
+    ) -> None:
+        namespace, name = key
+        delivery = spec.delivery
+        shards = delivery.shards if delivery else 11
+        limits = QueueLimits(
+            max_entries=delivery.max_queue_entries if delivery else QueueLimits.max_entries,
+            max_bytes=delivery.max_queue_bytes if delivery else QueueLimits.max_bytes,
+            reservation_timeout_s=self._reservation_timeout_s,
+        )
+        queue = QueueName(namespace, name)
+        old = self.topics.get(key)
+        if not draining and (
+            old is None or old.generation != generation or old.uid != uid or old.draining
+        ):
+            # Only when the queue may be new or its settings changed: a Topic's Secrets
+            # are read again every secret_refresh_s, and a PUT each time for each Topic
+            # would be most of an idle replica's gateway requests.
+            await self._store.create(queue, shards, limits)
+        elif old is not None:
+            shards = old.shards  # the queue keeps the shards it was written with
+        endpoint: Endpoint | None = None
+        problem: str | None = None
+        problem_reason = ""
+        try:
+            credentials, ca_pem = await self._endpoint_inputs(namespace, spec)
+            fingerprint = _fingerprint(
+                spec.model_dump(), credentials, ca_pem, generation, shards, draining
+            )
+        except SecretMissing as exc:
+            problem, problem_reason = str(exc), "SecretNotFound"
+            fingerprint = _fingerprint(problem, generation, draining)
+        if old is not None and old.fingerprint == fingerprint and old.uid == uid:
+            old.secrets_read_at = time.monotonic()
+            return
+        if problem is None and credentials is not None and not self._allow_cleartext:
+            refusal = broker_cleartext_refusal(spec)
+            if refusal is not None:
+                problem, problem_reason = refusal, "CleartextCredentials"
+        if problem is None:
+            try:
+                endpoint = open_endpoint(
+                    spec.endpoint,
+                    endpoint_topic=endpoint_topic_name(name, spec),
+                    credentials=credentials,
+                    ca_pem=ca_pem,
+                )
+            except ConfigurationError as exc:
+                problem, problem_reason = str(exc), "EndpointInvalid"
+        if problem is not None and (old is None or old.problem != problem):
+            # Events keep being accepted and wait in the queue until this is fixed.
+            log.error("topic %s/%s: not delivering: %s", namespace, name, problem)
+        self.events.endpoint_state(namespace, name, problem, problem_reason)
+        self.topics[key] = TopicRuntime(
+            queue=queue,
+            shards=shards,
+            policy=DeliveryPolicy(
+                time_to_live_s=spec.time_to_live or 0,
+                max_retries=spec.max_retries or 0,
+                retry_sleep_s=spec.retry_sleep_duration or 0,
+            ),
+            endpoint=endpoint,
+            fingerprint=fingerprint,
+            generation=generation,
+            secrets_read_at=time.monotonic(),
+            problem=problem,
+            draining=draining,
+            dead_letter=delivery.dead_letter_topic if delivery else None,
+            delivered=old.delivered if old is not None else {},
+            endpoint_kind=spec.endpoint.kind,
+            uid=uid,
+        )
+        self.metrics.add_topic(namespace, name)
+        if old is not None:
+            # The old runtime's loops finish their round and end; new ones start with the
+            # new endpoint at the next supervision.
+            await self._release(queue)
+            if old.endpoint is not None:
+                await old.endpoint.aclose()
+        log.info(
+            "%s topic %s/%s (%d shards)",
+            "draining" if draining else "serving",
+            namespace,
+            name,
+            shards,
+        )
+
+    async def retire(self, key: TopicKey, *, reason: str) -> None:
+        """Stop serving ``key`` and delete its queue (counting what was still in it)."""
+        runtime = self.topics.pop(key, None)
+        self.ingest_topics.pop(key, None)
+        queue = QueueName(*key)
+        if runtime is not None:
+            await self._release(queue)
+            if runtime.endpoint is not None:
+                await runtime.endpoint.aclose()
+        with contextlib.suppress(LookupError):
+            stats = await self._store.stats(queue, time.time())
+            if stats.entries:
+                log.warning("queue %s deleted (%s): %d events lost", queue, reason, stats.entries)
+        await self._store.delete(queue)
+        self.stored.discard(queue)
+        self.metrics.remove_topic(*key)
+        self.events.forget(*key)
+        log.info("queue %s deleted: %s", queue, reason)
