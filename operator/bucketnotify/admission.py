@@ -32,10 +32,9 @@ from typing import Any
 
 from aiohttp import web
 
-from bucketnotify.api.common import CARef
+from bucketnotify.api.common import CARef, NotReconcilable, parse_model
 from bucketnotify.api.notification import BucketNotificationSpec
 from bucketnotify.api.topic import TopicSpec
-from bucketnotify.controller.topics import NotReconcilable, parse_model
 from bucketnotify.gateway.key_regex import regex_problem
 
 __all__ = ["PATH", "Exists", "Verdict", "admission_app", "review", "serve_admission"]

@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from bucketnotify.api.common import NotReconcilable, parse_model
 from bucketnotify.api.notification import EVENT_TYPES, BucketNotificationSpec
 from bucketnotify.api.topic import TopicSpec
-from bucketnotify.controller.topics import NotReconcilable, parse_model
 from bucketnotify.gateway.notifications import (
     FilterRule,
     NotificationConfig,

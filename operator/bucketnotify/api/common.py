@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 from pydantic.alias_generators import to_camel
 
 GROUP = "bucketnotify.io"
@@ -117,3 +117,27 @@ def cel_rules(*rules: dict[str, str]) -> ConfigDict:
     # pydantic merges this with the base model's config.
     validations: list[JsonValue] = [dict(rule) for rule in rules]
     return ConfigDict(json_schema_extra={"x-kubernetes-validations": validations})
+
+
+class NotReconcilable(Exception):
+    """The object cannot be reconciled as it is: ``reason`` is its Ready condition's reason
+    (``retry``: it may become reconcilable without a change, such as a Secret made later).
+    Raised by the operator's handlers and by the admission webhook alike."""
+
+    def __init__(self, reason: str, message: str, retry: bool = False) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.retry = retry
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_model(model: type[M], spec: dict[str, Any]) -> M:
+    """The spec as ``model``; the CRD schema should have refused an invalid one already, so
+    say which fields are wrong, not their values (which may be secrets)."""
+    try:
+        return model.model_validate(spec)
+    except ValidationError as exc:
+        fields = ", ".join(".".join(str(p) for p in e["loc"]) for e in exc.errors())
+        raise NotReconcilable("InvalidSpec", f"spec is invalid at: {fields}") from None

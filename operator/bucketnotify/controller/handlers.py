@@ -20,7 +20,7 @@ from typing import Any, Literal, TypeVar, cast
 
 import kopf
 
-from bucketnotify.api.common import GROUP, VERSION
+from bucketnotify.api.common import GROUP, VERSION, NotReconcilable
 from bucketnotify.api.topic import ingest_token_secret
 from bucketnotify.apiserver import ApiError
 from bucketnotify.controller.conditions import ready_condition
@@ -40,7 +40,6 @@ from bucketnotify.controller.topic_builder import (
     wanted_gateway_topic_name,
 )
 from bucketnotify.controller.topics import (
-    NotReconcilable,
     Outcome,
     delete_topic,
     parse_spec,

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
-from bucketnotify.api.common import GatewayRef
+from bucketnotify.api.common import GatewayRef, NotReconcilable, parse_model
 from bucketnotify.api.notification import BucketNotificationSpec
 from bucketnotify.api.topic import TopicSpec
 from bucketnotify.apiserver import ApiError
@@ -42,10 +42,8 @@ from bucketnotify.controller.notification_builder import (
 from bucketnotify.controller.topic_builder import OWNER
 from bucketnotify.controller.topics import (
     TOPICS_NEED_SNS,
-    NotReconcilable,
     Outcome,
     gateway_connection,
-    parse_model,
 )
 from bucketnotify.delivery.endpoints.http import EndpointError, post_json
 from bucketnotify.gateway import obs

@@ -10,12 +10,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ValidationError
-
-from bucketnotify.api.common import ROOK_USER_SECRET_KEYS, GatewayRef, GatewaySecretKeys
+from bucketnotify.api.common import (
+    ROOK_USER_SECRET_KEYS,
+    GatewayRef,
+    GatewaySecretKeys,
+    NotReconcilable,
+    parse_model,
+)
 from bucketnotify.api.topic import (
     INGEST_TOKEN_KEY,
     PERSISTENT_NAME_MAX,
@@ -52,8 +56,6 @@ from bucketnotify.settings import OperatorSettings
 logger = logging.getLogger(__name__)
 
 __all__ = ["Outcome", "delete_topic", "parse_model", "reconcile_topic"]
-
-M = TypeVar("M", bound=BaseModel)
 
 
 @dataclass(frozen=True)
@@ -92,13 +94,6 @@ TOPICS_NEED_SNS = (
     " make the SMN topic in OBS and name it in a BucketNotification's topicARN"
     " (urn:smn:<region>:<project id>:<topic>) instead of a Topic"
 )
-
-
-class NotReconcilable(Exception):
-    def __init__(self, reason: str, message: str, retry: bool = False) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.retry = retry
 
 
 def gateway_secret_keys(ref: GatewayRef, data: dict[str, str]) -> GatewaySecretKeys:
@@ -174,16 +169,6 @@ async def endpoint_credentials(kube: Kube, namespace: str, spec: TopicSpec) -> C
         if key not in data:
             raise SecretMissing(f"Secret {namespace}/{ref.secret_name} has no key {key!r}")
     return Credentials(data[ref.username_key], data[ref.password_key])
-
-
-def parse_model(model: type[M], spec: dict[str, Any]) -> M:
-    """The spec as ``model``; the CRD schema should have refused an invalid one already, so
-    say which fields are wrong, not their values (which may be secrets)."""
-    try:
-        return model.model_validate(spec)
-    except ValidationError as exc:
-        fields = ", ".join(".".join(str(p) for p in e["loc"]) for e in exc.errors())
-        raise NotReconcilable("InvalidSpec", f"spec is invalid at: {fields}") from None
 
 
 def parse_spec(spec: dict[str, Any]) -> TopicSpec:
