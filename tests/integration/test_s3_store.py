@@ -15,11 +15,19 @@ from typing import Any
 
 import pytest
 
-from bucketnotify.delivery.queue import Entry, QueueFull, QueueLimits, QueueName, Reservation
+from bucketnotify.delivery.queue import (
+    Entry,
+    QueueFull,
+    QueueLimits,
+    QueueName,
+    Reservation,
+    StoreRefused,
+    StoreUnavailable,
+)
 from bucketnotify.delivery.stores import s3 as s3_module
 from bucketnotify.delivery.stores.s3 import S3Store
 from bucketnotify.gateway.connection import GatewayConnection
-from bucketnotify.gateway.errors import GatewayAccessDenied, GatewayNotFound, GatewayUnreachable
+from bucketnotify.gateway.errors import GatewayNotFound, GatewayUnreachable
 from devstack.programs import free_port
 from tests.localservices import LocalService
 from tests.queue_contract import NOW, QUEUE, QueueStoreContract, Reopen, bodies, put
@@ -121,8 +129,9 @@ async def test_ensure_bucket_is_idempotent(
 ) -> None:
     name = f"queues-{uuid.uuid4().hex[:10]}"
     store = stores(name)
-    with pytest.raises(GatewayNotFound):
+    with pytest.raises(StoreRefused) as missing:
         await store.queues()  # no bucket yet: an error, not an empty store
+    assert isinstance(missing.value.__cause__, GatewayNotFound)
     try:
         await store.ensure_bucket()
         await store.ensure_bucket()
@@ -192,7 +201,7 @@ async def test_a_rewrite_cut_short_is_finished_by_the_next_removal(
 
     # The rest is written under its new name, the old name's delete fails.
     monkeypatch.setattr(store, "_delete_key", unreachable)
-    with pytest.raises(GatewayUnreachable):
+    with pytest.raises(StoreUnavailable):
         await store.remove(QUEUE, 0, [entries[0].id])
     monkeypatch.undo()
 
@@ -492,7 +501,11 @@ async def test_refusals_and_silence_of_the_gateway_are_our_errors_without_the_se
     refused = stores(bucket, prefix, via=connection(rgw, secret=wrong_secret))
     nobody = replace(connection(rgw), endpoint=f"http://127.0.0.1:{free_port()}")
     silent = stores(bucket, prefix, via=nobody)
-    for store, error in ((refused, GatewayAccessDenied), (silent, GatewayUnreachable)):
+    failures: tuple[tuple[S3Store, type[Exception]], ...] = (
+        (refused, StoreRefused),
+        (silent, StoreUnavailable),
+    )
+    for store, error in failures:
         calls = {
             "ListObjectsV2": store.queues(),
             "PutObject": store.create(QUEUE, 1, QueueLimits()),
@@ -526,5 +539,5 @@ async def test_a_gateway_with_a_private_ca_is_reached_over_https_with_aws_ca_bun
     await reader.remove(QUEUE, 0, [entry.id])
     assert await writer.queues() == [QUEUE]
     monkeypatch.delenv("AWS_CA_BUNDLE")
-    with pytest.raises(GatewayUnreachable):
+    with pytest.raises(StoreUnavailable):
         await stores(bucket, prefix, via=tls).queues()

@@ -24,6 +24,7 @@ from bucketnotify.delivery.queue import (
     QueueStore,
     Reservation,
     ShardStats,
+    StoreFull,
 )
 from bucketnotify.delivery.stores.localdir import (
     INLINE_FILES,
@@ -613,7 +614,9 @@ async def test_a_request_whose_write_fails_in_one_shard_is_queued_in_none(tmp_pa
     outcomes = await store.commit_together(
         [(fits, [("a", b'{"k":"fits"}')]), (full, [("b", b'{"k":"no-room"}')])], NOW
     )
-    assert [type(o) for o in outcomes] == [OSError, OSError]
+    # The full disk is the contract's StoreFull, the driver's error its cause.
+    assert [type(o) for o in outcomes] == [StoreFull, StoreFull]
+    assert all(isinstance(o, StoreFull) and isinstance(o.__cause__, OSError) for o in outcomes)
     for reservation in (fits, full):
         await store.abort(reservation)
     assert await store.list(QUEUE, 0) == [] and await store.list(QUEUE, 1) == []

@@ -22,9 +22,17 @@ from bucketnotify.admin.errors import AdminError, NotFound, Unreachable
 from bucketnotify.api.common import GROUP, VERSION
 from bucketnotify.apiserver import ApiClient, ApiError, ConfigError, object_path
 from bucketnotify.delivery.ownership import LeaseHolder, LeaseSettings, partition_holders
-from bucketnotify.delivery.queue import Entry, QueueName, QueueNotFound, QueueStats, QueueStore
+from bucketnotify.delivery.queue import (
+    Entry,
+    QueueName,
+    QueueNotFound,
+    QueueStats,
+    QueueStore,
+    StoreFull,
+    StoreRefused,
+    StoreUnavailable,
+)
 from bucketnotify.delivery.stores.open import StoreConfigError, store_for
-from bucketnotify.gateway.errors import GatewayError
 from bucketnotify.kube import connect, current_namespace
 from bucketnotify.settings import DeliveryServiceSettings, OperatorSettings
 
@@ -184,7 +192,7 @@ def _store_errors(queue: QueueName) -> Iterator[None]:
             "(BUCKETNOTIFY_DELIVERY_STORE): the delivery service creates it when it first "
             "serves the Topic"
         ) from None
-    except (GatewayError, OSError) as exc:
+    except (StoreUnavailable, StoreRefused, StoreFull, OSError) as exc:
         raise Unreachable(f"cannot read the queue store: {exc}") from None
 
 

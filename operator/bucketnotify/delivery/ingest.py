@@ -35,7 +35,6 @@ answered only once they are durable.
 from __future__ import annotations
 
 import asyncio
-import errno
 import hashlib
 import hmac
 import logging
@@ -56,10 +55,12 @@ from bucketnotify.delivery.queue import (
     QueueName,
     QueueStore,
     Reservation,
+    StoreFull,
+    StoreRefused,
+    StoreUnavailable,
     shard_of,
 )
 from bucketnotify.delivery.recording import Recorder
-from bucketnotify.gateway.errors import GatewayError
 from bucketnotify.metrics import DeliveryMetrics
 from bucketnotify.probes import probes_app
 
@@ -224,7 +225,9 @@ class Ingest:
         self.metrics.ingest_requests.labels(str(response.status)).inc()
         return response
 
-    def _store_unavailable(self, queue: QueueName, exc: GatewayError) -> web.Response:
+    def _store_unavailable(
+        self, queue: QueueName, exc: StoreUnavailable | StoreRefused
+    ) -> web.Response:
         self._store_refusals += 1
         now = time.monotonic()
         if now - self._store_warned_at >= STORE_WARNING_S:
@@ -333,11 +336,9 @@ class Ingest:
             committed_at = await self.commit(topic.queue, by_shard)
         except QueueFull:
             return web.json_response({"error": "queue full"}, status=503)
-        except GatewayError as exc:
+        except (StoreUnavailable, StoreRefused) as exc:
             return self._store_unavailable(topic.queue, exc)
-        except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
+        except StoreFull:
             log.warning("queue %s not written: the queue store is out of space", topic.queue)
             return web.json_response({"error": "queue store out of space"}, status=503)
         if self._recorder is not None:

@@ -28,6 +28,9 @@ __all__ = [
     "QueueStore",
     "Reservation",
     "ShardStats",
+    "StoreFull",
+    "StoreRefused",
+    "StoreUnavailable",
     "shard_of",
 ]
 
@@ -121,6 +124,22 @@ class QueueFull(Exception):
     """No room for the reservation: the ingest answers 503 and the gateway retries."""
 
 
+class StoreUnavailable(Exception):
+    """The queue store could not be reached or failed on its side (its message says how,
+    never holding a credential): the next try may succeed. Nothing the caller was told
+    about was written."""
+
+
+class StoreRefused(Exception):
+    """The queue store refused the request (access denied, its bucket missing): it will
+    not get better by itself, a person has to look. Nothing was written."""
+
+
+class StoreFull(Exception):
+    """The queue store's disk or quota is full (``ENOSPC``, ``EDQUOT``): nothing more can be
+    written until room is made; what is queued can still be read and removed."""
+
+
 class QueueNotFound(LookupError):
     """The queue was never created or has been deleted.
 
@@ -136,7 +155,9 @@ EventIds = list[str]
 
 
 class QueueStore(Protocol):
-    """Durable storage of queues. Every method is safe to call from several processes."""
+    """Durable storage of queues. Every method is safe to call from several processes, and
+    raises the store's own exceptions, never its driver's: ``QueueFull``, ``QueueNotFound``,
+    ``StoreUnavailable``, ``StoreRefused``, ``StoreFull``."""
 
     async def create(self, queue: QueueName, shards: int, limits: QueueLimits) -> None:
         """Create the queue, or update its shard count and limits; idempotent."""

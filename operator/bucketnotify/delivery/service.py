@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import json
 import logging
 import time
@@ -66,7 +65,16 @@ from bucketnotify.delivery.endpoints.base import Endpoint, object_of
 from bucketnotify.delivery.events import COMPONENT, TopicEvents
 from bucketnotify.delivery.ingest import Ingest, IngestTopic, build_app
 from bucketnotify.delivery.ownership import Ownership, partition_of
-from bucketnotify.delivery.queue import Entry, QueueLimits, QueueName, QueueStore, shard_of
+from bucketnotify.delivery.queue import (
+    Entry,
+    QueueLimits,
+    QueueName,
+    QueueStore,
+    StoreFull,
+    StoreRefused,
+    StoreUnavailable,
+    shard_of,
+)
 from bucketnotify.delivery.recording import Recorder
 from bucketnotify.delivery.topic_table import TopicKey, TopicRuntime, TopicTable
 from bucketnotify.delivery.wakeups import WAKE_PATH, WakeUps, parse_wake
@@ -79,7 +87,6 @@ from bucketnotify.delivery.worker import (
     process_shard,
 )
 from bucketnotify.event_recorder import EventRecorder
-from bucketnotify.gateway.errors import GatewayServerError, GatewayUnreachable
 from bucketnotify.kube import Kube
 from bucketnotify.metrics import DeliveryMetrics
 
@@ -461,15 +468,19 @@ class DeliveryService:
                 # the next round neither pushes nor counts it again.
                 self.accounting.round(queue, shard, runtime.endpoint_kind, cut.result)
                 raise cut.cause from None
-        except (GatewayUnreachable, GatewayServerError) as exc:
-            # The queue store's gateway is away or overloaded: expected in an outage, and the
-            # next round tries again. One line, not a traceback per shard and round.
-            log.warning("round of %s shard %d: queue store unavailable: %s", queue, shard, exc)
+        except (StoreUnavailable, StoreRefused) as exc:
+            # Away or overloaded: expected in an outage, and the next round tries again. One
+            # line, not a traceback per shard and round; ERROR when a person has to look.
+            log.log(
+                logging.ERROR if isinstance(exc, StoreRefused) else logging.WARNING,
+                "round of %s shard %d: queue store %s: %s",
+                queue,
+                shard,
+                "refused" if isinstance(exc, StoreRefused) else "unavailable",
+                exc,
+            )
             return None
-        except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                log.exception("round of %s shard %d failed", queue, shard)
-                return None
+        except StoreFull:
             # The dir store's disk is full: its removals rewrite batch files. What was
             # delivered is remembered and not pushed again; the next round retries.
             log.warning("round of %s shard %d: the queue store is out of space", queue, shard)
@@ -541,13 +552,13 @@ class DeliveryService:
                     try:
                         await self.sweep()
                     except Exception as exc:
-                        log_retried(log, "sweeping the queues failed", exc, GATEWAY_AWAY)
+                        log_retried(log, "sweeping the queues failed", exc, STORE_AWAY)
                     last_sweep = now
                 if now - last_stats > self.timings.stats_interval_s:
                     try:
                         await self.survey()
                     except Exception as exc:
-                        log_retried(log, "surveying the queues failed", exc, GATEWAY_AWAY)
+                        log_retried(log, "surveying the queues failed", exc, STORE_AWAY)
                     last_stats = now
                 self._supervise()
                 with contextlib.suppress(TimeoutError):
@@ -565,5 +576,5 @@ class DeliveryService:
             await self.events.aclose()
 
 
-GATEWAY_AWAY = (GatewayUnreachable, GatewayServerError)
-"""Failures of the queue store on the gateway that its next sweep or survey gets over."""
+STORE_AWAY = (StoreUnavailable,)
+"""Failures of the queue store that its next sweep or survey gets over."""

@@ -99,6 +99,7 @@ from bucketnotify.delivery.queue import (
     QueueStats,
     Reservation,
 )
+from bucketnotify.delivery.stores._errors import raises_store_errors
 from bucketnotify.delivery.stores._format import (
     COVER_SUFFIX,
     BatchName,
@@ -140,6 +141,7 @@ of a shard that keeps up are few and small. A backlog's reads (up to a thousand 
 perhaps not cached after a restart) go to a thread."""
 
 
+@raises_store_errors
 class LocalDirStore:
     """A ``QueueStore`` in the directory ``root`` (created when missing)."""
 

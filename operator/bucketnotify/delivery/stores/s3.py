@@ -122,6 +122,7 @@ from bucketnotify.delivery.queue import (
     QueueStats,
     Reservation,
 )
+from bucketnotify.delivery.stores._errors import raises_store_errors
 from bucketnotify.delivery.stores._format import (
     COVER_SUFFIX,
     Batch,
@@ -194,6 +195,7 @@ class _Wanted:
     )
 
 
+@raises_store_errors
 class S3Store:
     """A ``QueueStore`` in ``bucket`` under ``prefix``; call ``ensure_bucket`` once first."""
 
