@@ -19,8 +19,7 @@ class _Server(ThreadingHTTPServer):
     # once; on a loaded machine the overflowing SYNs are dropped and retransmitted after
     # 1, 2, 4 s..., so a push can reach the endpoint (and be recorded) after the replica
     # gave it up and sends it again: a duplicate of the test endpoint's making, not of the
-    # delivery under test. (Suspected in one failed rehearsal of test_delivery_fencing:
-    # two pushes of the new owner timed out, events recorded three times.)
+    # delivery under test.
     request_queue_size = 1024
 
 

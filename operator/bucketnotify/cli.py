@@ -222,7 +222,7 @@ async def _stopping(memo: kopf.Memo, **_: Any) -> None:
     # the process that kopf is stopping: /readyz answers 503 from here on. It also ends
     # the tasks kopf would otherwise wait 5 s for before cancelling them (every task made
     # after its start counts as one of its own): its waiter on our stop flag and the Event
-    # writer's waits (measured: each operator stop took 5 s longer). What is recorded later
+    # writer's waits (each operator stop would take 5 s longer). What is recorded later
     # is written by the final close once kopf has returned.
     memo.stop.set()
     await memo.events.aclose()
@@ -438,8 +438,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "operator":
             asyncio.run(run_operator(operator))
         elif args.command == "delivery":
-            # uvloop's loop costs less per callback and socket operation than asyncio's own:
-            # 5-13 % less CPU per event in the hand-off sync delivery bench.
+            # uvloop's loop costs less per callback and socket operation than asyncio's own
+            # (docs/performance-notes.md).
             uvloop.run(run_delivery(DeliveryServiceSettings(), operator))
     except ConfigError as exc:
         log.error("cannot connect to the Kubernetes API server: %s", exc)

@@ -2,13 +2,13 @@
 
 Every event is decoded and encoded several times between the ingest and the endpoint (the
 gateway's body, the queued record, the store's batch line, the pushed body, the delivery
-record). orjson does each in a fraction of the time (a gateway record through that whole
-path: 5.8 µs against 32 µs with ``json``). It differs from ``json`` in a few corners:
-it reads integers beyond 64 bits as floats (silently losing digits), refuses escaped lone
-surrogates, NaN and numbers beyond a float, and cannot write a str holding surrogates or
-an integer beyond 64 bits. There ``json`` runs instead, so the values read and what is
-accepted never depend on which one ran. What is written may differ in how a float is
-spelled (``1e-7`` for ``1e-07``): the same number to every reader.
+record). orjson does each in a fraction of the time (docs/performance-notes.md). It
+differs from ``json`` in a few corners: it reads integers beyond 64 bits as floats
+(silently losing digits), refuses escaped lone surrogates, NaN and numbers beyond a float,
+and cannot write a str holding surrogates or an integer beyond 64 bits. There ``json``
+runs instead, so the values read and what is accepted never depend on which one ran.
+What is written may differ in how a float is spelled (``1e-7`` for ``1e-07``): the same
+number to every reader.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The HTTP proxy the environment names for a URL, looked up once per client.
 
 aiohttp's ``trust_env=True`` looks up ``$HTTP(S)_PROXY``/``$NO_PROXY`` and parses
-``~/.netrc`` again for every request (measured: ~4 % of a delivery replica's samples under
-load), so our clients run with ``trust_env=False`` and pass what this gives as ``proxy``.
+``~/.netrc`` again for every request, a cost seen under load (docs/performance-notes.md),
+so our clients run with ``trust_env=False`` and pass what this gives as ``proxy``.
 """
 
 from __future__ import annotations

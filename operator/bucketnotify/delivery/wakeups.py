@@ -100,8 +100,8 @@ class WakeUps:
     async def _flush(self, address: str) -> None:
         if self._client is None:
             # Plain HTTP inside the cluster: a wake-up carries nothing worth protecting.
-            # aiohttp rather than httpx: less than half the CPU per request, measured (a wake-up
-            # goes out for most commits of a replica that owns half the shards).
+            # aiohttp rather than httpx: cheaper per request (docs/performance-notes.md), and a
+            # wake-up goes out for most commits of a replica that owns half the shards.
             self._client = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self._timeout_s), trust_env=False
             )

@@ -85,6 +85,6 @@ class GatewayConnection:
 
 @functools.lru_cache(maxsize=4)
 def _verifying(ca_bundle: str) -> ssl.SSLContext:
-    # One per bundle: a context costs about 1 MiB and, on a loaded machine, up to a third
-    # of a second of CPU to build.
+    # One per bundle: a context costs memory and, on a loaded machine, noticeable CPU to
+    # build (docs/performance-notes.md).
     return ssl.create_default_context(cafile=ca_bundle)

@@ -172,8 +172,8 @@ class NotificationClient:
     """GET, PUT and DELETE of ``/<bucket>?notification`` for one gateway user.
 
     Blocking (httpx): call it from a worker thread in async code. Safe to share between
-    threads; building one costs a TLS context (~1 MiB, and up to a third of a second of CPU
-    on a loaded machine), so share one per connection rather than make one per call.
+    threads; building one costs a TLS context (memory and CPU, docs/performance-notes.md),
+    so share one per connection rather than make one per call.
     ``topics`` serves the removal of Ceph's topic copies; made from ``connection`` if None.
     """
 

@@ -57,8 +57,7 @@ class Delivery:
     """One S3 event record; pushed as ``{"Records": [record]}``, like the gateway does."""
     queued: bytes | None = None
     """The record as queued (the ingest's compact UTF-8 JSON of it): when given, the push
-    wraps these bytes instead of encoding ``record`` again (that encoding was 1.7 % of a busy
-    replica's profile)."""
+    wraps these bytes instead of encoding ``record`` again (docs/performance-notes.md)."""
 
     @property
     def body(self) -> bytes:

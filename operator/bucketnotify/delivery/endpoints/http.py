@@ -8,9 +8,9 @@ failure to retry; only a 413 (the event is too large for the receiver) is final.
 Connections are kept alive and reused, up to ``EndpointSettings.max_in_flight`` per endpoint.
 ``HTTP(S)_PROXY`` and ``NO_PROXY`` are honoured (read when the endpoint is opened).
 
-The client is aiohttp's, not httpx's: measured on this project's machine, a push through
-httpx cost 0.7 ms of CPU at 8 pushes in flight and 1.4 ms at 64 (httpcore's pool checks
-every idle connection's socket on each request), through aiohttp 0.1 ms at either.
+The client is aiohttp's, not httpx's: httpcore's pool checks every idle connection's
+socket on each request, so a push through httpx costs more the more are in flight
+(docs/performance-notes.md).
 """
 
 from __future__ import annotations

@@ -2,12 +2,9 @@
 
 Why not the store's threads: a call in a thread gives up the GIL around each system call
 and must win it back from the busy event loop, and the thread's wake-up and its result
-cost a few more hand-overs. Measured on the delivery benchmark's dir-store replica: about
-300 context switches per event, most of them futex waits of that contention. With the
-commit's write and fsyncs submitted here instead, a store of 11 shards under 8 concurrent
-writers spent 16-19 % less CPU per event than with the same calls in threads (the same
-calls on the loop with only the fsyncs in threads saved nothing), and the delivery
-benchmark's replica 7-9 % less, with a third fewer context switches.
+cost a few more hand-overs: context switches, most of them futex waits of that
+contention, that submitting the commit's write and fsyncs here saves
+(docs/performance-notes.md).
 
 caio submits to io_uring, or Linux AIO where io_uring is refused (seccomp profiles of
 container runtimes often refuse it), and the completion wakes the loop through an eventfd.

@@ -66,10 +66,8 @@ store's own threads (``_threads``), not in the event loop's shared default execu
 The rest runs on the event loop: ``reserve``, ``abort``, ``stats``, ``load_delivered``
 and small reads make many short system calls and no fsync (but for the one that gives a
 queue of an older release its incarnation, once), and in a thread each of those calls
-gives up the GIL and must win it back from the busy event loop (measured: the delivery
-benchmark's dir-store replica spent 2.4-3.2 ms of CPU per event with everything in
-threads, about half of it in the kernel, mostly futex calls of that contention; with
-these on the loop 12-21 % less than the run beside it).
+gives up the GIL and must win it back from the busy event loop, which cost more CPU per
+event than the calls themselves (docs/performance-notes.md).
 """
 
 from __future__ import annotations
@@ -411,7 +409,7 @@ class LocalDirStore:
     # Paths
 
     # Made once and remembered: a reserve looks up every shard's lock, and building the
-    # paths anew was a fifth of the store's CPU per event (profiled).
+    # paths anew showed in the store's profile (docs/performance-notes.md).
 
     def _dir(self, queue: QueueName) -> Path:
         return _queue_dir(self.root, queue)

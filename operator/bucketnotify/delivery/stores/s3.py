@@ -15,8 +15,8 @@ a bucket. Layout (names as in ``_format``: a LIST answers ``stats`` and ``reserv
 Meta objects have a prefix of their own so that ``queues`` is one LIST, whatever the queues
 hold, and no namespace name can collide with it.
 
-Requests (PUT, GET, DELETE and LIST are sent on the event loop by ``gateway.objects``, at
-a third of boto3's CPU; only ``ensure_bucket`` goes through boto3):
+Requests (PUT, GET, DELETE and LIST are sent on the event loop by ``gateway.objects``,
+cheaper than boto3 per request; only ``ensure_bucket`` goes through boto3):
 
 - ``reserve``: LIST of the reservations, LIST of the shards (one per 1000 batch objects in
   the queue), PUT of the marker, then the same two LISTs again (see "Reservations across
