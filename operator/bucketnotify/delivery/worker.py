@@ -195,190 +195,241 @@ async def process_shard(
     now: float,
     dead_letter: DeadLetterSink | None = None,
 ) -> RoundResult:
-    result = RoundResult()
-    fenced = False
-    window = asyncio.Semaphore(FENCE_WINDOW)
-    started = 0
+    """One round of ``queue``'s ``shard``: list, push in waves, drop, remove, write back."""
+    round_ = _Round(store, queue, shard, endpoint, policy, delivered, still_owned, now)
+    entries = await store.list(queue, shard, LIST_BATCH)
+    round_.result.listed = len(entries)
+    round_.sort(entries)
+    await round_.push_waves()
+    if not round_.owned():
+        round_.result.fenced = True
+        _pushes_only(round_.result, round_.refusals)
+        return round_.result
+    await round_.drop(dead_letter)
+    await round_.remove()
+    await round_.write_back()
+    return round_.result
 
-    def owned() -> bool:
+
+class _Round:
+    """The state of one round and its steps (``process_shard``)."""
+
+    def __init__(
+        self,
+        store: QueueStore,
+        queue: QueueName,
+        shard: int,
+        endpoint: Endpoint,
+        policy: DeliveryPolicy,
+        delivered: DeliveredCache,
+        still_owned: Callable[[], bool],
+        now: float,
+    ) -> None:
+        self.store, self.queue, self.shard = store, queue, shard
+        self.endpoint, self.policy, self.delivered = endpoint, policy, delivered
+        self.still_owned, self.now = still_owned, now
+        self.result = RoundResult()
+        self.fenced = False
+        self.window = asyncio.Semaphore(FENCE_WINDOW)
+        self.started = 0
+        self.dropped: list[Entry] = []
+        self.drops: dict[str, EventOutcome] = {}
+        """Outcomes that stand only once the round's removals do (dropped, duplicates)."""
+        self.refusals: dict[str, EventOutcome] = {}
+        """Pushes refused for good this round, by entry (dropped, unless the drops fail)."""
+        self.removing: list[str] = []
+        self.retry: list[Entry] = []
+        self.chains: OrderedDict[tuple[str, str], list[tuple[Entry, dict[str, Any]]]] = (
+            OrderedDict()
+        )
+        self.blocked: set[tuple[str, str]] = set()
+
+    def owned(self) -> bool:
         # Once lost, lost for the whole round: a partition taken back later must start from
         # a fresh listing, not from this round's stale one.
-        nonlocal fenced
-        fenced = fenced or not still_owned()
-        return not fenced
+        self.fenced = self.fenced or not self.still_owned()
+        return not self.fenced
 
-    dropped: list[Entry] = []
-    # Outcomes that stand only once the round's removals do (dropped, duplicates), by entry.
-    drops: dict[str, EventOutcome] = {}
-    refusals: dict[str, EventOutcome] = {}
-    """Pushes refused for good this round, by entry (dropped, unless the drops fail)."""
-    entries = await store.list(queue, shard, LIST_BATCH)
-    result.listed = len(entries)
-    remove: list[str] = []
+    def sort(self, entries: list[Entry]) -> None:
+        """What is removed (delivered before), dropped (expired), waits (its retry time, or
+        an earlier event of its object waits) or is pushed, in chains per object."""
+        result, now = self.result, self.now
+        for entry in entries:
+            if entry.id in self.delivered.unremoved:
+                self.removing.append(entry.id)  # delivered and counted by a round cut short
+                continue
+            record: dict[str, Any] = compact_json.loads(entry.body)
+            obj = object_of(record)
+            if entry.event_id in self.delivered:
+                result.duplicates += 1
+                self.removing.append(entry.id)
+                self.drops[entry.id] = EventOutcome(
+                    Outcome.DUPLICATE, entry, record, entry.attempts, now
+                )
+            elif reason := expiry(entry, self.policy, now):
+                result.expired += 1
+                self.dropped.append(entry)
+                self.drops[entry.id] = EventOutcome(
+                    Outcome.EXPIRED, entry, record, entry.attempts, now, reason
+                )
+            elif entry.not_before > now or obj in self.blocked:
+                # Waiting for its retry time, and everything after it for the same object
+                # waits too.
+                self.blocked.add(obj)
+            else:
+                self.chains.setdefault(obj, []).append((entry, record))
 
-    async def remove_delivered() -> None:
+    async def _remove_delivered(self) -> None:
         # Delivered and duplicate entries only: drops wait for the round's end (a drop to
         # the dead-letter topic is committed there first). Never on a shard no longer ours.
-        if not remove or not owned():
+        if not self.removing or not self.owned():
             return
-        taken = remove[:]
-        del remove[:]
+        taken = self.removing[:]
+        del self.removing[:]
         try:
-            await store.remove(queue, shard, taken)
+            await self.store.remove(self.queue, self.shard, taken)
         except Exception:
             # The round's own removal at its end tries them again, and fails the round if
             # the store still refuses: the pushes must not fail over it.
-            remove[:0] = taken
+            self.removing[:0] = taken
 
-    progress = _Progress(remove_delivered)
-    retry: list[Entry] = []
-    chains: OrderedDict[tuple[str, str], list[tuple[Entry, dict[str, Any]]]] = OrderedDict()
-    blocked: set[tuple[str, str]] = set()
+    async def push_waves(self) -> None:
+        """Wave i sends the i-th pending entry of every object whose earlier entries
+        succeeded; a long round removes what it delivered every ``PROGRESS_S``."""
+        progress = _Progress(self._remove_delivered)
+        wave = 0
+        if self.chains:  # no timer for a round with nothing to push (an idle poll)
+            progress.start(PROGRESS_S)
+        try:
+            while True:
+                batch = [chain[wave] for chain in self.chains.values() if len(chain) > wave]
+                batch = [(e, r) for e, r in batch if object_of(r) not in self.blocked]
+                if not batch:
+                    break
+                await self._wave(batch)
+                wave += 1
+        finally:
+            await progress.stop()
 
-    for entry in entries:
-        if entry.id in delivered.unremoved:
-            remove.append(entry.id)  # delivered and counted by a round cut short
-            continue
-        record: dict[str, Any] = compact_json.loads(entry.body)
-        obj = object_of(record)
-        if entry.event_id in delivered:
-            result.duplicates += 1
-            remove.append(entry.id)
-            drops[entry.id] = EventOutcome(Outcome.DUPLICATE, entry, record, entry.attempts, now)
-        elif reason := expiry(entry, policy, now):
-            result.expired += 1
-            dropped.append(entry)
-            drops[entry.id] = EventOutcome(
-                Outcome.EXPIRED, entry, record, entry.attempts, now, reason
-            )
-        elif entry.not_before > now or obj in blocked:
-            # Waiting for its retry time, and everything after it for the same object waits too.
-            blocked.add(obj)
+    async def _wave(self, batch: list[tuple[Entry, dict[str, Any]]]) -> None:
+        seen_in_wave: dict[str, Entry] = {}
+        deliveries: list[Delivery] = []
+        for entry, record in batch:
+            if entry.event_id in self.delivered or entry.event_id in seen_in_wave:
+                self.result.duplicates += 1
+                self.removing.append(entry.id)
+                self.drops[entry.id] = EventOutcome(
+                    Outcome.DUPLICATE, entry, record, entry.attempts, self.now
+                )
+                continue
+            seen_in_wave[entry.event_id] = entry
+            deliveries.append(Delivery(entry.id, record, entry.body))
+        by_id = {e.id: (e, r) for e, r in batch}
+        if len(deliveries) == 1:
+            await self._push(deliveries[0], by_id)  # no task for the usual lone event
         else:
-            chains.setdefault(obj, []).append((entry, record))
+            await asyncio.gather(*(self._push(d, by_id) for d in deliveries))
 
-    async def push(delivery: Delivery, by_id: dict[str, tuple[Entry, dict[str, Any]]]) -> None:
-        nonlocal started
-        async with window:
+    async def _push(
+        self, delivery: Delivery, by_id: dict[str, tuple[Entry, dict[str, Any]]]
+    ) -> None:
+        async with self.window:
             # The caller starts a round only on a shard it owns: the first window goes
             # out on that; every later push asks again when it gets its turn.
-            if started >= FENCE_WINDOW and not owned():
+            if self.started >= FENCE_WINDOW and not self.owned():
                 return  # stays queued, unpushed, for the next owner
-            started += 1
-            (outcome,) = await endpoint.send([delivery])
-        account(outcome, by_id)
+            self.started += 1
+            (outcome,) = await self.endpoint.send([delivery])
+        self._account(outcome, by_id)
 
-    def account(outcome: PushOutcome, by_id: dict[str, tuple[Entry, dict[str, Any]]]) -> None:
+    def _account(
+        self, outcome: PushOutcome, by_id: dict[str, tuple[Entry, dict[str, Any]]]
+    ) -> None:
         entry, record = by_id[outcome.id]
+        result = self.result
         verdict = judge(entry, record, outcome, time.time())
         if verdict.error:
             result.errors.append(verdict.error)
         if verdict.outcome is Outcome.DELIVERED:
             result.delivered += 1
             result.latencies.append(max(0.0, verdict.at - entry.ingest_time))
-            remove.append(entry.id)
-            delivered.add(entry.event_id)
+            self.removing.append(entry.id)
+            self.delivered.add(entry.event_id)
             result.outcomes.append(verdict)
         elif verdict.outcome is Outcome.REJECTED:
             # Dropped at the round's end; the object's later events wait for it no longer.
             result.expired += 1
             result.rejected += 1
-            dropped.append(entry)
-            drops[entry.id] = refusals[entry.id] = verdict
+            self.dropped.append(entry)
+            self.drops[entry.id] = self.refusals[entry.id] = verdict
         else:
             result.failed += 1
             result.outcomes.append(verdict)
-            blocked.add(object_of(record))
-            retry.append(
+            self.blocked.add(object_of(record))
+            self.retry.append(
                 Entry(
                     id=entry.id,
                     event_id=entry.event_id,
                     body=entry.body,
                     ingest_time=entry.ingest_time,
                     attempts=entry.attempts + 1,
-                    not_before=now + policy.retry_sleep_s,
+                    not_before=self.now + self.policy.retry_sleep_s,
                 )
             )
 
-    # Wave i sends the i-th pending entry of every object whose earlier entries succeeded.
-    wave = 0
-    if chains:  # no timer for a round with nothing to push (an idle poll)
-        progress.start(PROGRESS_S)
-    try:
-        while True:
-            batch = [
-                (chain[wave][0], chain[wave][1]) for chain in chains.values() if len(chain) > wave
-            ]
-            batch = [(e, r) for e, r in batch if object_of(r) not in blocked]
-            if not batch:
-                break
-            seen_in_wave: dict[str, Entry] = {}
-            deliveries: list[Delivery] = []
-            for entry, record in batch:
-                if entry.event_id in delivered or entry.event_id in seen_in_wave:
-                    result.duplicates += 1
-                    remove.append(entry.id)
-                    drops[entry.id] = EventOutcome(
-                        Outcome.DUPLICATE, entry, record, entry.attempts, now
-                    )
-                    continue
-                seen_in_wave[entry.event_id] = entry
-                deliveries.append(Delivery(entry.id, record, entry.body))
-
-            by_id = {e.id: (e, r) for e, r in batch}
-            if len(deliveries) == 1:
-                await push(deliveries[0], by_id)  # no task for the usual lone event
-            else:
-                await asyncio.gather(*(push(d, by_id) for d in deliveries))
-            wave += 1
-    finally:
-        await progress.stop()
-
-    if not owned():
-        result.fenced = True
-        _pushes_only(result, refusals)
-        return result
-    if dropped and dead_letter is not None:
-        result.expired -= len(dropped)
+    async def drop(self, dead_letter: DeadLetterSink | None) -> None:
+        """Hand what is dropped to the dead-letter topic, if there is one; when it refuses,
+        nothing is dropped (refused pushes count as failed attempts and stay queued)."""
+        result = self.result
+        if not self.dropped or dead_letter is None:
+            return
+        result.expired -= len(self.dropped)
         try:
-            await dead_letter(dropped)
-            result.dead_lettered = len(dropped)
-            for entry in dropped:
-                drops[entry.id] = replace(drops[entry.id], outcome=Outcome.DEAD_LETTERED)
+            await dead_letter(self.dropped)
+            result.dead_lettered = len(self.dropped)
+            for entry in self.dropped:
+                self.drops[entry.id] = replace(self.drops[entry.id], outcome=Outcome.DEAD_LETTERED)
         except Exception as exc:
-            result.errors.append(f"dead-letter topic refused {len(dropped)} events: {exc}")
-            for entry in dropped:
-                kept = drops.pop(entry.id)
+            result.errors.append(f"dead-letter topic refused {len(self.dropped)} events: {exc}")
+            for entry in self.dropped:
+                kept = self.drops.pop(entry.id)
                 if kept.outcome is Outcome.REJECTED:
                     result.outcomes.append(_refused(kept))
-            dropped = []
-    remove += [e.id for e in dropped]
-    try:
-        if remove:
-            await store.remove(queue, shard, remove)
-    except Exception as exc:
-        result.cut_short = True
-        result.dead_lettered = 0  # handed over, but counted by the round that removes them
-        delivered.unremoved.update(
-            o.entry.id for o in result.outcomes if o.outcome is Outcome.DELIVERED
-        )
-        _pushes_only(result, refusals)
-        raise RoundCutShort(result, exc) from exc
-    delivered.unremoved.difference_update(remove)
-    if result.listed < LIST_BATCH:
-        delivered.unremoved.clear()  # every entry was listed: the others are gone
-    # A drop happens when its removal (or its dead-letter commit) is done.
-    removed_at = time.time()
-    result.outcomes += [replace(o, at=removed_at) for o in drops.values()]
-    if retry:
+            self.dropped = []
+
+    async def remove(self) -> None:
+        """Remove what was delivered, repeated or dropped; the drops stand from then on."""
+        result, delivered = self.result, self.delivered
+        remove = self.removing + [e.id for e in self.dropped]
         try:
-            await store.update(queue, shard, retry)
+            if remove:
+                await self.store.remove(self.queue, self.shard, remove)
+        except Exception as exc:
+            result.cut_short = True
+            result.dead_lettered = 0  # handed over, but counted by the round that removes them
+            delivered.unremoved.update(
+                o.entry.id for o in result.outcomes if o.outcome is Outcome.DELIVERED
+            )
+            _pushes_only(result, self.refusals)
+            raise RoundCutShort(result, exc) from exc
+        delivered.unremoved.difference_update(remove)
+        if result.listed < LIST_BATCH:
+            delivered.unremoved.clear()  # every entry was listed: the others are gone
+        # A drop happens when its removal (or its dead-letter commit) is done.
+        removed_at = time.time()
+        result.outcomes += [replace(o, at=removed_at) for o in self.drops.values()]
+
+    async def write_back(self) -> None:
+        """The failed pushes go back with one more attempt and their retry time."""
+        if not self.retry:
+            return
+        try:
+            await self.store.update(self.queue, self.shard, self.retry)
         except Exception as exc:
             # The removals stand and so do the drops: counted. The failed pushes are tried
             # again with these attempts uncounted.
-            raise RoundCutShort(result, exc) from exc
-        result.retried = len(retry)
-    return result
+            raise RoundCutShort(self.result, exc) from exc
+        self.result.retried = len(self.retry)
 
 
 def _pushes_only(result: RoundResult, refusals: dict[str, EventOutcome]) -> None:
