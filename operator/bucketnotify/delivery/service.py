@@ -28,16 +28,7 @@ it. So an event waits for its owner no longer than a wake-up takes, at worst
 ``stats_interval_s``, and ``OWN_SURVEY_EVERY`` times that when the replicas cannot reach
 each other.
 
-Lifecycle of a queue:
-- a persistent Topic gets its queue (``create`` is idempotent, so every replica does it);
-- a Topic that stops being persistent keeps being delivered from its queue until the queue
-  is empty at two sweeps in a row, then the queue is deleted: switching modes loses
-  nothing;
-- a deleted Topic takes its queue with it (pending events are counted lost, as
-  ``radosgw-admin topic rm`` does); so do queues left in the store by Topics deleted while
-  no replica ran.
-- expired reservations (a writer crashed between reserve and commit) are reclaimed by the
-  owner of the queue's shard 0 when its survey finds them.
+The lifecycle of a queue (sweeps, surveys): ``delivery.lifecycle``.
 
 Metrics, delivery records and Kubernetes Events: see ``delivery.accounting``; a queue's
 length and size come from the survey every ``stats_interval_s`` and are exported only by the
@@ -64,6 +55,7 @@ from bucketnotify.delivery.direct_push import DirectPusher
 from bucketnotify.delivery.endpoints.base import Endpoint, object_of
 from bucketnotify.delivery.events import COMPONENT, TopicEvents
 from bucketnotify.delivery.ingest import Ingest, IngestTopic, build_app
+from bucketnotify.delivery.lifecycle import QueueLifecycle
 from bucketnotify.delivery.ownership import Ownership, partition_of
 from bucketnotify.delivery.queue import (
     Entry,
@@ -132,13 +124,6 @@ def _settled(result: RoundResult) -> bool:
     return not result.fenced and result.listed < LIST_BATCH and done == result.listed
 
 
-DRAINED_SWEEPS = 2
-"""A draining queue is deleted when this many sweeps in a row found it empty."""
-
-OWN_SURVEY_EVERY = 4
-"""Every this many surveys a replica also looks at the queues whose shard 0 another owns,
-for its own shards (see ``DeliveryService.survey``)."""
-
 HANDOVER_POLL_ROUNDS = 2
 """A shard this replica has just taken is polled every ``idle_max_s`` (and once more at the
 end), not left to wait for wake-ups, for this many Lease renew intervals: the other
@@ -194,10 +179,18 @@ class DeliveryService:
         """The Topic table was read once: until then each request costs an API call."""
         self._stop: asyncio.Event | None = None
         self._wakeups = WakeUps(ownership.owner_address, self.metrics)
-        self._surveys = 0
         self.gate = ShardGate()
         """Order between the ingest's direct pushes, commits and rounds (``direct``)."""
         self.delivered = DeliveredIds(store)
+        self.lifecycle = QueueLifecycle(
+            table=self.table,
+            store=store,
+            ownership=ownership,
+            metrics=self.metrics,
+            kube=self._kube,
+            wake=self._wake,
+            wake_local=self._wake_local,
+        )
         self.direct = DirectPusher(
             topics=self.topics,
             store=store,
@@ -268,72 +261,10 @@ class DeliveryService:
     # --- Topics ---------------------------------------------------------------------------
 
     async def sweep(self) -> None:
-        """Delete drained and orphaned queues."""
-        now = time.time()
-        self.table.stored = set(await self._store.queues())
-        for key, runtime in list(self.topics.items()):
-            if not self._ownership.owns_shard(runtime.queue, 0):
-                continue
-            if runtime.draining:
-                stats = await self._store.stats(runtime.queue, now)
-                if stats.entries or stats.reservations:
-                    runtime.empty_sweeps = 0
-                    continue
-                # Empty twice in a row, a sweep interval apart: another replica that had
-                # not seen the change yet (it lists the Topics every few seconds) may still
-                # have been committing to it at the first look, and an S3 store's commit
-                # far below the bounds leaves no reservation marker to see.
-                runtime.empty_sweeps += 1
-                if runtime.empty_sweeps >= DRAINED_SWEEPS:
-                    await self.table.retire(key, reason="its Topic is no longer persistent")
-        # Queues of Topics deleted while no replica was running.
-        orphans = {
-            q
-            for q in self.table.stored
-            if self.table.in_scope(q.namespace) and (q.namespace, q.topic) not in self.topics
-        }
-        for queue in orphans:
-            if await self._kube.get_object("topics", queue.namespace, queue.topic) is None:
-                await self.table.retire((queue.namespace, queue.topic), reason="its Topic is gone")
+        await self.lifecycle.sweep()
 
     async def survey(self) -> None:
-        """Look at each queue whose shard 0 this replica owns, once (``QueueStore.glance``):
-        set its gauges, reclaim expired reservations, wake the shards holding entries (a
-        wake-up may have been lost). Drop the gauges of the other queues (their owner
-        exports them). Queues where it owns other shards only it looks at every
-        ``OWN_SURVEY_EVERY`` surveys, for its own shards: a wake-up from the shard-0 owner
-        can be lost too (a network policy that keeps the replicas apart)."""
-        self.metrics.partitions_owned.labels(self._ownership.identity).set(
-            len(self._ownership.owned())
-        )
-        self._surveys += 1
-        own_turn = self._surveys % OWN_SURVEY_EVERY == 0
-        for key, runtime in list(self.topics.items()):
-            queue = runtime.queue
-            lead = self._ownership.owns_shard(queue, 0)
-            if not lead:
-                self.metrics.drop_queue_stats(*key)
-                owned = any(self._ownership.owns_shard(queue, s) for s in range(runtime.shards))
-                if not (own_turn and owned):
-                    continue
-            now = time.time()
-            try:
-                stats = await self._store.glance(queue, now)
-            except LookupError:
-                continue
-            for shard, held in stats.shards.items():
-                if held.entries:
-                    if lead:
-                        self._wake(queue, shard)
-                    elif self._ownership.owns_shard(queue, shard):
-                        self._wake_local(queue, shard)
-            if not lead:
-                continue
-            self.metrics.set_queue_stats(*key, stats.entries, stats.bytes)
-            if stats.expired:
-                reclaimed = await self._store.reclaim(queue, now)
-                if reclaimed:
-                    log.warning("%s: reclaimed %d abandoned reservations", queue, reclaimed)
+        await self.lifecycle.survey()
 
     # --- direct delivery (delivery.direct) ---------------------------------------------------
 

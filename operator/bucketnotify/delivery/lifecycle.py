@@ -1,0 +1,131 @@
+"""The lifecycle of a replica's queues, beside their delivery: sweeps and surveys.
+
+- a persistent Topic gets its queue (``create`` is idempotent, so every replica does it);
+- a Topic that stops being persistent keeps being delivered from its queue until the queue
+  is empty at two sweeps in a row, then the queue is deleted: switching modes loses
+  nothing;
+- a deleted Topic takes its queue with it (pending events are counted lost, as
+  ``radosgw-admin topic rm`` does); so do queues left in the store by Topics deleted while
+  no replica ran.
+- expired reservations (a writer crashed between reserve and commit) are reclaimed by the
+  owner of the queue's shard 0 when its survey finds them.
+
+A survey also sets a queue's length and size gauges (exported only by the owner of its shard
+0, so a sum over replicas counts each queue once) and wakes the shards holding entries,
+which bounds how long a lost wake-up delays an event.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from bucketnotify.delivery.ownership import Ownership
+from bucketnotify.delivery.queue import QueueName, QueueStore
+from bucketnotify.delivery.topic_table import TopicTable
+from bucketnotify.kube import Kube
+from bucketnotify.metrics import DeliveryMetrics
+
+__all__ = ["DRAINED_SWEEPS", "OWN_SURVEY_EVERY", "QueueLifecycle"]
+
+log = logging.getLogger(__name__)
+
+DRAINED_SWEEPS = 2
+"""A draining queue is deleted when this many sweeps in a row found it empty."""
+
+OWN_SURVEY_EVERY = 4
+"""Every this many surveys a replica also looks at the queues whose shard 0 another owns,
+for its own shards (see ``QueueLifecycle.survey``)."""
+
+
+class QueueLifecycle:
+    def __init__(
+        self,
+        *,
+        table: TopicTable,
+        store: QueueStore,
+        ownership: Ownership,
+        metrics: DeliveryMetrics,
+        kube: Kube,
+        wake: Callable[[QueueName, int], None],
+        wake_local: Callable[[QueueName, int], None],
+    ) -> None:
+        self._table = table
+        self._store = store
+        self._ownership = ownership
+        self.metrics = metrics
+        self._kube = kube
+        self._wake = wake
+        """The shard has entries: its loop here, or its owner, is told."""
+        self._wake_local = wake_local
+        self._surveys = 0
+
+    async def sweep(self) -> None:
+        """Delete drained and orphaned queues."""
+        now = time.time()
+        self._table.stored = set(await self._store.queues())
+        for key, runtime in list(self._table.topics.items()):
+            if not self._ownership.owns_shard(runtime.queue, 0):
+                continue
+            if runtime.draining:
+                stats = await self._store.stats(runtime.queue, now)
+                if stats.entries or stats.reservations:
+                    runtime.empty_sweeps = 0
+                    continue
+                # Empty twice in a row, a sweep interval apart: another replica that had
+                # not seen the change yet (it lists the Topics every few seconds) may still
+                # have been committing to it at the first look, and an S3 store's commit
+                # far below the bounds leaves no reservation marker to see.
+                runtime.empty_sweeps += 1
+                if runtime.empty_sweeps >= DRAINED_SWEEPS:
+                    await self._table.retire(key, reason="its Topic is no longer persistent")
+        # Queues of Topics deleted while no replica was running.
+        orphans = {
+            q
+            for q in self._table.stored
+            if self._table.in_scope(q.namespace)
+            and (q.namespace, q.topic) not in self._table.topics
+        }
+        for queue in orphans:
+            if await self._kube.get_object("topics", queue.namespace, queue.topic) is None:
+                await self._table.retire((queue.namespace, queue.topic), reason="its Topic is gone")
+
+    async def survey(self) -> None:
+        """Look at each queue whose shard 0 this replica owns, once (``QueueStore.glance``):
+        set its gauges, reclaim expired reservations, wake the shards holding entries (a
+        wake-up may have been lost). Drop the gauges of the other queues (their owner
+        exports them). Queues where it owns other shards only it looks at every
+        ``OWN_SURVEY_EVERY`` surveys, for its own shards: a wake-up from the shard-0 owner
+        can be lost too (a network policy that keeps the replicas apart)."""
+        self.metrics.partitions_owned.labels(self._ownership.identity).set(
+            len(self._ownership.owned())
+        )
+        self._surveys += 1
+        own_turn = self._surveys % OWN_SURVEY_EVERY == 0
+        for key, runtime in list(self._table.topics.items()):
+            queue = runtime.queue
+            lead = self._ownership.owns_shard(queue, 0)
+            if not lead:
+                self.metrics.drop_queue_stats(*key)
+                owned = any(self._ownership.owns_shard(queue, s) for s in range(runtime.shards))
+                if not (own_turn and owned):
+                    continue
+            now = time.time()
+            try:
+                stats = await self._store.glance(queue, now)
+            except LookupError:
+                continue
+            for shard, held in stats.shards.items():
+                if held.entries:
+                    if lead:
+                        self._wake(queue, shard)
+                    elif self._ownership.owns_shard(queue, shard):
+                        self._wake_local(queue, shard)
+            if not lead:
+                continue
+            self.metrics.set_queue_stats(*key, stats.entries, stats.bytes)
+            if stats.expired:
+                reclaimed = await self._store.reclaim(queue, now)
+                if reclaimed:
+                    log.warning("%s: reclaimed %d abandoned reservations", queue, reclaimed)
