@@ -294,55 +294,29 @@ class TopicTable:
     ) -> None:
         namespace, name = key
         delivery = spec.delivery
-        shards = delivery.shards if delivery else 11
-        limits = QueueLimits(
-            max_entries=delivery.max_queue_entries if delivery else QueueLimits.max_entries,
-            max_bytes=delivery.max_queue_bytes if delivery else QueueLimits.max_bytes,
-            reservation_timeout_s=self._reservation_timeout_s,
-        )
         queue = QueueName(namespace, name)
         old = self.topics.get(key)
-        if not draining and (
-            old is None or old.generation != generation or old.uid != uid or old.draining
-        ):
-            # Only when the queue may be new or its settings changed: a Topic's Secrets
-            # are read again every secret_refresh_s, and a PUT each time for each Topic
-            # would be most of an idle replica's gateway requests.
-            await self._store.create(queue, shards, limits)
-        elif old is not None:
-            shards = old.shards  # the queue keeps the shards it was written with
+        shards = await self._queue_for(queue, spec, old, generation, uid, draining=draining)
         endpoint: Endpoint | None = None
-        problem: str | None = None
-        problem_reason = ""
+        problem: tuple[str, str] | None = None
+        """What keeps the endpoint from opening, and its Event reason."""
         try:
             credentials, ca_pem = await self._endpoint_inputs(namespace, spec)
             fingerprint = _fingerprint(
                 spec.model_dump(), credentials, ca_pem, generation, shards, draining
             )
         except SecretMissing as exc:
-            problem, problem_reason = str(exc), "SecretNotFound"
-            fingerprint = _fingerprint(problem, generation, draining)
+            problem = str(exc), "SecretNotFound"
+            fingerprint = _fingerprint(problem[0], generation, draining)
         if old is not None and old.fingerprint == fingerprint and old.uid == uid:
             old.secrets_read_at = time.monotonic()
             return
-        if problem is None and credentials is not None and not self._allow_cleartext:
-            refusal = broker_cleartext_refusal(spec)
-            if refusal is not None:
-                problem, problem_reason = refusal, "CleartextCredentials"
         if problem is None:
-            try:
-                endpoint = open_endpoint(
-                    spec.endpoint,
-                    endpoint_topic=endpoint_topic_name(name, spec),
-                    credentials=credentials,
-                    ca_pem=ca_pem,
-                )
-            except ConfigurationError as exc:
-                problem, problem_reason = str(exc), "EndpointInvalid"
-        if problem is not None and (old is None or old.problem != problem):
+            endpoint, problem = self._open_endpoint(name, spec, credentials, ca_pem)
+        if problem is not None and (old is None or old.problem != problem[0]):
             # Events keep being accepted and wait in the queue until this is fixed.
-            log.error("topic %s/%s: not delivering: %s", namespace, name, problem)
-        self.events.endpoint_state(namespace, name, problem, problem_reason)
+            log.error("topic %s/%s: not delivering: %s", namespace, name, problem[0])
+        self.events.endpoint_state(namespace, name, *(problem or (None, "")))
         self.topics[key] = TopicRuntime(
             queue=queue,
             shards=shards,
@@ -355,7 +329,7 @@ class TopicTable:
             fingerprint=fingerprint,
             generation=generation,
             secrets_read_at=time.monotonic(),
-            problem=problem,
+            problem=problem[0] if problem else None,
             draining=draining,
             dead_letter=delivery.dead_letter_topic if delivery else None,
             delivered=old.delivered if old is not None else {},
@@ -376,6 +350,60 @@ class TopicTable:
             name,
             shards,
         )
+
+    async def _queue_for(
+        self,
+        queue: QueueName,
+        spec: TopicSpec,
+        old: TopicRuntime | None,
+        generation: int,
+        uid: str,
+        *,
+        draining: bool,
+    ) -> int:
+        """The queue's shards, the queue created or updated where it may be new or changed."""
+        delivery = spec.delivery
+        if draining or not (
+            old is None or old.generation != generation or old.uid != uid or old.draining
+        ):
+            # Only when the queue may be new or its settings changed: a Topic's Secrets
+            # are read again every secret_refresh_s, and a PUT each time for each Topic
+            # would be most of an idle replica's gateway requests. The queue keeps the
+            # shards it was written with.
+            return old.shards if old is not None else (delivery.shards if delivery else 11)
+        shards = delivery.shards if delivery else 11
+        limits = QueueLimits(
+            max_entries=delivery.max_queue_entries if delivery else QueueLimits.max_entries,
+            max_bytes=delivery.max_queue_bytes if delivery else QueueLimits.max_bytes,
+            reservation_timeout_s=self._reservation_timeout_s,
+        )
+        await self._store.create(queue, shards, limits)
+        return shards
+
+    def _open_endpoint(
+        self,
+        name: str,
+        spec: TopicSpec,
+        credentials: tuple[str, str] | None,
+        ca_pem: str | None,
+    ) -> tuple[Endpoint | None, tuple[str, str] | None]:
+        """The endpoint, or what keeps it from opening as specified (and the reason)."""
+        if credentials is not None and not self._allow_cleartext:
+            refusal = broker_cleartext_refusal(spec)
+            if refusal is not None:
+                return None, (refusal, "CleartextCredentials")
+        try:
+            return (
+                open_endpoint(
+                    spec.endpoint,
+                    endpoint_topic=endpoint_topic_name(name, spec),
+                    credentials=credentials,
+                    ca_pem=ca_pem,
+                ),
+                None,
+            )
+        except ConfigurationError as exc:
+            return None, (str(exc), "EndpointInvalid")
 
     async def retire(self, key: TopicKey, *, reason: str) -> None:
         """Stop serving ``key`` and delete its queue (counting what was still in it)."""
