@@ -101,16 +101,16 @@ test-unit: install ## unit tests only (no services)
 	$(BIN)/pytest tests/unit
 
 .PHONY: test
-test-prerequisites: install services-install tools node-install lint crds-check
+test-prerequisites: install services-install tools node-install python-install lint crds-check
 
-test: ## lint, crds check, every test against the real services (Ceph 20.2), the gateway-facing ones against Ceph 18.2 and 16.2, then the chart on the one-node cluster
+test: ## lint, crds check, every test against the real services (Ceph 20.2), the gateway-facing ones against Ceph 18.2 and 16.2, the unit tests on Python 3.13, then the chart on the one-node cluster
 	@# Two at a time: on a new machine the Go builds (kube-apiserver, kubelet, helm) keep the
 	@# cores busy while the downloads (Python packages, Ceph roots, Kafka's jars) wait on the
 	@# network; on a machine that has them all it takes seconds.
 	$(MAKE) --no-print-directory -j2 test-prerequisites
 	@# Each always runs: the whole suite on the default Ceph release; then the compatibility
 	@# tier, a session per other release side by side, sharing the first session's apiserver
-	@# and brokers; then the one-node cluster (kubelet, controller-manager, five pods), which
+	@# and brokers, and beside them the unit tests on Python 3.13; then the one-node cluster (kubelet, controller-manager, five pods), which
 	@# runs only while its own tier does, not beside the timing-sensitive fault tests.
 	rc=0; \
 	BN_KEEP_SERVICES=1 $(BIN)/pytest -ra --durations=30 tests --ignore=tests/cluster || rc=1; \
@@ -121,7 +121,8 @@ test: ## lint, crds check, every test against the real services (Ceph 20.2), the
 
 # The releases' sessions run at once: each has its own gateway, and every test its own
 # namespace, operator and replicas (scoped to it), so they share the apiserver and the brokers
-# without meeting; their output is printed one after the other.
+# without meeting; beside them the unit tier on Python 3.13 (no services). Their output is
+# printed one after the other.
 .PHONY: compat-side-by-side
 compat-side-by-side:
 	@rc=0; pids=(); mkdir -p "$(dir $(COMPAT_LOG))"; \
@@ -129,9 +130,20 @@ compat-side-by-side:
 	  CEPH_RELEASE=$$r BN_KEEP_SERVICES=1 $(BIN)/pytest -ra --durations=5 $(COMPAT_TESTS) \
 	    >"$(COMPAT_LOG)-$$r.log" 2>&1 & pids+=($$!); \
 	done; \
+	bash $(LOCAL)/python.sh test -q tests/unit >"$(COMPAT_LOG)-python.log" 2>&1 & pids+=($$!); \
 	for p in "$${pids[@]}"; do wait "$$p" || rc=1; done; \
 	for r in $(COMPAT_RELEASES); do echo "== compatibility tier, Ceph $$r"; cat "$(COMPAT_LOG)-$$r.log"; done; \
+	echo "== compatibility tier, the unit tests on $$(bash $(LOCAL)/python.sh version)"; \
+	cat "$(COMPAT_LOG)-python.log"; \
 	exit $$rc
+
+.PHONY: python-install
+python-install: ## a Debian trixie root with Python 3.13 and the project's dependencies, for the unit tier on it (once)
+	bash $(LOCAL)/python.sh install
+
+.PHONY: test-python
+test-python: python-install ## the unit tests on Python 3.13 (deploy/local/python.sh)
+	bash $(LOCAL)/python.sh test tests/unit
 
 .PHONY: test-compat
 test-compat: install services-install ## the compatibility tier alone: the gateway-facing tests against each of COMPAT_RELEASES

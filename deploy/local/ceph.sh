@@ -113,33 +113,6 @@ stop_all() {
 }
 
 
-# The Debian mirror this host's apt uses: the roots come from the same archive.
-host_mirror() {
-  local uri
-  uri=$(awk '/^URIs:/ && $2 !~ /security/ {print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
-  [[ -n $uri ]] || uri=$(awk '/^deb / && $2 !~ /security/ {print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)
-  [[ -n $uri ]] || die "no Debian mirror found in this host's apt sources"
-  printf '%s\n' "$uri"
-}
-
-# The kernel's file systems a Ceph package's scripts and daemons need, inside root $1.
-mount_system() {
-  local root=$1
-  mountpoint -q "$root/proc" || mount -t proc proc "$root/proc"
-  mountpoint -q "$root/sys" || mount --rbind /sys "$root/sys"
-  mountpoint -q "$root/dev" || mount --rbind /dev "$root/dev"
-}
-
-# Everything mounted under root $1, deepest first. A root is never deleted with a mount in it:
-# rm would go on into the host's /dev and /sys.
-unmount_all() {
-  local root=$1 target
-  [[ -d $root ]] || return 0
-  while read -r target; do
-    umount -l "$target" 2>/dev/null || true
-  done < <(awk -v r="$root/" 'index($2, r) == 1 {print $2}' /proc/mounts | sort -r)
-}
-
 # The root stays mounted while a daemon or tool of another run ($BN_RUN) still works in it.
 root_unmount() {
   [[ -n $ROOT ]] || return 0

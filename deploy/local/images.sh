@@ -49,15 +49,7 @@ SPARK_IMAGE_TAG=${SPARK_IMAGE_TAG:-localhost/bucketnotify-spark:dev}
 cache="$BN_CACHE/images"
 work="$BN_RUN/images"
 
-# The mirror apt uses on this host: debootstrap reaches the same one the same way.
-host_mirror() {
-  local uri
-  uri=$(sed -nE 's/^URIs:[[:space:]]*([^[:space:]]+\/debian)[[:space:]]*$/\1/p' \
-    /etc/apt/sources.list.d/*.sources 2>/dev/null | head -n1 || true)
-  [[ -n $uri ]] || uri=$(sed -nE 's/^deb[[:space:]]+(\[[^]]*\][[:space:]]+)?([^[:space:]]+\/debian)[[:space:]]+.*/\2/p' \
-    /etc/apt/sources.list 2>/dev/null | head -n1 || true)
-  echo "${uri:-http://deb.debian.org/debian}"
-}
+# The mirror apt uses on this host (lib.sh): debootstrap reaches the same one the same way.
 BASE_MIRROR=${BASE_MIRROR:-$(host_mirror)}
 
 # Bump when base() makes a different image from the same packages.

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# The unit tests on a Python other than the host's 3.11: Debian trixie's Python 3.13, in a
+# Debian root of its own (debootstrap, built once under $BN_CACHE/python-roots/), with a venv
+# of the project's dependencies at requirements.lock's versions inside it. The repository is
+# bind-mounted at the same path inside the root, so the venv installs it as `make install`
+# does (editable) and pytest runs in place.
+#
+#   deploy/local/python.sh install        build the root and the venv (once; again when
+#                                         requirements.lock or pyproject.toml change)
+#   deploy/local/python.sh test [ARGS]    pytest ARGS (default: tests/unit) in the root
+#   deploy/local/python.sh version        the root's Python version
+#
+# No service runs in the root: only the unit tier, which needs none, runs there. Debian ships
+# 3.11 (bookworm, the host's) and 3.13 (trixie); 3.12 has no Debian release to take it from.
+SERVICE=python
+source "$(dirname "$0")/lib.sh"
+
+SUITE=trixie
+PYTHON_PACKAGES=(python3 python3-venv)
+ROOT=$BN_CACHE/python-roots/$SUITE
+VENV=/opt/bucketnotify-venv
+# What the venv was made from: a change to either makes it again.
+STAMP=$(cat "$BN_REPO/requirements.lock" "$BN_REPO/pyproject.toml" | sha256sum | cut -c1-16)
+
+root_build() {
+  [[ -f $ROOT/.bucketnotify-python ]] && return 0
+  apt_ensure debootstrap
+  local tmp=$ROOT.tmp mirror apt=(apt-get -qq -o Acquire::Check-Valid-Until=false)
+  mirror=$(host_mirror)
+  log "building a Debian $SUITE root for its Python in $ROOT (once; a few minutes)"
+  unmount_all "$tmp"
+  rm -rf --one-file-system "$tmp"
+  mkdir -p "$(dirname "$tmp")"
+  trap 'unmount_all "'"$tmp"'"' EXIT
+  debootstrap --variant=minbase "$SUITE" "$tmp" "$mirror" >"$tmp.log" 2>&1 ||
+    die_with_log "debootstrap of $SUITE failed" "$tmp.log"
+  mount_system "$tmp"
+  chroot "$tmp" "${apt[@]}" update >>"$tmp.log" 2>&1 || die_with_log "apt-get update in the root failed" "$tmp.log"
+  chroot "$tmp" env DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y --no-install-recommends \
+    "${PYTHON_PACKAGES[@]}" ca-certificates >>"$tmp.log" 2>&1 ||
+    die_with_log "installing ${PYTHON_PACKAGES[*]} in the root failed" "$tmp.log"
+  chroot "$tmp" apt-get clean
+  unmount_all "$tmp"
+  trap - EXIT
+  chroot "$tmp" python3 --version >"$tmp/.bucketnotify-python"
+  rm -f "$tmp.log"
+  mv "$tmp" "$ROOT"
+}
+
+# The root's file systems and the repository, mounted while $1 runs; unmounted after.
+in_root() {
+  mount_system "$ROOT"
+  # The host's trust, whatever it holds (a proxy's CA included): pip in the root reaches
+  # PyPI the way the host's does.
+  [[ -f /etc/ssl/certs/ca-certificates.crt ]] &&
+    cp /etc/ssl/certs/ca-certificates.crt "$ROOT/etc/ssl/certs/ca-certificates.crt"
+  mkdir -p "$ROOT$BN_REPO"
+  mountpoint -q "$ROOT$BN_REPO" || mount --bind "$BN_REPO" "$ROOT$BN_REPO"
+  local rc=0
+  chroot "$ROOT" env HOME=/root PATH="$VENV/bin:/usr/bin:/bin" PYTHONDONTWRITEBYTECODE=1 \
+    bash -c "cd '$BN_REPO' && $1" || rc=$?
+  unmount_all "$ROOT"
+  return $rc
+}
+
+venv_build() {
+  [[ $(cat "$ROOT$VENV/.stamp" 2>/dev/null) == "$STAMP" ]] && return 0
+  log "making the venv in the root: the project's dependencies at requirements.lock's versions"
+  rm -rf "${ROOT:?}$VENV"
+  in_root "python3 -m venv $VENV && $VENV/bin/pip install -q --upgrade pip &&
+    $VENV/bin/pip install -q -c requirements.lock -e '.[dev,report]'" >"$ROOT.venv.log" 2>&1 ||
+    die_with_log "installing the project in the root's venv failed" "$ROOT.venv.log"
+  echo "$STAMP" >"$ROOT$VENV/.stamp"
+}
+
+# One run at a time: two would mount and unmount the same root under each other.
+exec 8>"$BN_CACHE/python-root.lock"
+flock 8
+
+case ${1:-} in
+  install) root_build; venv_build; log "$(cat "$ROOT/.bucketnotify-python")" ;;
+  test)
+    shift
+    root_build
+    venv_build
+    args=("${@:-tests/unit}")
+    in_root "pytest -p no:cacheprovider ${args[*]}"
+    ;;
+  version) cat "$ROOT/.bucketnotify-python" ;;
+  *) die "usage: $0 install|test [pytest args]|version" ;;
+esac
