@@ -5,7 +5,8 @@ The parts, each in its own module, wired here:
 - ``delivery.topic_table``: the Topics served, their queues and endpoints (and
   ``delivery.ingest_tokens``, the tokens the ingest checks);
 - ``delivery.ingest``: the gateway's pushes committed to the queues;
-- the shard loops and the queues' lifecycle (sweep, survey): here;
+- the shard loops: here;
+- ``delivery.lifecycle``: the queues' sweeps and surveys;
 - ``delivery.direct`` and ``delivery.direct_push``: an event for an empty shard pushed
   before the ingest answers;
 - ``delivery.delivered``: the delivered identities kept for a shard's next owner;
@@ -27,8 +28,6 @@ replica also looks at the queues where it owns other shards, in case its peers c
 it. So an event waits for its owner no longer than a wake-up takes, at worst
 ``stats_interval_s``, and ``OWN_SURVEY_EVERY`` times that when the replicas cannot reach
 each other.
-
-The lifecycle of a queue (sweeps, surveys): ``delivery.lifecycle``.
 
 Metrics, delivery records and Kubernetes Events: see ``delivery.accounting``; a queue's
 length and size come from the survey every ``stats_interval_s`` and are exported only by the
@@ -79,7 +78,6 @@ from bucketnotify.delivery.worker import (
     process_shard,
 )
 from bucketnotify.event_recorder import EventRecorder
-from bucketnotify.kube import Kube
 from bucketnotify.metrics import DeliveryMetrics
 
 __all__ = ["DeliveryService", "ServiceTimings", "TopicRuntime"]
@@ -171,7 +169,6 @@ class DeliveryService:
         )
         self.topics = self.table.topics
         self.ingest_topics = self.table.ingest_topics
-        self._kube = Kube(api)
         self._loops: dict[tuple[QueueName, int], asyncio.Task[None]] = {}
         self._wakes: dict[tuple[QueueName, int], asyncio.Event] = {}
         self._stopping = False
@@ -187,7 +184,7 @@ class DeliveryService:
             store=store,
             ownership=ownership,
             metrics=self.metrics,
-            kube=self._kube,
+            kube=self.table.kube,
             wake=self._wake,
             wake_local=self._wake_local,
         )

@@ -109,7 +109,7 @@ class TopicTable:
         allow_cleartext_secrets: bool = False,
     ) -> None:
         self._api = api
-        self._kube = Kube(api)
+        self.kube = Kube(api)
         self._store = store
         self._namespaces = namespaces
         self.metrics = metrics
@@ -121,7 +121,7 @@ class TopicTable:
         self._allow_cleartext = allow_cleartext_secrets
         self.topics: dict[TopicKey, TopicRuntime] = {}
         self.ingest_topics: dict[TopicKey, IngestTopic] = {}
-        self.tokens = IngestTokens(self._kube, self.ingest_topics, token_overlap_s)
+        self.tokens = IngestTokens(self.kube, self.ingest_topics, token_overlap_s)
         # Unknown Topics looked up recently: a stray or hostile sender must not turn every
         # request into an API server call.
         self._misses: dict[TopicKey, float] = {}
@@ -274,7 +274,7 @@ class TopicTable:
             endpoint.kafka and endpoint.kafka.sasl and endpoint.kafka.sasl.credentials_ref
         )
         if ref:
-            data = await self._kube.secret_data(namespace, ref.secret_name)
+            data = await self.kube.secret_data(namespace, ref.secret_name)
             for secret_key in (ref.username_key, ref.password_key):
                 if secret_key not in data:
                     raise SecretMissing(
@@ -286,7 +286,7 @@ class TopicTable:
             or (endpoint.amqp and endpoint.amqp.ca_ref)
             or (endpoint.kafka and endpoint.kafka.ca_ref)
         )
-        ca_pem = await self._kube.ca_bundle(namespace, ca_ref) if ca_ref else None
+        ca_pem = await self.kube.ca_bundle(namespace, ca_ref) if ca_ref else None
         return credentials, ca_pem
 
     async def _open(
