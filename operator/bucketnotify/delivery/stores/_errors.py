@@ -58,7 +58,12 @@ def mapped(exc: BaseException) -> BaseException:
     return own
 
 
-def _mapping(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+def _mapping(
+    method: Callable[P, Awaitable[R]], *, outcomes: bool = False
+) -> Callable[P, Awaitable[R]]:
+    """``method`` raising the store's own exceptions; ``outcomes``: it returns failures as
+    values too (``commit_together``), which are mapped the same way."""
+
     @functools.wraps(method)
     async def call(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
@@ -68,10 +73,9 @@ def _mapping(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
             if own is exc:
                 raise
             raise own from exc
-        if isinstance(result, list) and any(isinstance(r, BaseException) for r in result):
-            # commit_together gives each commit's failure as a value.
-            mixed: Any = [mapped(r) if isinstance(r, BaseException) else r for r in result]
-            return mixed  # type: ignore[no-any-return]
+        if outcomes and isinstance(result, list):
+            each: Any = [mapped(r) if isinstance(r, BaseException) else r for r in result]
+            return each  # type: ignore[no-any-return]
         return result
 
     return call
@@ -82,5 +86,5 @@ def raises_store_errors(cls: C) -> C:
     for name in STORE_METHODS:
         method = cls.__dict__.get(name)
         if method is not None:
-            setattr(cls, name, _mapping(method))
+            setattr(cls, name, _mapping(method, outcomes=name == "commit_together"))
     return cls
