@@ -2,8 +2,8 @@
 recorded (``delivery.recording``), announced as Kubernetes Events (``delivery.events``) and
 logged, with one WARNING per event lost.
 
-The rounds (``delivery.shard_loops``) and the direct pushes (``delivery.service``) both
-report here, so a push counts the same whichever path made it.
+The rounds (the shard loops of ``delivery.service``) and the direct pushes
+(``delivery.direct_push``) both report here, so a push counts the same whichever path made it.
 """
 
 from __future__ import annotations
