@@ -37,7 +37,7 @@ async def test_names_of_topics_that_do_not_exist_are_remembered_within_a_bound(
             namespaces=[namespace],
             metrics=DeliveryMetrics(),
         )
-        service.MAX_MISSES = 20
+        service.table.MAX_MISSES = 20
         names = [f"nope-{uuid.uuid4().hex[:8]}" for _ in range(60)]
         for name in names:
             assert await service.resolve(namespace, name) is None
