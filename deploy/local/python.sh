@@ -2,8 +2,9 @@
 # The unit tests on a Python other than the host's 3.11: Debian trixie's Python 3.13, in a
 # Debian root of its own (debootstrap, built once under $BN_CACHE/python-roots/), with a venv
 # of the project's dependencies at requirements.lock's versions inside it. The repository is
-# bind-mounted at the same path inside the root, so the venv installs it as `make install`
-# does (editable) and pytest runs in place.
+# bind-mounted at the same path inside the root; each run installs the checkout it runs from
+# into the venv (editable, without dependencies: seconds, no network), so another clone of the
+# repository (CI's) uses the same venv, and pytest runs in place.
 #
 #   deploy/local/python.sh install        build the root and the venv (once; again when
 #                                         requirements.lock or pyproject.toml change)
@@ -19,8 +20,8 @@ SUITE=trixie
 PYTHON_PACKAGES=(python3 python3-venv)
 ROOT=$BN_CACHE/python-roots/$SUITE
 VENV=/opt/bucketnotify-venv
-# What the venv was made from: a change to either makes it again.
-STAMP=$(cat "$BN_REPO/requirements.lock" "$BN_REPO/pyproject.toml" | sha256sum | cut -c1-16)
+# What the venv was made from: a change to any of them makes it again.
+STAMP=$(cat "$BN_REPO/requirements.lock" "$BN_REPO/pyproject.toml" "${BASH_SOURCE[0]}" | sha256sum | cut -c1-16)
 
 root_build() {
   [[ -f $ROOT/.bucketnotify-python ]] && return 0
@@ -68,7 +69,7 @@ venv_build() {
   log "making the venv in the root: the project's dependencies at requirements.lock's versions"
   rm -rf "${ROOT:?}$VENV"
   in_root "python3 -m venv $VENV && $VENV/bin/pip install -q --upgrade pip &&
-    $VENV/bin/pip install -q -c requirements.lock -e '.[dev,report]'" >"$ROOT.venv.log" 2>&1 ||
+    $VENV/bin/pip install -q -c requirements.lock -e '.[dev,report]' hatchling editables" >"$ROOT.venv.log" 2>&1 ||
     die_with_log "installing the project in the root's venv failed" "$ROOT.venv.log"
   echo "$STAMP" >"$ROOT$VENV/.stamp"
 }
@@ -84,7 +85,8 @@ case ${1:-} in
     root_build
     venv_build
     args=("${@:-tests/unit}")
-    in_root "pytest -p no:cacheprovider ${args[*]}"
+    # This checkout, not the one the venv was made from (its path is in the venv's .pth).
+    in_root "pip install -q --no-deps --no-build-isolation -e . && pytest -p no:cacheprovider ${args[*]}"
     ;;
   version) cat "$ROOT/.bucketnotify-python" ;;
   *) die "usage: $0 install|test [pytest args]|version" ;;
