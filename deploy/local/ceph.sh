@@ -133,41 +133,18 @@ root_mount() {
   mountpoint -q "$ROOT$DIR" || mount --bind "$DIR" "$ROOT$DIR"
 }
 
-# Build the release's root once: debootstrap a minimal Debian, then apt inside it (debootstrap's
-# --include fails on a systemd pre-dependency of the Ceph packages).
+# Build the release's root once (lib.sh's debian_root).
 root_build() {
   grep -qP "^radosgw\t\Q$CEPH_VERSION\E$" "$ROOT/.bucketnotify-ceph" 2>/dev/null && return 0
-  apt_ensure debootstrap
   if [[ -d $ROOT ]]; then
     log "the root in $ROOT is not Ceph $CEPH_VERSION: building it again"
     unmount_all "$ROOT"
     rm -rf --one-file-system "$ROOT"
   fi
-  local tmp=$ROOT.tmp mirror apt=(apt-get -qq -o Acquire::Check-Valid-Until=false)
-  mirror=$(host_mirror)
   log "building a Debian $SUITE root for Ceph $CEPH_VERSION in $ROOT (once; a few minutes)"
-  unmount_all "$tmp"
-  rm -rf --one-file-system "$tmp"
-  mkdir -p "$(dirname "$tmp")"
-  trap 'unmount_all "'"$tmp"'"' EXIT
-  debootstrap --variant=minbase "$SUITE" "$tmp" "$mirror" \
-    "/usr/share/debootstrap/scripts/$BOOTSTRAP_SCRIPT" >"$tmp.log" 2>&1 ||
-    die_with_log "debootstrap of $SUITE failed" "$tmp.log"
-  # Packages must not start their services in here: the daemons are ours to run.
-  printf '#!/bin/sh\nexit 101\n' >"$tmp/usr/sbin/policy-rc.d"
-  chmod +x "$tmp/usr/sbin/policy-rc.d"
-  mount_system "$tmp"
-  # The archive may be a dated snapshot, whose Release files are past their Valid-Until.
-  chroot "$tmp" "${apt[@]}" update >>"$tmp.log" 2>&1 || die_with_log "apt-get update in the root failed" "$tmp.log"
-  chroot "$tmp" env DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y --no-install-recommends \
-    "${CEPH_PACKAGES[@]/%/=$CEPH_VERSION}" >>"$tmp.log" 2>&1 ||
-    die_with_log "installing Ceph $CEPH_VERSION in the root failed" "$tmp.log"
-  chroot "$tmp" apt-get clean
-  unmount_all "$tmp"
-  trap - EXIT
-  chroot "$tmp" dpkg-query -W "${CEPH_PACKAGES[@]}" >"$tmp/.bucketnotify-ceph"
-  rm -f "$tmp.log"
-  mv "$tmp" "$ROOT"
+  debian_root "$ROOT.tmp" "$SUITE" "$BOOTSTRAP_SCRIPT" "${CEPH_PACKAGES[@]/%/=$CEPH_VERSION}"
+  chroot "$ROOT.tmp" dpkg-query -W "${CEPH_PACKAGES[@]}" >"$ROOT.tmp/.bucketnotify-ceph"
+  mv "$ROOT.tmp" "$ROOT"
 }
 
 install() {

@@ -76,6 +76,35 @@ unmount_all() {
   done < <(awk -v r="$root/" 'index($2, r) == 1 {print $2}' /proc/mounts | sort -r)
 }
 
+# debian_root DIR SUITE SCRIPT PACKAGE...: a minimal Debian SUITE made in DIR (debootstrap with
+# its SCRIPT, then apt inside it: debootstrap's --include fails on a systemd pre-dependency of
+# the Ceph packages), the PACKAGEs installed, nothing mounted in it when it returns. Packages
+# never start services in it. The caller stamps it and moves it in place.
+debian_root() {
+  local dir=$1 suite=$2 script=$3 mirror apt=(apt-get -qq -o Acquire::Check-Valid-Until=false)
+  shift 3
+  apt_ensure debootstrap
+  mirror=$(host_mirror)
+  unmount_all "$dir"
+  rm -rf --one-file-system "$dir"
+  mkdir -p "$(dirname "$dir")"
+  trap 'unmount_all "'"$dir"'"' EXIT
+  debootstrap --variant=minbase "$suite" "$dir" "$mirror" \
+    "/usr/share/debootstrap/scripts/$script" >"$dir.log" 2>&1 ||
+    die_with_log "debootstrap of $suite failed" "$dir.log"
+  printf '#!/bin/sh\nexit 101\n' >"$dir/usr/sbin/policy-rc.d"
+  chmod +x "$dir/usr/sbin/policy-rc.d"
+  mount_system "$dir"
+  # The archive may be a dated snapshot, whose Release files are past their Valid-Until.
+  chroot "$dir" "${apt[@]}" update >>"$dir.log" 2>&1 || die_with_log "apt-get update in the root failed" "$dir.log"
+  chroot "$dir" env DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y --no-install-recommends \
+    "$@" >>"$dir.log" 2>&1 || die_with_log "installing $* in the root failed" "$dir.log"
+  chroot "$dir" apt-get clean
+  unmount_all "$dir"
+  trap - EXIT
+  rm -f "$dir.log"
+}
+
 pid_alive() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 # Stop the process whose pid is in $1: TERM, wait, then KILL.

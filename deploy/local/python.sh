@@ -25,27 +25,10 @@ STAMP=$(cat "$BN_REPO/requirements.lock" "$BN_REPO/pyproject.toml" "${BASH_SOURC
 
 root_build() {
   [[ -f $ROOT/.bucketnotify-python ]] && return 0
-  apt_ensure debootstrap
-  local tmp=$ROOT.tmp mirror apt=(apt-get -qq -o Acquire::Check-Valid-Until=false)
-  mirror=$(host_mirror)
   log "building a Debian $SUITE root for its Python in $ROOT (once; a few minutes)"
-  unmount_all "$tmp"
-  rm -rf --one-file-system "$tmp"
-  mkdir -p "$(dirname "$tmp")"
-  trap 'unmount_all "'"$tmp"'"' EXIT
-  debootstrap --variant=minbase "$SUITE" "$tmp" "$mirror" >"$tmp.log" 2>&1 ||
-    die_with_log "debootstrap of $SUITE failed" "$tmp.log"
-  mount_system "$tmp"
-  chroot "$tmp" "${apt[@]}" update >>"$tmp.log" 2>&1 || die_with_log "apt-get update in the root failed" "$tmp.log"
-  chroot "$tmp" env DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y --no-install-recommends \
-    "${PYTHON_PACKAGES[@]}" ca-certificates >>"$tmp.log" 2>&1 ||
-    die_with_log "installing ${PYTHON_PACKAGES[*]} in the root failed" "$tmp.log"
-  chroot "$tmp" apt-get clean
-  unmount_all "$tmp"
-  trap - EXIT
-  chroot "$tmp" python3 --version >"$tmp/.bucketnotify-python"
-  rm -f "$tmp.log"
-  mv "$tmp" "$ROOT"
+  debian_root "$ROOT.tmp" "$SUITE" "$SUITE" "${PYTHON_PACKAGES[@]}" ca-certificates
+  chroot "$ROOT.tmp" python3 --version >"$ROOT.tmp/.bucketnotify-python"
+  mv "$ROOT.tmp" "$ROOT"
 }
 
 # The root's file systems and the repository, mounted while $1 runs; unmounted after.
@@ -75,6 +58,7 @@ venv_build() {
 }
 
 # One run at a time: two would mount and unmount the same root under each other.
+mkdir -p "$BN_CACHE"
 exec 8>"$BN_CACHE/python-root.lock"
 flock 8
 
