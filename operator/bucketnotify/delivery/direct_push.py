@@ -16,7 +16,7 @@ from bucketnotify.delivery.accounting import Accounting
 from bucketnotify.delivery.direct import ShardGate
 from bucketnotify.delivery.endpoints.base import Delivery
 from bucketnotify.delivery.queue import Entry, QueueName, QueueStore
-from bucketnotify.delivery.topic_table import TopicRuntime
+from bucketnotify.delivery.topic_table import TopicKey, TopicRuntime
 from bucketnotify.delivery.worker import (
     LIST_BATCH,
     DeadLetterSink,
@@ -39,7 +39,7 @@ class DirectPusher:
     def __init__(
         self,
         *,
-        topics: dict[tuple[str, str], TopicRuntime],
+        topics: dict[TopicKey, TopicRuntime],
         store: QueueStore,
         accounting: Accounting,
         gate: ShardGate,
