@@ -388,7 +388,8 @@ def _program() -> str:
     return "bucketnotify"
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """Every command and option of the ``bucketnotify`` command line."""
     parser = argparse.ArgumentParser(prog=_program())
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -422,6 +423,11 @@ def main(argv: list[str] | None = None) -> int:
             help="default: $BUCKETNOTIFY_LOG_LEVEL or INFO",
         )
     admin.register(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.command in admin.COMMANDS:
         return admin.run(args)

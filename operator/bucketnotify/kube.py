@@ -36,6 +36,9 @@ WATCHED_LABEL = f"{GROUP}/watched"
 it on the Secrets it creates and on every Secret a Topic makes it read."""
 
 
+CLAIM_GROUP, CLAIM_VERSION = "objectbucket.io", "v1alpha1"
+"""ObjectBucketClaims, as Rook (lib-bucket-provisioner) serves them."""
+
 METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 """Asks the API server for an object's metadata alone (its data never leaves the server)."""
 
@@ -201,6 +204,28 @@ class Kube:
             raise
         return obj
 
+    async def object_bucket_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """An ObjectBucketClaim (objectbucket.io, Rook's bucket provisioner), or None when
+        it, or its resource, does not exist."""
+        path = object_path(CLAIM_GROUP, CLAIM_VERSION, "objectbucketclaims", namespace, name)
+        try:
+            claim: dict[str, Any] = await self._api.get(path)
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return claim
+
+    async def config_map_data(self, namespace: str, name: str) -> dict[str, str]:
+        try:
+            config_map = await self._api.get(_core_path("configmaps", namespace, name))
+        except ApiError as exc:
+            if exc.status == 404:
+                raise SecretMissing(f"ConfigMap {namespace}/{name} does not exist") from None
+            raise
+        data: dict[str, str] = config_map.get("data") or {}
+        return data
+
     async def patch_status(
         self,
         plural: str,
@@ -253,13 +278,7 @@ class Kube:
         )
 
     async def config_map_key(self, namespace: str, name: str, key: str) -> str:
-        try:
-            config_map = await self._api.get(_core_path("configmaps", namespace, name))
-        except ApiError as exc:
-            if exc.status == 404:
-                raise SecretMissing(f"ConfigMap {namespace}/{name} does not exist") from None
-            raise
-        data: dict[str, str] = config_map.get("data") or {}
+        data = await self.config_map_data(namespace, name)
         if key not in data:
             raise SecretMissing(f"ConfigMap {namespace}/{name} has no key {key!r}")
         return data[key]

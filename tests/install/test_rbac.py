@@ -24,13 +24,14 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from tests.claims import Provisioner, install_claim_crd
 from tests.delivery import wait_ready
 from tests.install.manifests import SAMPLES, Obj, apply, kustomize, template
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.processes import Program, free_port
 from tests.receivers import HttpReceiver
-from tests.s3 import s3_client
+from tests.s3 import connection, s3_client
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("crds")
@@ -269,6 +270,8 @@ FEATURES: dict[Grant, str] = {
     ("operator", "", "secrets", "patch"): "the watched label on the Secrets Topics use",
     ("operator", "", "events", "create"): "Events on Topics and notifications",
     ("operator", "", "events", "patch"): "the count of a repeated Event (Updated twice)",
+    ("operator", "objectbucket.io", "objectbucketclaims", "get"): "a bucketRef's claim",
+    ("operator", "", "configmaps", "get"): "a bucketRef's claim's ConfigMap (bucket, gateway)",
     ("operator", "apiextensions.k8s.io", "customresourcedefinitions", "list"): "kopf discovery",
     ("operator", "apiextensions.k8s.io", "customresourcedefinitions", "watch"): "kopf discovery",
     ("operator", "", "namespaces", "list"): "watchNamespaces",
@@ -442,6 +445,24 @@ def test_samples_reconcile_and_deliver_under_the_chart_rbac_and_use_every_rule(
                 ready(kubectl, namespace, obj["kind"].lower(), obj["metadata"]["name"])
         s3.put_object(Bucket=bucket, Key="images/cat.jpg", Body=b"meow")
         records = receiver.next_records(timeout=READY_TIMEOUT_S)
+    # A notification on the bucket of an ObjectBucketClaim, as Rook's provisioner binds it.
+    install_claim_crd(kubectl)
+    claims = Provisioner(kubectl, namespace, rgw, connection(rgw, other=True).s3())
+    claims.claim("photos")
+    claims.bind("photos")
+    kubectl.apply(
+        {
+            "apiVersion": "bucketnotify.io/v1alpha1",
+            "kind": "BucketNotification",
+            "metadata": {"name": "claimed", "namespace": namespace},
+            "spec": {
+                "bucketRef": {"objectBucketClaim": "photos"},
+                "topicRef": {"name": "webhook"},
+                "testEvent": False,
+            },
+        }
+    )
+    ready(kubectl, namespace, "bucketnotification", "claimed")
     assert [r["s3"]["object"]["key"] for r in records] == ["images/cat.jpg"]
     assert records[0]["s3"]["configurationId"] == "uploads-images"
     # The delivery service opened its Leases in the release namespace under its own name.

@@ -45,7 +45,11 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
         {"bucket": "photos", "topicARN": "urn:smn:region::topic"},
         "spec.topicARN in body should match",
     ),
-    ("no-bucket", {"topicRef": {"name": "t"}}, "spec.bucket: Required value"),
+    (
+        "no-bucket",
+        {"topicRef": {"name": "t"}},
+        "set exactly one of bucket (a bucket name) and bucketRef",
+    ),
     ("bad-bucket-name", {**BASE, "bucket": "Bad_Bucket"}, "spec.bucket in body should match"),
     (
         "unknown-event",
@@ -149,7 +153,11 @@ def test_bad_notification_is_refused_with_a_clear_message(
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("bucket", "other", "bucket is immutable: create a new BucketNotification instead"),
+        (
+            "bucket",
+            "other",
+            "bucket and bucketRef are immutable: create a new BucketNotification instead",
+        ),
         ("id", "other-id", "id is immutable: create a new BucketNotification instead"),
     ],
 )

@@ -180,24 +180,19 @@ def _notifications(item: dict[str, Any], claims: list[dict[str, Any]], done: Con
         done.problems.append(
             f"{where}: no ObjectBucketClaim in the input is labelled"
             f" {NOTIFICATION_LABEL}{name}={name}: pass the claims too (kubectl get obc -o yaml)"
-            " or write spec.bucket yourself: left out"
+            " or write spec.bucket or spec.bucketRef yourself: left out"
         )
         return
     for claim in bound:
         claim_name = (claim.get("metadata") or {}).get("name")
-        bucket = (claim.get("spec") or {}).get("bucketName")
-        if not bucket:
-            done.problems.append(
-                f"{where}: ObjectBucketClaim {namespace}/{claim_name} has no spec.bucketName"
-                " yet (not bound): left out for that claim"
-            )
-            continue
         one = len(bound) == 1
+        # The claim, not its bucket's name: the notification follows it (a claim bound
+        # later, a bucket name the provisioner generated), as Rook's binding does.
         done.objects.append(
             {
                 "apiVersion": API_VERSION,
                 "kind": "BucketNotification",
                 "metadata": _meta(item, name if one else f"{name}-{claim_name}"),
-                "spec": {"bucket": bucket, **ours},
+                "spec": {"bucketRef": {"objectBucketClaim": claim_name}, **ours},
             }
         )

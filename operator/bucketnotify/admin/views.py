@@ -105,7 +105,7 @@ def notification_row(obj: dict[str, Any], now: dt.datetime, all_namespaces: bool
     spec = obj.get("spec") or {}
     return [
         *_name(obj, all_namespaces),
-        spec.get("bucket", NONE),
+        spec.get("bucket") or (obj.get("status") or {}).get("bucket") or NONE,
         (spec.get("topicRef") or {}).get("name") or spec.get("topicARN") or NONE,
         _events(spec),
         _filters(spec),

@@ -55,7 +55,7 @@ BUCKET_NOTIFICATION = CrdInfo(
     status_model=BucketNotificationStatus,
     description="One notification configuration (one Id) on one bucket.",
     printer_columns=[
-        {"name": "Bucket", "type": "string", "jsonPath": ".spec.bucket"},
+        {"name": "Bucket", "type": "string", "jsonPath": ".status.bucket"},
         {"name": "Topic", "type": "string", "jsonPath": ".spec.topicRef.name"},
         {"name": "Topic ARN", "type": "string", "jsonPath": ".spec.topicARN", "priority": 1},
         {"name": "Id", "type": "string", "jsonPath": ".status.applied.id", "priority": 1},

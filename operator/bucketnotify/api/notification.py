@@ -15,6 +15,7 @@ __all__ = [
     "BucketNotification",
     "BucketNotificationSpec",
     "BucketNotificationStatus",
+    "BucketRef",
     "EventType",
     "FilterRule",
     "KeyFilter",
@@ -93,6 +94,19 @@ class TopicRef(Model):
     """metadata.name of the Topic."""
 
 
+class BucketRef(Model):
+    """The bucket of an ObjectBucketClaim (Rook's bucket provisioner, lib-bucket-provisioner)
+    of the same namespace, instead of `bucket`: its name and the gateway from the claim's
+    ConfigMap (BUCKET_NAME, BUCKET_HOST, BUCKET_PORT, BUCKET_REGION), the bucket owner's keys
+    from its Secret (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), both named as the claim."""
+
+    object_bucket_claim: str = Field(min_length=1, max_length=253)
+    """metadata.name of the ObjectBucketClaim."""
+    scheme: Literal["http", "https"] | None = None
+    """How to reach BUCKET_HOST:BUCKET_PORT; defaults to https on port 443, else http (the
+    claim does not say)."""
+
+
 class KeyFilter(Model):
     """Filters on the object key; each kind at most once, all must match."""
 
@@ -163,8 +177,21 @@ class BucketNotificationSpec(Model):
             "message": "id is immutable: create a new BucketNotification instead",
         },
         {
-            "rule": "self.bucket == oldSelf.bucket",
-            "message": "bucket is immutable: create a new BucketNotification instead",
+            "rule": "has(self.bucket) != has(self.bucketRef)",
+            "message": "set exactly one of bucket (a bucket name) and bucketRef (the bucket of"
+            " an ObjectBucketClaim)",
+        },
+        {
+            "rule": "has(self.bucket) == has(oldSelf.bucket)"
+            " && (!has(self.bucket) || self.bucket == oldSelf.bucket)"
+            " && (!has(self.bucketRef) || self.bucketRef == oldSelf.bucketRef)",
+            "message": "bucket and bucketRef are immutable: create a new BucketNotification"
+            " instead",
+        },
+        {
+            "rule": "!has(self.bucketRef) || !has(self.gatewayRef)",
+            "message": "bucketRef takes the gateway and the bucket owner's keys from the claim:"
+            " leave gatewayRef out",
         },
         {
             "rule": "has(self.topicRef) != has(self.topicARN)",
@@ -173,8 +200,13 @@ class BucketNotificationSpec(Model):
         },
     )
 
-    bucket: str = Field(min_length=3, max_length=63, pattern=r"^[a-z0-9][a-z0-9.-]*[a-z0-9]$")
-    """Name of the bucket on the gateway."""
+    bucket: str | None = Field(
+        default=None, min_length=3, max_length=63, pattern=r"^[a-z0-9][a-z0-9.-]*[a-z0-9]$"
+    )
+    """Name of the bucket on the gateway; or bucketRef. Immutable."""
+    bucket_ref: BucketRef | None = None
+    """The bucket of an ObjectBucketClaim, with its gateway and owner's keys; instead of
+    bucket and gatewayRef. Immutable."""
     topic_ref: TopicRef | None = None
     """The Topic the events go to; or topicARN."""
     topic_arn: str | None = Field(
@@ -222,6 +254,8 @@ class AppliedConfiguration(Model):
     id: str
     topic_arn: str
     events: list[str] = Field(default_factory=list)
+    bucket: str | None = None
+    """The bucket it was written to (with bucketRef: the claim's, which may go away)."""
 
 
 class BucketNotificationStatus(Model):
@@ -231,6 +265,8 @@ class BucketNotificationStatus(Model):
     """The metadata.generation last reconciled."""
     conditions: list[Condition] = Field(default_factory=list, max_length=16)
     """Ready and the specific conditions."""
+    bucket: str | None = None
+    """The bucket: spec.bucket, or the one its ObjectBucketClaim names (bucketRef)."""
     applied: AppliedConfiguration | None = None
     """The configuration last applied to the bucket."""
     test_event_sent: bool | None = None

@@ -375,7 +375,7 @@ async def notification_snapshots(
 ) -> dict[Any, Any]:
     """(bucket, namespace, name) → the BucketNotification as the drift loop checks it (one
     bucket's one after another: their checks share one read of the bucket)."""
-    return {(str(spec.get("bucket") or ""), namespace, name): _snapshot(body)}
+    return {(_bucket(spec, body.status), namespace, name): _snapshot(body)}
 
 
 DRIFT_INDICES = (
@@ -559,6 +559,26 @@ async def secret_changed(
             topic,
             {SECRET_RESYNC: f"{name}@{meta.get('resourceVersion')}"},
         )
+    notifications_by_claim: kopf.Index[Any, str] = kwargs["notifications_by_claim"]
+    for notification in notifications_by_claim.get((namespace, name), []):
+        # An ObjectBucketClaim's Secret is made when it is bound and deleted with it (the
+        # provisioner's): its notifications follow at once, not at the next drift check.
+        await memo.kube.annotate(
+            "bucketnotifications",
+            namespace,
+            notification,
+            {SECRET_RESYNC: f"{name}@{meta.get('resourceVersion')}"},
+        )
+
+
+@kopf.index(*NOTIFICATIONS)
+async def notifications_by_claim(
+    namespace: str | None, name: str, spec: kopf.Spec, **_: Any
+) -> dict[Any, str]:
+    """(namespace, ObjectBucketClaim name, which is also its Secret's) → names of the
+    BucketNotifications on its bucket."""
+    claim = (spec.get("bucketRef") or {}).get("objectBucketClaim")
+    return {(namespace, claim): name} if claim else {}
 
 
 @kopf.index(*NOTIFICATIONS)
@@ -588,7 +608,7 @@ async def notifications_by_bucket_id(
 def _id_claim(
     namespace: str, name: str, spec: kopf.Spec, status: kopf.Status, meta: kopf.Meta
 ) -> tuple[tuple[str, str], IdClaim] | None:
-    bucket = spec.get("bucket")
+    bucket = _bucket(spec, status)
     if not bucket:
         return None
     config_id = str(spec.get("id") or name)
@@ -596,6 +616,12 @@ def _id_claim(
     created = str(meta.get("creationTimestamp") or "")
     holds = applied.get("id") == config_id
     return (str(bucket), config_id), IdClaim(namespace, name, created, holds)
+
+
+def _bucket(spec: kopf.Spec, status: kopf.Status) -> str:
+    """A notification's bucket: its spec's, or the one its claim named when last resolved
+    (bucketRef; empty until then)."""
+    return str(spec.get("bucket") or status.get("bucket") or "")
 
 
 def _rivals(
@@ -725,7 +751,7 @@ async def notification_deleted(
         body,
         started,
         what=f"notification Id {(status.get('applied') or {}).get('id') or spec.get('id') or name}"
-        f" on bucket {spec.get('bucket')}",
+        f" on bucket {_bucket(spec, status) or '(its claim never named one)'}",
         escape="remove it with `DELETE /<bucket>?notification=<id>` and Ceph's copy of its"
         " topic with `radosgw-admin topic rm --topic=<id>_<topic>`",
         delete=delete_notification(

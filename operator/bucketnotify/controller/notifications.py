@@ -21,6 +21,7 @@ from bucketnotify.api.common import GatewayRef, NotReconcilable, parse_model
 from bucketnotify.api.notification import BucketNotificationSpec
 from bucketnotify.api.topic import TopicSpec
 from bucketnotify.apiserver import ApiError
+from bucketnotify.controller.bucket_claims import CLAIM_NOT_FOUND, claimed_bucket
 from bucketnotify.controller.bucket_writes import AGAIN, BucketLocks
 from bucketnotify.controller.conditions import ready_condition
 from bucketnotify.controller.id_ownership import (
@@ -66,6 +67,7 @@ __all__ = ["BucketLocks", "delete_notification", "reconcile_notification", "same
 @dataclass(frozen=True)
 class Resolved:
     spec: BucketNotificationSpec
+    bucket: str
     config_id: str
     topic_arn: str
     connection: GatewayConnection
@@ -88,8 +90,8 @@ async def resolve(
     if spec.topic_ref is None:
         # topicARN: whether the gateway has it is checked under the bucket lock.
         assert spec.topic_arn is not None  # the schema asks for exactly one of them
-        connection = await _connection(kube, settings, namespace, spec.gateway_ref)
-        return Resolved(spec, spec.id or name, spec.topic_arn, connection, external=True)
+        bucket, connection = await _bucket_and_connection(kube, settings, namespace, spec, None)
+        return Resolved(spec, bucket, spec.id or name, spec.topic_arn, connection, external=True)
     topic = await kube.get_object("topics", namespace, spec.topic_ref.name)
     if topic is None:
         raise NotReconcilable(
@@ -103,11 +105,28 @@ async def resolve(
             "TopicNotReady", f"Topic {namespace}/{spec.topic_ref.name} is not Ready yet", retry=True
         )
     topic_spec = TopicSpec.model_validate(topic["spec"])
-    ref: GatewayRef | None = spec.gateway_ref or topic_spec.gateway_ref
-    connection = await _connection(kube, settings, namespace, ref)
+    bucket, connection = await _bucket_and_connection(
+        kube, settings, namespace, spec, topic_spec.gateway_ref
+    )
     if connection.kind == "obs":
         raise NotReconcilable("Unsupported", TOPICS_NEED_SNS)
-    return Resolved(spec, spec.id or name, arn, connection, external=False)
+    return Resolved(spec, bucket, spec.id or name, arn, connection, external=False)
+
+
+async def _bucket_and_connection(
+    kube: Kube,
+    settings: OperatorSettings,
+    namespace: str,
+    spec: BucketNotificationSpec,
+    topic_ref: GatewayRef | None,
+) -> tuple[str, GatewayConnection]:
+    """The bucket and whose keys write to it: its claim's (bucketRef), else gatewayRef's,
+    else the Topic's (``topic_ref``), else the operator's."""
+    if spec.bucket_ref is not None:
+        claimed = await claimed_bucket(kube, namespace, spec.bucket_ref)
+        return claimed.bucket, claimed.connection
+    assert spec.bucket is not None  # the schema asks for exactly one of them
+    return spec.bucket, await _connection(kube, settings, namespace, spec.gateway_ref or topic_ref)
 
 
 async def _connection(
@@ -144,6 +163,8 @@ async def resolve_gateway(
     """The gateway a notification's spec goes to: its gatewayRef, else its Topic's, else
     the operator's."""
     spec = parse_spec(raw)
+    if spec.bucket_ref is not None:
+        return (await claimed_bucket(kube, namespace, spec.bucket_ref)).connection
     ref: GatewayRef | None = spec.gateway_ref
     if ref is None and spec.topic_ref is not None:
         topic = await kube.get_object("topics", namespace, spec.topic_ref.name)
@@ -207,6 +228,7 @@ async def reconcile_notification(
     16.2): no event falls between a delete and a create.
     """
     applied = status.get("applied")
+    bucket: str | None = spec.get("bucket") or status.get("bucket")
 
     def outcome(
         ready: bool,
@@ -224,11 +246,12 @@ async def reconcile_notification(
             retry=retry,
             repaired=repaired,
             applied=applied,
+            bucket=bucket,
         )
 
     try:
         resolved = await resolve(kube, settings, name, namespace, spec)
-        bucket = resolved.spec.bucket
+        bucket = resolved.bucket
         desired = desired_configuration(resolved.spec, resolved.config_id, resolved.topic_arn)
         repaired: list[str] = []
         if claim is not None and rivals:
@@ -296,8 +319,21 @@ async def reconcile_notification(
     except NotReconcilable as exc:
         if exc.reason == ID_CONFLICT:
             applied = None  # the Id on the bucket is not this notification's (any more)
-        return outcome(False, exc.reason, str(exc), retry=exc.retry), None
-    applied = {"id": desired.id, "topicArn": desired.topic_arn, "events": list(desired.events)}
+        message = str(exc)
+        if exc.reason == CLAIM_NOT_FOUND and applied:
+            removed, what = await _leave_claimed_bucket(
+                kube, settings, locks, gateways, namespace, spec, applied
+            )
+            message = f"{message}; {what}"
+            if removed:
+                applied = None
+        return outcome(False, exc.reason, message, retry=exc.retry), None
+    applied = {
+        "id": desired.id,
+        "topicArn": desired.topic_arn,
+        "events": list(desired.events),
+        "bucket": bucket,
+    }
     result = outcome(
         True, "Synced", f"Id {desired.id} on bucket {bucket} is in sync", repaired=repaired
     )
@@ -495,7 +531,13 @@ async def delete_notification(
         if topic_arn:
             topic_arns.add(topic_arn)
     try:
-        connection = await gateway_connection(kube, namespace, ref, settings)
+        if parsed.bucket_ref is not None:
+            claimed = await claimed_bucket(kube, namespace, parsed.bucket_ref)
+            bucket, connection = claimed.bucket, claimed.connection
+        else:
+            assert parsed.bucket is not None  # the schema asks for bucket or bucketRef
+            bucket = parsed.bucket
+            connection = await gateway_connection(kube, namespace, ref, settings)
     except SecretMissing as exc:
         if not applied:
             return
@@ -503,22 +545,78 @@ async def delete_notification(
     except NotReconcilable:
         if not applied:
             return
+        if parsed.bucket_ref is not None:
+            # The claim went first, its keys with it: only its bucket's name is left.
+            removed, what = await _leave_claimed_bucket(
+                kube, settings, locks, gateways, namespace, spec, applied
+            )
+            if removed:
+                return
+            raise NotReconcilable(CLAIM_NOT_FOUND, what) from None
         raise
     if claim is not None and rivals:
         same = await same_gateway(kube, settings, rivals, connection)
         if same and id_owner([claim, *same]) != claim:
             return  # the Id is a rival's to keep
     gateway = await gateways.get(connection)
-    async with locks(connection, parsed.bucket):
+    async with locks(connection, bucket):
         try:
-            entries = await gateway.read(gateway.notifications.list, parsed.bucket)
+            entries = await gateway.read(gateway.notifications.list, bucket)
             if any(c.id == config_id and c.topic_arn not in topic_arns for c in entries):
                 return  # the Id is someone else's now (or always was)
-            await gateway.write(
-                gateway.notifications.delete, parsed.bucket, config_id, sorted(topic_arns)
-            )
+            await gateway.write(gateway.notifications.delete, bucket, config_id, sorted(topic_arns))
         except GatewayNotFound:
             pass  # a bucket that is gone took its configuration (and Ceph its copies) along
         except (GatewayAccessDenied, GatewayInvalidArgument):
             if applied:
                 raise
+
+
+async def _leave_claimed_bucket(
+    kube: Kube,
+    settings: OperatorSettings,
+    locks: BucketLocks,
+    gateways: GatewayPool,
+    namespace: str,
+    spec: dict[str, Any],
+    applied: dict[str, Any],
+) -> tuple[bool, str]:
+    """Whether this notification's Id is off the bucket its claim named, now that the claim
+    and its keys are gone, and what became of it.
+
+    With Rook's default reclaim policy (Delete) the provisioner deleted the bucket and the
+    Id with it. A bucket it kept (Retain) is changed only by its owner, whose keys went
+    with the claim: the Topic's or the operator's gateway user is tried, which may."""
+    bucket, config_id = applied.get("bucket"), applied["id"]
+    if not bucket:
+        return False, f"Id {config_id} may stay on the claim's bucket, whose name is not known"
+    parsed = parse_spec(spec)
+    ref: GatewayRef | None = None
+    if parsed.topic_ref is not None:
+        topic = await kube.get_object("topics", namespace, parsed.topic_ref.name)
+        if topic is not None:
+            ref = TopicSpec.model_validate(topic["spec"]).gateway_ref
+    try:
+        connection = await gateway_connection(kube, namespace, ref, settings)
+    except (SecretMissing, NotReconcilable) as exc:
+        return False, f"Id {config_id} stays on bucket {bucket}: no gateway to remove it ({exc})"
+    gateway = await gateways.get(connection)
+    try:
+        async with locks(connection, bucket):
+            entries = await gateway.read(gateway.notifications.list, bucket)
+            if not any(c.id == config_id and c.topic_arn == applied["topicArn"] for c in entries):
+                return True, f"Id {config_id} is no longer on bucket {bucket}"
+            await gateway.write(
+                gateway.notifications.delete, bucket, config_id, [applied["topicArn"]]
+            )
+    except GatewayNotFound:
+        return True, f"bucket {bucket} is gone, and Id {config_id} with it"
+    except GatewayAccessDenied:
+        return False, (
+            f"Id {config_id} stays on bucket {bucket}, which outlived its claim: gateway user"
+            f" {connection.access_key} may not change it; remove it with the bucket owner's"
+            f" keys (DELETE /{bucket}?notification={config_id})"
+        )
+    except GatewayError as exc:
+        return False, f"Id {config_id} on bucket {bucket} not removed yet: {exc}"
+    return True, f"Id {config_id} removed from bucket {bucket}"

@@ -1,0 +1,110 @@
+"""A BucketNotification's bucket from an ObjectBucketClaim (``bucketRef``): which bucket, on
+which gateway, with whose keys.
+
+Rook's bucket provisioner (lib-bucket-provisioner) binds a claim by making a bucket and a
+gateway user that owns it, then a ConfigMap and a Secret named as the claim, in its
+namespace: the ConfigMap says where (``BUCKET_HOST``, ``BUCKET_PORT``, ``BUCKET_NAME``,
+``BUCKET_REGION``), the Secret holds the owner's keys (``AWS_ACCESS_KEY_ID``,
+``AWS_SECRET_ACCESS_KEY``). Only a bucket's owner may write its notification configuration,
+so the notification is written with those keys; its topic stays its Topic's (any user of the
+tenant may name it: Ceph 16 to 20 need no topic policy for that).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bucketnotify.api.common import NotReconcilable
+from bucketnotify.api.notification import BucketRef
+from bucketnotify.gateway.connection import GatewayConnection
+from bucketnotify.kube import Kube, SecretMissing
+
+__all__ = [
+    "CLAIM_NOT_BOUND",
+    "CLAIM_NOT_FOUND",
+    "ClaimedBucket",
+    "claimed_bucket",
+    "claimed_from",
+]
+
+CLAIM_NOT_FOUND = "BucketClaimNotFound"
+CLAIM_NOT_BOUND = "BucketClaimNotBound"
+INVALID_CLAIM = "InvalidBucketClaim"
+
+ACCESS_KEY, SECRET_KEY = "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"
+WHERE = ("BUCKET_NAME", "BUCKET_HOST", "BUCKET_PORT")
+
+
+@dataclass(frozen=True)
+class ClaimedBucket:
+    bucket: str
+    connection: GatewayConnection
+    """The claim's gateway, with the bucket owner's keys."""
+
+
+async def claimed_bucket(kube: Kube, namespace: str, ref: BucketRef) -> ClaimedBucket:
+    """The bucket of a bound claim; NotReconcilable while it is not bound (retried, so a
+    claim bound later is followed) or when it is gone."""
+    name = ref.object_bucket_claim
+    where = f"ObjectBucketClaim {namespace}/{name}"
+    claim = await kube.object_bucket_claim(namespace, name)
+    if claim is None:
+        raise NotReconcilable(
+            CLAIM_NOT_FOUND,
+            f"{where} does not exist (or this cluster serves no ObjectBucketClaims)",
+            retry=True,
+        )
+    if claim["metadata"].get("deletionTimestamp"):
+        raise NotReconcilable(CLAIM_NOT_FOUND, f"{where} is being deleted", retry=True)
+    phase = (claim.get("status") or {}).get("phase")
+    if phase != "Bound":
+        raise NotReconcilable(
+            CLAIM_NOT_BOUND,
+            f"{where} is {phase or 'not bound yet'}: waiting for its bucket",
+            retry=True,
+        )
+    try:
+        config = await kube.config_map_data(namespace, name)
+        keys = await kube.secret_data(namespace, name)
+    except SecretMissing as exc:
+        # The provisioner writes them right after binding: a moment's wait, not an error.
+        raise NotReconcilable(
+            CLAIM_NOT_BOUND, f"{where} is Bound but {exc}: waiting for its provisioner", retry=True
+        ) from None
+    return claimed_from(where, ref, config, keys)
+
+
+def claimed_from(
+    where: str, ref: BucketRef, config: dict[str, str], keys: dict[str, str]
+) -> ClaimedBucket:
+    """The bucket and connection a bound claim's ConfigMap (``config``) and Secret
+    (``keys``) describe."""
+    missing = [k for k in WHERE if not config.get(k)] + [
+        k for k in (ACCESS_KEY, SECRET_KEY) if not keys.get(k)
+    ]
+    if missing:
+        raise NotReconcilable(
+            INVALID_CLAIM,
+            f"{where}: its ConfigMap and Secret lack {', '.join(missing)}"
+            " (as Rook's bucket provisioner writes them)",
+            retry=True,
+        )
+    port = config["BUCKET_PORT"].strip()
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise NotReconcilable(
+            INVALID_CLAIM, f"{where}: BUCKET_PORT {port!r} is not a port number", retry=True
+        )
+    scheme = ref.scheme or ("https" if int(port) == 443 else "http")
+    host = config["BUCKET_HOST"].strip()
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # an IPv6 address
+    return ClaimedBucket(
+        config["BUCKET_NAME"],
+        GatewayConnection(
+            f"{scheme}://{host}:{port}",
+            keys[ACCESS_KEY],
+            keys[SECRET_KEY],
+            config.get("BUCKET_REGION") or "default",
+            "ceph",
+        ),
+    )
