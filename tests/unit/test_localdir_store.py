@@ -26,12 +26,8 @@ from bucketnotify.delivery.queue import (
     ShardStats,
     StoreFull,
 )
-from bucketnotify.delivery.stores.localdir import (
-    INLINE_FILES,
-    TMP_MAX_AGE_S,
-    LocalDirStore,
-    _in_queue_dir,
-)
+from bucketnotify.delivery.stores._dirfiles import in_queue_dir
+from bucketnotify.delivery.stores.localdir import INLINE_FILES, TMP_MAX_AGE_S, LocalDirStore
 from tests.queue_contract import NOW, QUEUE, QueueStoreContract, Reopen, bodies, put
 
 
@@ -129,13 +125,13 @@ class TestLocalDirStoreWithHeadroom(TestLocalDirStore):
 def _count_scans(store: LocalDirStore, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """How often ``store`` scans its queue (counts every shard under the queue's lock)."""
     scans: list[int] = []
-    real = store._usage
+    real = store._reservations.usage
 
     def counting(*args: Any, **kwargs: Any) -> Any:
         scans.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(store, "_usage", counting)
+    monkeypatch.setattr(store._reservations, "usage", counting)
     return scans
 
 
@@ -458,13 +454,13 @@ async def test_removing_whole_listed_batches_reads_no_batch_file(
     assert reads == [0]
     assert await store.list(QUEUE, 0) == kept
     counted = [0]
-    count = store._count
+    count = store._shards.count
 
     def counting(*args: Any) -> Any:
         counted[0] += 1
         return count(*args)
 
-    monkeypatch.setattr(store, "_count", counting)
+    monkeypatch.setattr(store._shards, "count", counting)
     assert (await store.stats(QUEUE, NOW)).shards[0] == ShardStats(1, 1, 0)
     assert counted == [0], "the shard was counted from its names: its record was not clean"
     assert (await LocalDirStore(tmp_path).stats(QUEUE, NOW)).shards[0] == ShardStats(1, 1, 0)
@@ -585,14 +581,14 @@ async def test_a_list_of_many_batch_files_reads_them_in_a_thread(
     monkeypatch.setattr(store._threads, "run", counted)
     few = [await put(store, 0, str(n).encode()) for n in range(INLINE_FILES)]
     assert bodies(await store.list(QUEUE, 0)) == [str(n).encode() for n in range(INLINE_FILES)]
-    assert "_list" not in in_threads
+    assert "list" not in in_threads
     more = await put(store, 0, b"more")
     listed = await store.list(QUEUE, 0)
     assert listed == [*(e for f in few for e in f), *more]
-    assert "_list" in in_threads
+    assert "list" in in_threads
     # A backlog's ids are not kept: its removal reads the batches (in a thread).
     await store.remove(QUEUE, 0, [e.id for e in listed])
-    assert "_read" in in_threads
+    assert "read" in in_threads
     assert await store.list(QUEUE, 0) == []
 
 
@@ -622,7 +618,7 @@ async def test_a_request_whose_write_fails_in_one_shard_is_queued_in_none(tmp_pa
     assert await store.list(QUEUE, 0) == [] and await store.list(QUEUE, 1) == []
     stats = await store.stats(QUEUE, NOW)
     assert (stats.entries, stats.reservations) == (0, 0)
-    assert list(_in_queue_dir(tmp_path, QUEUE, ".tmp").iterdir()) == []
+    assert list(in_queue_dir(tmp_path, QUEUE, ".tmp").iterdir()) == []
 
     both = [await store.reserve(QUEUE, shard, 1, 100, NOW) for shard in (0, 1)]
     outcomes = await store.commit_together(
