@@ -68,13 +68,13 @@ async def stores(rgw: LocalService) -> AsyncIterator[Callable[..., S3Store]]:
 def count_calls(store: S3Store, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The S3 operations the store sends from now on, by name, in order."""
     calls: list[str] = []
-    real = store._call
+    real = store._objects.call
 
     async def counted(operation: str, request: Any) -> Any:
         calls.append(operation.split()[0])
         return await real(operation, request)
 
-    monkeypatch.setattr(store, "_call", counted)
+    monkeypatch.setattr(store._objects, "call", counted)
     return calls
 
 
@@ -200,7 +200,7 @@ async def test_a_rewrite_cut_short_is_finished_by_the_next_removal(
         raise GatewayUnreachable("DeleteObject: the gateway did not answer")
 
     # The rest is written under its new name, the old name's delete fails.
-    monkeypatch.setattr(store, "_delete_key", unreachable)
+    monkeypatch.setattr(store._objects, "delete", unreachable)
     with pytest.raises(StoreUnavailable):
         await store.remove(QUEUE, 0, [entries[0].id])
     monkeypatch.undo()
@@ -214,7 +214,7 @@ async def test_a_rewrite_cut_short_is_finished_by_the_next_removal(
 def record_lists(store: S3Store, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The prefixes of the LISTs the store sends from now on, relative to the queue's data."""
     prefixes: list[str] = []
-    real = store._call
+    real = store._objects.call
     data = f"{store.prefix}data/{QUEUE.namespace}/{QUEUE.topic}/"
 
     async def recorded(operation: str, request: Any) -> Any:
@@ -223,7 +223,7 @@ def record_lists(store: S3Store, monkeypatch: pytest.MonkeyPatch) -> list[str]:
             prefixes.append(prefix.removeprefix(data))
         return await real(operation, request)
 
-    monkeypatch.setattr(store, "_call", recorded)
+    monkeypatch.setattr(store._objects, "call", recorded)
     return prefixes
 
 
@@ -431,7 +431,7 @@ async def test_two_replicas_reserving_the_last_room_at_the_same_instant_do_not_b
     both_scanned = asyncio.Barrier(2)
     held_back: set[int] = set()
     for index, store in enumerate(replicas):
-        real = store._put_marker
+        real = store._reservations.put_marker
 
         async def after_both_scans(
             reservation: Reservation, real: Any = real, index: int = index, **kwargs: Any
@@ -442,7 +442,7 @@ async def test_two_replicas_reserving_the_last_room_at_the_same_instant_do_not_b
                 await both_scanned.wait()
             await real(reservation, **kwargs)
 
-        monkeypatch.setattr(store, "_put_marker", after_both_scans)
+        monkeypatch.setattr(store._reservations, "put_marker", after_both_scans)
     results = await asyncio.gather(
         *(store.reserve(QUEUE, 1, 1, 1, NOW) for store in replicas), return_exceptions=True
     )

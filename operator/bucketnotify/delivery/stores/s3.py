@@ -100,104 +100,50 @@ This store sends single DeleteObject calls only, to be safe even so.
 
 from __future__ import annotations
 
-import asyncio
-import json
-import logging
-import random
-import time
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from botocore.exceptions import ClientError
 
 from bucketnotify.delivery.queue import (
     Entry,
-    QueueFull,
     QueueLimits,
     QueueName,
-    QueueNotFound,
     Queues,
     QueueStats,
     Reservation,
 )
 from bucketnotify.delivery.stores._errors import raises_store_errors
 from bucketnotify.delivery.stores._format import (
-    COVER_SUFFIX,
-    Batch,
     BatchName,
-    batch_of,
     batches,
     check_commit,
-    check_queue_name,
-    check_request,
-    check_room,
-    decode_batch,
-    decode_meta,
     encode_batch,
     encode_meta,
-    held,
     new_batch_id,
     new_entries,
-    new_reservation,
-    parse_marker,
     parse_reservation,
-    reservation_name,
-    updated,
     usage,
 )
-from bucketnotify.delivery.stores._headroom import Headroom, Headrooms
+from bucketnotify.delivery.stores._s3objects import BucketObjects, all_of
+from bucketnotify.delivery.stores._s3reservations import S3Reservations
+from bucketnotify.delivery.stores._s3shards import S3Shards
 from bucketnotify.delivery.stores._threads import IOThreads
 from bucketnotify.gateway.connection import GatewayConnection
-from bucketnotify.gateway.errors import GatewayError, GatewayUnreachable, mapped_errors
-from bucketnotify.gateway.objects import ObjectClient
+from bucketnotify.gateway.errors import mapped_errors
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
 __all__ = ["S3Store"]
 
-T = TypeVar("T")
-_Page = tuple[list[tuple[str, str]], str | None]
-"""One LIST page: (key, ETag) in key order, and the token of the next page or None."""
-
-_log = logging.getLogger(__name__)
-
-LIST_PAGE = 1000
-COLLISION_ATTEMPTS = 3
-"""How often a turn that collided with another writer's reserves tries again."""
-SHARED_LIST_KEYS = 100
-"""At most this many keys in a LIST shared by the shards of a queue: more means a backlog,
-where a LIST per shard reads less (see "One LIST for the shards listing at once")."""
-CROWDED_S = 1.0
-"""How long a queue whose shared LIST was cut short lists per shard instead."""
-
-
-@dataclass
-class _Cached:
-    """A batch as the owner last read or wrote it."""
-
-    batch: Batch
-    entries: list[Entry]
-
-
-@dataclass
-class _Wanted:
-    """A reserve waiting for its queue's turn."""
-
-    shard: int
-    entries: int
-    size: int
-    now: float
-    granted: asyncio.Future[Reservation] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
-
 
 @raises_store_errors
 class S3Store:
-    """A ``QueueStore`` in ``bucket`` under ``prefix``; call ``ensure_bucket`` once first."""
+    """A ``QueueStore`` in ``bucket`` under ``prefix``; call ``ensure_bucket`` once first.
+
+    Wires its parts: the objects and requests (``_s3objects``), the reservations and meta
+    (``_s3reservations``) and the owner's side of the shards (``_s3shards``)."""
 
     def __init__(
         self,
@@ -222,23 +168,18 @@ class S3Store:
         self.bucket = bucket
         self.prefix = prefix
         self._s3: S3Client = connection.s3()
-        self._objects = ObjectClient(connection, bucket, max_requests)
-        self._meta_cache_s = meta_cache_s
-        self._requests = asyncio.Semaphore(max_requests)
+        self._objects = BucketObjects(connection, bucket, prefix, max_requests)
         self._threads = IOThreads("s3-store", 1)
-        self._wanted: dict[QueueName, list[_Wanted]] = {}
-        self._meta: dict[QueueName, tuple[float, int, QueueLimits]] = {}
-        self._reserving: dict[QueueName, asyncio.Lock] = {}
-        self._owning: dict[tuple[QueueName, int], asyncio.Lock] = {}
-        self._cache: dict[tuple[QueueName, int], dict[str, _Cached]] = {}
-        self._written = _Written()
-        self.writers = writers
-        self._headrooms = Headrooms()
-        self._list_gather_s = list_gather_s
-        self._listings: dict[QueueName, asyncio.Future[_Page]] = {}
-        """The shared LIST of each queue's shards still gathering shards, not yet sent."""
-        self._crowded: dict[QueueName, float] = {}
-        self._listing_tasks: set[asyncio.Task[None]] = set()
+        self._reservations = S3Reservations(self._objects, meta_cache_s, writers)
+        self._shards = S3Shards(self._objects, list_gather_s)
+
+    @property
+    def writers(self) -> Callable[[], int] | None:
+        return self._reservations.writers
+
+    @writers.setter
+    def writers(self, writers: Callable[[], int] | None) -> None:
+        self._reservations.writers = writers
 
     async def ensure_bucket(self) -> None:
         """Create the bucket unless it exists; idempotent."""
@@ -248,13 +189,11 @@ class S3Store:
             with mapped_errors(operation):
                 self._ensure_bucket()
 
-        await self._call(operation, lambda: self._threads.run(ensure))
+        await self._objects.call(operation, lambda: self._threads.run(ensure))
 
     async def aclose(self) -> None:
         """Closes the connections to the gateway; a later call opens new ones."""
-        # A shared LIST still gathering is sent and answered first: its shards wait for it.
-        if self._listing_tasks:
-            await asyncio.gather(*self._listing_tasks, return_exceptions=True)
+        await self._shards.aclose()
         await self._objects.aclose()
 
     def _ensure_bucket(self) -> None:
@@ -271,244 +210,56 @@ class S3Store:
             if exc.response.get("Error", {}).get("Code") != "BucketAlreadyOwnedByYou":
                 raise
 
-    # Keys
-
-    def _meta_key(self, queue: QueueName) -> str:
-        check_queue_name(queue)
-        return f"{self.prefix}meta/{queue.namespace}/{queue.topic}"
-
-    def _data(self, queue: QueueName) -> str:
-        check_queue_name(queue)
-        return f"{self.prefix}data/{queue.namespace}/{queue.topic}/"
-
-    def _marker(self, reservation: Reservation, *, cover: bool = False) -> str:
-        name = reservation_name(reservation) + (COVER_SUFFIX if cover else "")
-        return f"{self._data(reservation.queue)}reservations/{name}"
-
-    def _shard(self, queue: QueueName, shard: int) -> str:
-        return f"{self._data(queue)}shard-{shard}/"
-
-    def _delivered(self, queue: QueueName, shard: int) -> str:
-        return f"{self._data(queue)}delivered/shard-{shard}"
-
     # Queues
 
     async def create(self, queue: QueueName, shards: int, limits: QueueLimits) -> None:
         if shards < 1:
             raise ValueError(f"a queue needs at least one shard, not {shards}")
-        await self._put(self._meta_key(queue), encode_meta(shards, limits), "application/json")
-        self._meta[queue] = (time.monotonic(), shards, limits)
-        if (room := self._headrooms.pop(queue)) is not None:
-            await self._retire(room)
+        meta = encode_meta(shards, limits)
+        await self._objects.put(self._objects.meta_key(queue), meta, "application/json")
+        self._reservations.remember(queue, shards, limits)
+        if (room := self._reservations.headrooms.pop(queue)) is not None:
+            await self._reservations.retire(room)
 
     async def delete(self, queue: QueueName) -> None:
         # The meta object first: from then on the queue is not listed and takes no
         # reservations; then everything under it, until a LIST finds nothing. A commit
         # racing with this can still land afterwards (reserved through a replica's cached
         # meta): it stays until the queue is created and deleted again.
-        await self._delete_key(self._meta_key(queue))
-        self._meta.pop(queue, None)
-        self._headrooms.pop(queue)
-        self._crowded.pop(queue, None)
-        for key in list(self._cache):
-            if key[0] == queue:
-                del self._cache[key]
-        while keys := await self._list_keys(self._data(queue)):
-            await _all(*(self._delete_key(k) for k in keys))
+        await self._objects.delete(self._objects.meta_key(queue))
+        self._reservations.forget(queue)
+        self._shards.forget(queue)
+        while keys := await self._objects.list_keys(self._objects.data(queue)):
+            await all_of(*(self._objects.delete(k) for k in keys))
 
     async def save_delivered(self, queue: QueueName, shard: int, event_ids: Sequence[str]) -> None:
         # A queue deleted meanwhile must not get an object that outlives it. The meta is
         # cached: a save racing a delete by another replica can still leave the object,
         # until the queue's next delete (a stale hint, harmless).
-        if await self._get_meta_or_none(queue) is None:
+        if await self._reservations.meta_or_none(queue) is None:
             return
-        await self._put(self._delivered(queue, shard), "\n".join(event_ids).encode(), "text/plain")
+        body = "\n".join(event_ids).encode()
+        await self._objects.put(self._objects.delivered(queue, shard), body, "text/plain")
 
     async def load_delivered(self, queue: QueueName, shard: int) -> list[str]:
-        found = await self._get(self._delivered(queue, shard))
+        found = await self._objects.get(self._objects.delivered(queue, shard))
         return found.decode().split() if found else []
-
-    async def _get_meta_or_none(self, queue: QueueName) -> tuple[int, QueueLimits] | None:
-        try:
-            return await self._get_meta(queue)
-        except QueueNotFound:
-            return None
 
     async def queues(self) -> Queues:
         start = f"{self.prefix}meta/"
         found = []
-        for key in await self._list_keys(start):
+        for key in await self._objects.list_keys(start):
             namespace, _, topic = key[len(start) :].partition("/")
             if namespace and topic and "/" not in topic:
                 found.append(QueueName(namespace, topic))
         return found
-
-    async def _get_meta(self, queue: QueueName, *, fresh: bool = False) -> tuple[int, QueueLimits]:
-        cached = self._meta.get(queue)
-        if cached and not fresh and time.monotonic() - cached[0] < self._meta_cache_s:
-            return cached[1], cached[2]
-        data = await self._get(self._meta_key(queue))
-        if data is None:
-            self._meta.pop(queue, None)
-            raise QueueNotFound(f"queue {queue} does not exist")
-        shards, limits = decode_meta(data)
-        self._meta[queue] = (time.monotonic(), shards, limits)
-        return shards, limits
 
     # Writing
 
     async def reserve(
         self, queue: QueueName, shard: int, entries: int, size: int, now: float
     ) -> Reservation:
-        granted = await self._from_headroom(queue, shard, entries, size, now)
-        if granted is not None:
-            return granted
-        wanted = _Wanted(shard, entries, size, now)
-        self._wanted.setdefault(queue, []).append(wanted)
-        try:
-            async with self._reserving.setdefault(queue, asyncio.Lock()):
-                if not wanted.granted.done():
-                    await self._reserve_waiting(queue)
-        except asyncio.CancelledError:
-            wanted.granted.cancel()  # a turn still to come skips it
-            raise
-        return wanted.granted.result()
-
-    async def _from_headroom(
-        self, queue: QueueName, shard: int, entries: int, size: int, now: float
-    ) -> Reservation | None:
-        """A reservation without scan or marker, or None when it takes the usual turn."""
-        if not self._headrooms.fits(queue, entries, size, now):
-            return None
-        # The cached meta: a deleted queue is refused as in a turn, new limits end the room.
-        shards, limits = await self._get_meta(queue)
-        granted, stale = self._headrooms.grant(queue, shard, entries, size, now, shards, limits)
-        if stale is not None:
-            await self._retire(stale)
-        return granted
-
-    async def _retire(self, room: Headroom) -> None:
-        """A headroom replaced or dropped: its cover goes once its last grant is done."""
-        if Headrooms.retire(room):
-            await self._drop_cover(room)
-
-    async def _drop_cover(self, room: Headroom) -> None:
-        try:
-            await self._delete_key(self._marker(room.cover, cover=True))
-        except GatewayError as exc:
-            # It only counts for longer than needed, until it expires and is reclaimed.
-            _log.info("could not delete a headroom cover of %s: %s", room.cover.queue, exc)
-
-    async def _reserve_waiting(self, queue: QueueName) -> None:
-        """One turn: every reserve of ``queue`` waiting now, checked against one scan."""
-        waiting = self._wanted.pop(queue, [])
-        try:
-            for attempt in range(COLLISION_ATTEMPTS):
-                if not await self._attempt(queue, waiting, last=attempt == COLLISION_ATTEMPTS - 1):
-                    return
-                # Two writers that collide both step back: wait apart, then try again.
-                await asyncio.sleep(random.uniform(0.005, 0.05) * (attempt + 1))  # noqa: S311
-        except asyncio.CancelledError:
-            # The turn's own caller went away: the next in turn serves the rest (a marker
-            # already PUT for one of them expires unused).
-            self._wanted.setdefault(queue, [])[:0] = [w for w in waiting if not w.granted.done()]
-            raise
-        except Exception as exc:
-            for w in waiting:
-                if not w.granted.done():
-                    w.granted.set_exception(exc)
-
-    async def _attempt(self, queue: QueueName, waiting: list[_Wanted], *, last: bool) -> bool:
-        """Checks, places and re-checks the reserves still waiting; True when it collided
-        with another writer and stepped back (on the ``last`` attempt it refuses them)."""
-        shards, limits = await self._get_meta(queue)
-        if any(w.shard >= shards for w in waiting):  # more shards since it was cached?
-            shards, limits = await self._get_meta(queue, fresh=True)
-        found, reservations, covers = await self._scan(queue)
-        # Each one granted is counted against the ones after it.
-        counted = self._headrooms.counted(queue, reservations, covers)
-        granted: list[tuple[_Wanted, Reservation]] = []
-        for w in waiting:
-            if w.granted.done():
-                continue
-            try:
-                check_request(shards, w.shard, w.entries, w.size)
-                stats = usage(shards, found, counted, w.now)
-                check_room(stats, counted, limits, w.entries, w.size, w.now)
-            except (ValueError, QueueFull) as exc:
-                w.granted.set_exception(exc)
-                continue
-            reservation = new_reservation(queue, w.shard, w.entries, w.size, w.now, limits)
-            counted = [*counted, reservation]
-            granted.append((w, reservation))
-        now = max(w.now for w in waiting)
-        # Without the other replicas' covers: see Headrooms.new_cover (with them, the second
-        # replica never got a headroom and scanned on every reserve: 772 scans in 2,000
-        # events).
-        not_covers = [*self._headrooms.counted(queue, reservations, []), *(r for _, r in granted)]
-        writers = self.writers() if self.writers is not None else 0
-        cover = Headrooms.new_cover(
-            queue,
-            limits,
-            *held(usage(shards, found, not_covers, now), not_covers, now),
-            now,
-            writers,
-        )
-        markers = [self._put_marker(r) for _, r in granted]
-        if cover is not None:
-            markers.append(self._put_marker(cover, cover=True))
-        written = await asyncio.gather(*markers, return_exceptions=True)
-        cover_error = written.pop() if cover is not None else None
-        if isinstance(cover_error, BaseException):
-            cover = None  # no headroom this time; a failed PUT may still have landed
-        placed = [(w, r) for (w, r), error in zip(granted, written, strict=True) if error is None]
-        for (w, _), error in zip(granted, written, strict=True):
-            if isinstance(error, BaseException) and not w.granted.done():
-                w.granted.set_exception(error)
-        if (placed or cover is not None) and not await self._fits_after(queue, shards, limits, now):
-            # Another writer reserved in the same instant. Each PUT its markers before its
-            # second scan, so at least the later of the two sees both; this one steps back.
-            await _all(
-                *(self._delete_key(self._marker(r)) for _, r in placed),
-                *([self._delete_key(self._marker(cover, cover=True))] if cover else []),
-            )
-            if last:
-                for w, _ in placed:
-                    if not w.granted.done():
-                        w.granted.set_exception(
-                            QueueFull("no room: other replicas reserved the rest meanwhile")
-                        )
-            return True
-        if (replaced := self._headrooms.replace(queue, limits, cover)) is not None:
-            await self._retire(replaced)
-        for w, reservation in placed:
-            if not w.granted.done():  # else its caller went away; the marker expires
-                w.granted.set_result(reservation)
-        return False
-
-    async def _fits_after(
-        self, queue: QueueName, shards: int, limits: QueueLimits, now: float
-    ) -> bool:
-        """Whether the queue is within its limits once this turn's markers are in place.
-
-        Each writer PUTs its markers before it scans again, so of two writers reserving at
-        once at least the later scan sees both."""
-        found, reservations, covers = await self._scan(queue)
-        counted = self._headrooms.counted(queue, reservations, covers)
-        entries, size = held(usage(shards, found, counted, now), counted, now)
-        return entries <= limits.max_entries and size <= limits.max_bytes
-
-    async def _put_marker(self, reservation: Reservation, *, cover: bool = False) -> None:
-        # The name says it all; the body is for people looking at the bucket.
-        body = json.dumps(
-            {
-                "shard": reservation.shard,
-                "entries": reservation.entries,
-                "bytes": reservation.bytes,
-                "expires_at": reservation.expires_at,
-            }
-        )
-        await self._put(self._marker(reservation, cover=cover), body.encode(), "application/json")
+        return await self._reservations.reserve(queue, shard, entries, size, now)
 
     async def commit(
         self, reservation: Reservation, events: Sequence[tuple[str, bytes]], now: float
@@ -517,363 +268,51 @@ class S3Store:
         if events:
             batch, _ = new_batch_id()
             entries = new_entries(batch, events, now)
-            key = self._shard(reservation.queue, reservation.shard) + str(
+            key = self._objects.shard(reservation.queue, reservation.shard) + str(
                 BatchName.of(batch, entries)
             )
             body = encode_batch(entries)
-            etag = await self._put(key, body, "application/x-ndjson")
-            self._written.add(key, etag, entries, len(body))
+            etag = await self._objects.put(key, body, "application/x-ndjson")
+            self._shards.written.add(key, etag, entries, len(body))
         else:
             entries = []
         # After the batch, never before: see "Reservations across replicas" above.
-        if self._headrooms.granted(reservation):
-            await self._granted_done(reservation)
-        else:
-            await self._delete_key(self._marker(reservation))
+        await self._reservations.release(reservation)
         return entries
 
     async def abort(self, reservation: Reservation) -> None:
-        if self._headrooms.granted(reservation):
-            await self._granted_done(reservation)
-            return
-        await self._delete_key(self._marker(reservation))
-
-    async def _granted_done(self, reservation: Reservation) -> None:
-        if (room := self._headrooms.done(reservation)) is not None:
-            await self._drop_cover(room)
+        await self._reservations.release(reservation)
 
     async def reclaim(self, queue: QueueName, now: float) -> int:
-        # Counts what it found expired: two replicas reclaiming at once both count a marker.
-        reservations, covers = await self._reservations(queue)
-        expired = [r for r in reservations if r.expires_at <= now]
-        await _all(
-            *(self._delete_key(self._marker(r)) for r in expired),
-            *(self._delete_key(self._marker(c, cover=True)) for c in covers if c.expires_at <= now),
-        )
-        return len(expired)
+        return await self._reservations.reclaim(queue, now)
 
     async def stats(self, queue: QueueName, now: float) -> QueueStats:
-        shards, _ = await self._get_meta(queue)
-        stats, _ = await self._usage(queue, shards, now)
-        return stats
+        return await self._reservations.stats(queue, now)
 
     async def glance(self, queue: QueueName, now: float) -> QueueStats:
         # One LIST of everything under the queue (reservations sort before the shards) and
         # no meta read: the shard count only adds empty shards to the answer.
-        start = self._data(queue)
+        start = self._objects.data(queue)
         reservations: list[Reservation] = []
         names: dict[int, list[str]] = {}
-        for key in await self._list_keys(start):
+        for key in await self._objects.list_keys(start):
             kind, _, name = key[len(start) :].partition("/")
             if kind == "reservations":
                 if (reservation := parse_reservation(queue, name)) is not None:
                     reservations.append(reservation)
             elif kind.startswith("shard-") and kind[6:].isdigit():
                 names.setdefault(int(kind[6:]), []).append(name)
-        cached = self._meta.get(queue)
         found = {shard: list(batches(sorted(n))) for shard, n in names.items()}
-        return usage(cached[1] if cached else 0, found, reservations, now)
-
-    async def _reservations(self, queue: QueueName) -> tuple[list[Reservation], list[Reservation]]:
-        """The reservation markers and the headroom covers."""
-        start = f"{self._data(queue)}reservations/"
-        reservations: list[Reservation] = []
-        covers: list[Reservation] = []
-        for key in await self._list_keys(start):
-            if (marker := parse_marker(queue, key[len(start) :])) is not None:
-                (covers if marker[1] else reservations).append(marker[0])
-        return reservations, covers
-
-    async def _usage(
-        self, queue: QueueName, shards: int, now: float
-    ) -> tuple[QueueStats, list[Reservation]]:
-        found, reservations, _ = await self._scan(queue)
-        return usage(shards, found, reservations, now), reservations
-
-    async def _scan(
-        self, queue: QueueName
-    ) -> tuple[dict[int, list[Batch]], list[Reservation], list[Reservation]]:
-        """The batches of every shard, the reservation markers and the covers: two LISTs."""
-        # Markers first, in a LIST of their own: a commit PUTs its batch before it deletes
-        # its marker, so a marker missing here means the batch is in the LIST that follows.
-        reservations, covers = await self._reservations(queue)
-        start = f"{self._data(queue)}shard-"
-        names: dict[int, list[str]] = {}
-        for key in await self._list_keys(start):
-            shard, _, name = key[len(start) :].partition("/")
-            if shard.isdigit():
-                names.setdefault(int(shard), []).append(name)
-        found = {shard: list(batches(sorted(n))) for shard, n in names.items()}
-        return found, reservations, covers
+        return usage(self._reservations.cached_shards(queue), found, reservations, now)
 
     # Reading, by the shard's owner
 
     async def remove(self, queue: QueueName, shard: int, entry_ids: Sequence[str]) -> None:
-        removed = set(entry_ids)
-        async with self._owner(queue, shard):
-            wanted = {b for b in map(batch_of, removed) if b is not None}
-            current = await self._cached(queue, shard, wanted)
-            changes = {}
-            for batch_id, cached in current.items():
-                kept = [e for e in cached.entries if e.id not in removed]
-                if len(kept) < len(cached.entries):
-                    changes[batch_id] = kept
-            await self._rewrite(queue, shard, changes)
+        await self._shards.remove(queue, shard, entry_ids)
 
     async def update(self, queue: QueueName, shard: int, entries: Sequence[Entry]) -> None:
-        by_id = {e.id: e for e in entries}
-        async with self._owner(queue, shard):
-            wanted = {b for b in map(batch_of, by_id) if b is not None}
-            current = await self._cached(queue, shard, wanted)
-            changes = {}
-            for batch_id, cached in current.items():
-                new = [updated(e, by_id.get(e.id)) for e in cached.entries]
-                if new != cached.entries:
-                    changes[batch_id] = new
-            await self._rewrite(queue, shard, changes)
-
-    def _owner(self, queue: QueueName, shard: int) -> asyncio.Lock:
-        """Turns for list, remove and update of one shard: each reads what the last wrote."""
-        return self._owning.setdefault((queue, shard), asyncio.Lock())
-
-    async def _cached(self, queue: QueueName, shard: int, wanted: set[str]) -> dict[str, _Cached]:
-        """These batches as they are now: from the cache, or LIST and GET the rest."""
-        cache = self._cache.setdefault((queue, shard), {})
-        missing = [b for b in wanted if b not in cache]
-        loaded = await _all(*(self._load(queue, shard, b) for b in missing))
-        for batch_id, cached in zip(missing, loaded, strict=True):
-            if cached is not None:
-                cache[batch_id] = cached
-        return {b: cache[b] for b in wanted if b in cache}
-
-    async def _load(self, queue: QueueName, shard: int, batch_id: str) -> _Cached | None:
-        start = self._shard(queue, shard)
-        names = [k[len(start) :] for k in await self._list_keys(f"{start}{batch_id}.")]
-        for batch in batches(names):
-            data = await self._get(start + str(batch.current))
-            if data is not None:
-                return _Cached(batch, decode_batch(batch_id, data))
-        return None
-
-    async def _rewrite(self, queue: QueueName, shard: int, changes: dict[str, list[Entry]]) -> None:
-        cache = self._cache.setdefault((queue, shard), {})
-        start = self._shard(queue, shard)
-
-        async def one(batch_id: str, entries: list[Entry]) -> None:
-            old = cache[batch_id].batch
-            if entries:
-                name = BatchName.of(batch_id, entries)
-                await self._put(start + str(name), encode_batch(entries), "application/x-ndjson")
-                # The old names stay known until they are gone: a stale name forgotten here
-                # would outlive the batch's last removal and bring its entries back.
-                drop = tuple(n for n in (old.current, *old.stale) if n != name)
-                cache[batch_id] = _Cached(Batch(name, drop), entries)
-                await _all(*(self._delete_key(start + str(n)) for n in drop))
-                cache[batch_id] = _Cached(Batch(name), entries)
-            else:
-                # Stale supersets first: until the current name goes, it is the one that wins.
-                await _all(*(self._delete_key(start + str(n)) for n in old.stale))
-                await self._delete_key(start + str(old.current))
-                cache.pop(batch_id, None)
-
-        await _all(*(one(b, e) for b, e in changes.items()))
-
-    # Requests: the four hot ones on the loop (``ObjectClient``), the bucket's creation
-    # through boto3 in a thread; a bounded number in flight
-
-    async def _call(self, operation: str, request: Callable[[], Awaitable[T]]) -> T:
-        """``operation``: ``<S3 operation> <key or prefix>``, what the tests count requests by."""
-        async with self._requests:
-            return await request()
-
-    async def _put(self, key: str, body: bytes, content_type: str) -> str:
-        """Writes the object; returns its ETag."""
-        return await self._call(
-            f"PutObject {key}", lambda: self._objects.put(key, body, content_type)
-        )
-
-    async def _get(self, key: str) -> bytes | None:
-        """The object's body; None when there is no such key."""
-        return await self._call(f"GetObject {key}", lambda: self._objects.get(key))
-
-    async def _delete_key(self, key: str) -> None:
-        # DeleteObject of a missing key succeeds, so a second try or a lost race is fine.
-        await self._call(f"DeleteObject {key}", lambda: self._objects.delete(key))
-
-    async def _list_page(self, prefix: str, token: str | None, max_keys: int = 0) -> _Page:
-        """One page of (key, ETag) under ``prefix``, in key order, and the token of the next;
-        ``max_keys``: at most this many keys (``LIST_PAGE`` when 0)."""
-        size = max_keys or LIST_PAGE
-        return await self._call(
-            f"ListObjectsV2 {prefix}", lambda: self._objects.list_page(prefix, size, token)
-        )
-
-    async def _list_keys(self, prefix: str) -> list[str]:
-        keys: list[str] = []
-        token: str | None = None
-        while True:
-            page, token = await self._list_page(prefix, token)
-            keys += [key for key, _ in page]
-            if token is None:
-                return keys
-
-    async def _oldest(
-        self, queue: QueueName, shard: int, max_entries: int
-    ) -> tuple[list[Batch], dict[str, str]]:
-        """The oldest batches holding ``max_entries``, each with all its names, and the
-        ETags of the names.
-
-        Paging stops only past the last batch's names: a stale name that stayed unknown
-        would outlive the current one and bring its removed entries back.
-        """
-        start = self._shard(queue, shard)
-        chosen: list[Batch] = []
-        etags: dict[str, str] = {}
-        held = 0
-        shared = await self._shared_keys(queue, shard)
-        token: str | None = None
-        while True:
-            if shared is not None:
-                keys, shared = shared, None  # all the shard holds: no page follows
-            else:
-                keys, token = await self._list_page(start, token)
-            for key, etag in keys:
-                name = key[len(start) :]
-                etags[name] = etag
-                parsed = BatchName.parse(name)
-                if parsed is None:
-                    continue
-                if chosen and parsed.batch == chosen[-1].current.batch:
-                    last = chosen[-1]
-                    chosen[-1] = Batch(last.current, (*last.stale, parsed))
-                    continue
-                if held >= max_entries:
-                    return chosen, etags
-                chosen.append(Batch(parsed))
-                held += parsed.count
-            if token is None:
-                return chosen, etags
-
-    async def _shared_keys(self, queue: QueueName, shard: int) -> list[tuple[str, str]] | None:
-        """The shard's keys and ETags from a LIST of all the queue's shards, shared with the
-        shards of the queue listing at about the same time; None when the queue holds too
-        much for one (the caller lists the shard on its own)."""
-        if time.monotonic() < self._crowded.get(queue, 0.0):
-            return None
-        shared = self._listings.get(queue)
-        if shared is None:
-            shared = asyncio.get_running_loop().create_future()
-            self._listings[queue] = shared
-            task = asyncio.create_task(self._list_shared(queue, shared))
-            self._listing_tasks.add(task)
-            task.add_done_callback(self._listing_tasks.discard)
-        # Shielded: a caller that goes away must not cancel the LIST the others wait for.
-        page, token = await asyncio.shield(shared)
-        prefix = self._shard(queue, shard)
-        if token is not None and (
-            not page or page[-1][0] <= prefix or page[-1][0].startswith(prefix)
-        ):
-            # Cut short before the end of this shard's names: a backlog somewhere in the
-            # queue. Per shard for a while, rather than a shared LIST wasted every round.
-            self._crowded[queue] = time.monotonic() + CROWDED_S
-            return None
-        return [(key, etag) for key, etag in page if key.startswith(prefix)]
-
-    async def _list_shared(self, queue: QueueName, shared: asyncio.Future[_Page]) -> None:
-        try:
-            try:
-                await asyncio.sleep(self._list_gather_s)
-            finally:
-                # Sent from now on: a shard asking later may have been woken by a commit
-                # this LIST would miss, so it waits for the next one.
-                if self._listings.get(queue) is shared:
-                    del self._listings[queue]
-            page = await self._list_page(
-                f"{self._data(queue)}shard-", None, min(LIST_PAGE, SHARED_LIST_KEYS)
-            )
-        except asyncio.CancelledError:
-            # Only the loop's end cancels it: the shards waiting see a failed round, not a
-            # cancellation of their own.
-            shared.set_exception(GatewayUnreachable("ListObjectsV2: cancelled"))
-            raise
-        except Exception as exc:
-            shared.set_exception(exc)
-            return
-        shared.set_result(page)
+        await self._shards.update(queue, shard, entries)
 
     # Last in the class: below this, `list` would name the method, not the builtin.
     async def list(self, queue: QueueName, shard: int, max_entries: int = 1024) -> list[Entry]:
-        async with self._owner(queue, shard):
-            start = self._shard(queue, shard)
-            chosen, etags = await self._oldest(queue, shard, max_entries)
-            # A batch this replica wrote, unchanged since (same ETag), is not read back.
-            known = [
-                self._written.take(start + str(b.current), etags[str(b.current)]) for b in chosen
-            ]
-            bodies = await _all(
-                *(
-                    _none() if written is not None else self._get(start + str(b.current))
-                    for b, written in zip(chosen, known, strict=True)
-                )
-            )
-            cache: dict[str, _Cached] = {}
-            entries: list[Entry] = []
-            for batch, written, data in zip(chosen, known, bodies, strict=True):
-                if written is not None:
-                    found = written
-                elif data is None:
-                    # Gone since the LIST (the queue was deleted, or another owner removed
-                    # it): its entries are not listed now, and not lost.
-                    continue
-                else:
-                    found = decode_batch(batch.current.batch, data)
-                cache[batch.current.batch] = _Cached(batch, found)
-                entries += found
-            self._cache[(queue, shard)] = cache
-            return entries[:max_entries]
-
-
-async def _none() -> None:
-    return None
-
-
-class _Written:
-    """The entries of batches this replica wrote lately, by key and ETag: the shard's owner
-    is most often the replica that took the events, and listing them then needs no GET.
-    An ETag that differs (the batch was rewritten since) means the stored one is read.
-    Bounded; batches of shards another replica owns are never asked for and age out."""
-
-    def __init__(self, max_batches: int = 1024, max_bytes: int = 4 * 1024 * 1024) -> None:
-        self._batches: OrderedDict[str, tuple[str, list[Entry], int]] = OrderedDict()
-        self._bytes = 0
-        self._max_batches = max_batches
-        self._max_bytes = max_bytes
-
-    def add(self, key: str, etag: str, entries: list[Entry], size: int) -> None:
-        if not etag or size > self._max_bytes:
-            return
-        self.take(key, None)
-        self._batches[key] = (etag, entries, size)
-        self._bytes += size
-        while len(self._batches) > self._max_batches or self._bytes > self._max_bytes:
-            _, (_, _, dropped) = self._batches.popitem(last=False)
-            self._bytes -= dropped
-
-    def take(self, key: str, etag: str | None) -> list[Entry] | None:
-        """The entries written under ``key``, forgotten here; None unless ``etag`` is theirs."""
-        found = self._batches.pop(key, None)
-        if found is None:
-            return None
-        self._bytes -= found[2]
-        return found[1] if etag is not None and found[0] == etag else None
-
-
-async def _all(*calls: Awaitable[T]) -> list[T]:
-    """Like gather, but every call has ended when it returns or raises: none runs on
-    unseen after a failure (and into the next owner's turn), and the error is the first
-    call's own, not an ExceptionGroup."""
-    results = await asyncio.gather(*calls, return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    return results  # type: ignore[return-value]
+        return await self._shards.list(queue, shard, max_entries)
