@@ -1,5 +1,5 @@
 """A BucketNotification's bucket from an ObjectBucketClaim (``bucketRef``): which bucket, on
-which gateway, with whose keys.
+which gateway, with whose keys; and its Id taken off that bucket once the claim is gone.
 
 Rook's bucket provisioner (lib-bucket-provisioner) binds a claim by making a bucket and a
 gateway user that owns it, then a ConfigMap and a Secret named as the claim, in its
@@ -13,11 +13,18 @@ tenant may name it: Ceph 16 to 20 need no topic policy for that).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from bucketnotify.api.common import NotReconcilable
-from bucketnotify.api.notification import BucketRef
+from bucketnotify.api.common import GatewayRef, NotReconcilable, parse_model
+from bucketnotify.api.notification import BucketNotificationSpec, BucketRef
+from bucketnotify.api.topic import TopicSpec
+from bucketnotify.controller.bucket_writes import BucketLocks
+from bucketnotify.controller.topics import gateway_connection
 from bucketnotify.gateway.connection import GatewayConnection
+from bucketnotify.gateway.errors import GatewayAccessDenied, GatewayError, GatewayNotFound
+from bucketnotify.gateway.pool import GatewayPool
 from bucketnotify.kube import Kube, SecretMissing
+from bucketnotify.settings import OperatorSettings
 
 __all__ = [
     "CLAIM_NOT_BOUND",
@@ -25,6 +32,7 @@ __all__ = [
     "ClaimedBucket",
     "claimed_bucket",
     "claimed_from",
+    "leave_claimed_bucket",
 ]
 
 CLAIM_NOT_FOUND = "BucketClaimNotFound"
@@ -108,3 +116,53 @@ def claimed_from(
             "ceph",
         ),
     )
+
+
+async def leave_claimed_bucket(
+    kube: Kube,
+    settings: OperatorSettings,
+    locks: BucketLocks,
+    gateways: GatewayPool,
+    namespace: str,
+    spec: dict[str, Any],
+    applied: dict[str, Any],
+) -> tuple[bool, str]:
+    """Whether this notification's Id is off the bucket its claim named, now that the claim
+    and its keys are gone, and what became of it.
+
+    With Rook's default reclaim policy (Delete) the provisioner deleted the bucket and the
+    Id with it. A bucket it kept (Retain) is changed only by its owner, whose keys went
+    with the claim: the Topic's or the operator's gateway user is tried, which may."""
+    bucket, config_id = applied.get("bucket"), applied["id"]
+    if not bucket:
+        return False, f"Id {config_id} may stay on the claim's bucket, whose name is not known"
+    parsed = parse_model(BucketNotificationSpec, spec)
+    ref: GatewayRef | None = None
+    if parsed.topic_ref is not None:
+        topic = await kube.get_object("topics", namespace, parsed.topic_ref.name)
+        if topic is not None:
+            ref = TopicSpec.model_validate(topic["spec"]).gateway_ref
+    try:
+        connection = await gateway_connection(kube, namespace, ref, settings)
+    except (SecretMissing, NotReconcilable) as exc:
+        return False, f"Id {config_id} stays on bucket {bucket}: no gateway to remove it ({exc})"
+    gateway = await gateways.get(connection)
+    try:
+        async with locks(connection, bucket):
+            entries = await gateway.read(gateway.notifications.list, bucket)
+            if not any(c.id == config_id and c.topic_arn == applied["topicArn"] for c in entries):
+                return True, f"Id {config_id} is no longer on bucket {bucket}"
+            await gateway.write(
+                gateway.notifications.delete, bucket, config_id, [applied["topicArn"]]
+            )
+    except GatewayNotFound:
+        return True, f"bucket {bucket} is gone, and Id {config_id} with it"
+    except GatewayAccessDenied:
+        return False, (
+            f"Id {config_id} stays on bucket {bucket}, which outlived its claim: gateway user"
+            f" {connection.access_key} may not change it; remove it with the bucket owner's"
+            f" keys (DELETE /{bucket}?notification={config_id})"
+        )
+    except GatewayError as exc:
+        return False, f"Id {config_id} on bucket {bucket} not removed yet: {exc}"
+    return True, f"Id {config_id} removed from bucket {bucket}"

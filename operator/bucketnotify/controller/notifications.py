@@ -21,7 +21,11 @@ from bucketnotify.api.common import GatewayRef, NotReconcilable, parse_model
 from bucketnotify.api.notification import BucketNotificationSpec
 from bucketnotify.api.topic import TopicSpec
 from bucketnotify.apiserver import ApiError
-from bucketnotify.controller.bucket_claims import CLAIM_NOT_FOUND, claimed_bucket
+from bucketnotify.controller.bucket_claims import (
+    CLAIM_NOT_FOUND,
+    claimed_bucket,
+    leave_claimed_bucket,
+)
 from bucketnotify.controller.bucket_writes import AGAIN, BucketLocks
 from bucketnotify.controller.conditions import ready_condition
 from bucketnotify.controller.id_ownership import (
@@ -321,7 +325,7 @@ async def reconcile_notification(
             applied = None  # the Id on the bucket is not this notification's (any more)
         message = str(exc)
         if exc.reason == CLAIM_NOT_FOUND and applied:
-            removed, what = await _leave_claimed_bucket(
+            removed, what = await leave_claimed_bucket(
                 kube, settings, locks, gateways, namespace, spec, applied
             )
             message = f"{message}; {what}"
@@ -547,7 +551,7 @@ async def delete_notification(
             return
         if parsed.bucket_ref is not None:
             # The claim went first, its keys with it: only its bucket's name is left.
-            removed, what = await _leave_claimed_bucket(
+            removed, what = await leave_claimed_bucket(
                 kube, settings, locks, gateways, namespace, spec, applied
             )
             if removed:
@@ -570,53 +574,3 @@ async def delete_notification(
         except (GatewayAccessDenied, GatewayInvalidArgument):
             if applied:
                 raise
-
-
-async def _leave_claimed_bucket(
-    kube: Kube,
-    settings: OperatorSettings,
-    locks: BucketLocks,
-    gateways: GatewayPool,
-    namespace: str,
-    spec: dict[str, Any],
-    applied: dict[str, Any],
-) -> tuple[bool, str]:
-    """Whether this notification's Id is off the bucket its claim named, now that the claim
-    and its keys are gone, and what became of it.
-
-    With Rook's default reclaim policy (Delete) the provisioner deleted the bucket and the
-    Id with it. A bucket it kept (Retain) is changed only by its owner, whose keys went
-    with the claim: the Topic's or the operator's gateway user is tried, which may."""
-    bucket, config_id = applied.get("bucket"), applied["id"]
-    if not bucket:
-        return False, f"Id {config_id} may stay on the claim's bucket, whose name is not known"
-    parsed = parse_spec(spec)
-    ref: GatewayRef | None = None
-    if parsed.topic_ref is not None:
-        topic = await kube.get_object("topics", namespace, parsed.topic_ref.name)
-        if topic is not None:
-            ref = TopicSpec.model_validate(topic["spec"]).gateway_ref
-    try:
-        connection = await gateway_connection(kube, namespace, ref, settings)
-    except (SecretMissing, NotReconcilable) as exc:
-        return False, f"Id {config_id} stays on bucket {bucket}: no gateway to remove it ({exc})"
-    gateway = await gateways.get(connection)
-    try:
-        async with locks(connection, bucket):
-            entries = await gateway.read(gateway.notifications.list, bucket)
-            if not any(c.id == config_id and c.topic_arn == applied["topicArn"] for c in entries):
-                return True, f"Id {config_id} is no longer on bucket {bucket}"
-            await gateway.write(
-                gateway.notifications.delete, bucket, config_id, [applied["topicArn"]]
-            )
-    except GatewayNotFound:
-        return True, f"bucket {bucket} is gone, and Id {config_id} with it"
-    except GatewayAccessDenied:
-        return False, (
-            f"Id {config_id} stays on bucket {bucket}, which outlived its claim: gateway user"
-            f" {connection.access_key} may not change it; remove it with the bucket owner's"
-            f" keys (DELETE /{bucket}?notification={config_id})"
-        )
-    except GatewayError as exc:
-        return False, f"Id {config_id} on bucket {bucket} not removed yet: {exc}"
-    return True, f"Id {config_id} removed from bucket {bucket}"

@@ -286,11 +286,34 @@ class Ownership:
 
     async def tick(self) -> None:
         """Renew what we hold, then take or give partitions towards our fair share."""
-        ns = self.settings.namespace
         await self._renew_member(_now())
+        items, now, settling = await self._look()
+        members = [
+            lease
+            for lease in items
+            if _labels(lease).get(ROLE_LABEL) == "member" and not _expired(lease, now)
+        ]
+        self.members = len(members)
+        if not settling:
+            await self._forget_gone_members(items, now)
+        share = math.ceil(self.settings.partitions / max(1, len(members)))
+        partitions = self._see(items, members, now)
+        before = set(self._held)
+        await self._renew_held(partitions)
+        await self._give_back(share)
+        await self._take(partitions, share, now, settling)
+        if set(self._held) != before:
+            log.info("%s owns partitions %s", self.identity, sorted(self._held))
+            self.changed.set()
+
+    async def _look(self) -> tuple[list[Lease], dt.datetime, bool]:
+        """The group's Leases, when they were read, and whether this replica is settling
+        after an API server outage (it takes no expired partition meanwhile)."""
         selector = f"{GROUP_LABEL}={self.settings.group}"
         listed = await self._api.get(
-            lease_path(ns), params={"labelSelector": selector}, request_timeout=self._timeout
+            lease_path(self.settings.namespace),
+            params={"labelSelector": selector},
+            request_timeout=self._timeout,
         )
         items: list[Lease] = listed["items"]
         now = _now()
@@ -303,17 +326,11 @@ class Ownership:
                 self.settings.lease_duration_s,
             )
         self._reached = reached
-        settling = reached < self._settling_until
-        members = [
-            lease
-            for lease in items
-            if _labels(lease).get(ROLE_LABEL) == "member" and not _expired(lease, now)
-        ]
-        self.members = len(members)
-        if not settling:
-            await self._forget_gone_members(items, now)
-        live = max(1, len(members))
-        share = math.ceil(self.settings.partitions / live)
+        return items, now, reached < self._settling_until
+
+    def _see(self, items: list[Lease], members: list[Lease], now: dt.datetime) -> dict[str, Lease]:
+        """The partition Leases by name; the live members' addresses and the partitions'
+        holders remembered from them."""
         partitions = {
             lease["metadata"]["name"]: lease
             for lease in items
@@ -330,9 +347,10 @@ class Ownership:
             for name, lease in partitions.items()
             if name in numbers and not _expired(lease, now)
         }
-        before = set(self._held)
+        return partitions
 
-        # Renew ours, all at once; drop any the API server says someone else holds now.
+    async def _renew_held(self, partitions: dict[str, Lease]) -> None:
+        """Renew ours, all at once; drop any the API server says someone else holds now."""
         lost = []
         for partition in list(self._held):
             lease = partitions.get(self._partition_name(partition))
@@ -347,7 +365,8 @@ class Ownership:
         if self._renewing:
             await asyncio.wait(self._renewing.values(), timeout=self.settings.renew_interval_s)
 
-        # Give back what exceeds the fair share (a newcomer joined).
+    async def _give_back(self, share: int) -> None:
+        """Give back what exceeds the fair share (a newcomer joined)."""
         while len(self._held) > share:
             partition = max(self._held)
             self._held.pop(partition)
@@ -356,7 +375,10 @@ class Ownership:
                 await self.before_release(partition)
             await self._release(self._partition_name(partition))
 
-        # Take free or expired partitions up to the fair share.
+    async def _take(
+        self, partitions: dict[str, Lease], share: int, now: dt.datetime, settling: bool
+    ) -> None:
+        """Take free or expired partitions up to the fair share."""
         for partition in range(self.settings.partitions):
             if len(self._held) >= share:
                 break
@@ -374,10 +396,6 @@ class Ownership:
                 and await self._write(lease, self.identity, _now(), renew=False)
             ):
                 self._held[partition] = sent
-
-        if set(self._held) != before:
-            log.info("%s owns partitions %s", self.identity, sorted(self._held))
-            self.changed.set()
 
     @property
     def _timeout(self) -> float:
