@@ -49,8 +49,11 @@ services-install: ## install or build every local service once (apt packages, ku
 	@for s in $(SERVICES); do bash $(LOCAL)/$$s.sh install; done
 	@for r in $(COMPAT_RELEASES); do CEPH_RELEASE=$$r bash $(LOCAL)/ceph.sh install; done
 
-.PHONY: tools
-tools: ## build the CLIs the tests use besides the services (helm, from its Go module)
+.PHONY: tools helm
+tools: helm ## build the CLIs the tests use besides the services (helm and promtool, from their Go modules)
+	bash $(LOCAL)/promtool.sh install
+
+helm: ## build helm from its Go module (once)
 	bash $(LOCAL)/helm.sh install
 
 .PHONY: services-up
@@ -75,7 +78,7 @@ fmt: install ## format the code
 	$(BIN)/ruff format operator spark devstack tests bench demo
 
 .PHONY: crds
-crds: install tools ## regenerate crds/ from the API models, and the chart's copy and deploy/base with them
+crds: install helm ## regenerate crds/ from the API models, and the chart's copy and deploy/base with them
 	$(BIN)/python -m bucketnotify.api.crds crds
 	rm -f charts/bucketnotify/files/crds/*.yaml && cp crds/*.yaml charts/bucketnotify/files/crds/
 	$(BIN)/python -m tests.install.manifests
@@ -88,7 +91,7 @@ crds-check: install ## fail when crds/ is not what the API models generate
 	@diff -ru crds charts/bucketnotify/files/crds || { echo "the chart's CRDs are out of date: run 'make crds'"; exit 1; }
 
 .PHONY: manifests
-manifests: install tools ## render deploy/base/bucketnotify.yaml from the Helm chart's defaults
+manifests: install helm ## render deploy/base/bucketnotify.yaml from the Helm chart's defaults
 	$(BIN)/python -m tests.install.manifests
 
 .PHONY: lock

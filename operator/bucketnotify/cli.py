@@ -206,8 +206,9 @@ async def _operate(settings: OperatorSettings, api: ApiClient) -> None:
     try:
         if settings.leader_election:
             async with await connect(LEASE_CONNECTIONS) as leases:
-                await lead(leases, settings, identity, operator, stop)
+                await lead(leases, settings, identity, operator, stop, leading=metrics.leader.set)
         else:
+            metrics.leader.set(1)  # alone, it leads
             await operator
     finally:
         await events.aclose()

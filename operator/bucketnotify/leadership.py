@@ -18,6 +18,7 @@ import datetime as dt
 import inspect
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -136,10 +137,11 @@ async def lead(
     identity: str,
     operator: Any,
     stop: asyncio.Event,
+    leading: Callable[[bool], None] = lambda _: None,
 ) -> None:
     """Run ``operator`` (kopf's coroutine) while this replica holds the leader Lease; return
     once ``stop`` is set and the Lease is handed back. SystemExit(1) when the Lease was
-    lost or the operator failed."""
+    lost or the operator failed. ``leading`` is told when it starts and stops leading."""
     owner = None
     if settings.leader_election_owner:
         owner = await deployment_reference(
@@ -161,6 +163,22 @@ async def lead(
     log.info(
         "acquired the leader Lease %s; leading as %s", settings.leader_election_lease, identity
     )
+    leading(True)
+    try:
+        await _run_while_leading(api, settings, identity, operator, stop, lease, renewed)
+    finally:
+        leading(False)
+
+
+async def _run_while_leading(
+    api: ApiClient,
+    settings: OperatorSettings,
+    identity: str,
+    operator: Any,
+    stop: asyncio.Event,
+    lease: _LeaderLease,
+    renewed: float,
+) -> None:
     running: asyncio.Future[Any] = asyncio.ensure_future(operator)
     stopping_since: float | None = None
     while not running.done():

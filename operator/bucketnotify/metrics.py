@@ -288,6 +288,12 @@ class OperatorMetrics:
             " number written together.",
             registry=r,
         )
+        self.leader = Gauge(
+            "bucketnotify_operator_leader",
+            "1 while this operator replica holds the leader Lease and reconciles, else 0;"
+            " summed over the replicas, 1 (none: nothing is reconciled).",
+            registry=r,
+        )
         self.gateway_info = Gauge(
             "bucketnotify_gateway_info",
             "1 for each gateway the operator talks to, labelled with its endpoint and the Ceph"

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import socket
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 
@@ -53,18 +53,29 @@ async def test_a_follower_waits_while_the_leader_renews_and_takes_over_when_it_h
     settings = quick(namespace)
     started = {name: asyncio.Event() for name in ("a", "b")}
     stops = {name: asyncio.Event() for name in ("a", "b")}
+    # Each replica's bucketnotify_operator_leader gauge, as cli wires it.
+    leading = {"a": False, "b": False}
+
+    def told(name: str) -> Callable[[bool], None]:
+        return lambda now: leading.__setitem__(name, now)
+
     async with api_client(kube["KUBECONFIG_ADMIN"]) as other:
         a = asyncio.create_task(
-            leadership.lead(api, settings, "a", stand_in(started["a"], stops["a"]), stops["a"])
+            leadership.lead(
+                api, settings, "a", stand_in(started["a"], stops["a"]), stops["a"], told("a")
+            )
         )
         await asyncio.wait_for(started["a"].wait(), 10)
         b = asyncio.create_task(
-            leadership.lead(other, settings, "b", stand_in(started["b"], stops["b"]), stops["b"])
+            leadership.lead(
+                other, settings, "b", stand_in(started["b"], stops["b"]), stops["b"], told("b")
+            )
         )
         # Longer than the lease duration: only the leader's renewals keep it.
         await asyncio.sleep(settings.lease_duration_seconds * 2)
         assert not started["b"].is_set()
         assert await holder(api, settings) == "a"
+        assert leading == {"a": True, "b": False}
 
         stops["a"].set()
         await asyncio.wait_for(a, 10)
@@ -73,9 +84,11 @@ async def test_a_follower_waits_while_the_leader_renews_and_takes_over_when_it_h
         # At its next try, not after the lease duration.
         assert time.monotonic() - handed_back <= settings.retry_period_seconds + 1.5
         assert await holder(api, settings) == "b"
+        assert leading == {"a": False, "b": True}
         stops["b"].set()
         await asyncio.wait_for(b, 10)
     assert await holder(api, settings) == ""
+    assert leading == {"a": False, "b": False}
 
 
 @contextlib.contextmanager
