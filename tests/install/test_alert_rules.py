@@ -65,7 +65,7 @@ CASES: list[dict[str, Any]] = [
                 fired(
                     {"severity": "critical", **TOPIC},
                     "Events of Topic shop/orders were dropped undelivered",
-                    "3.333 events of the last 10 minutes passed timeToLive or maxRetries, or"
+                    "3 events of the last 10 minutes passed timeToLive or maxRetries, or"
                     " the endpoint refused them for good, and the Topic has no"
                     " deadLetterTopic. Their delivery records (outcome lost) name bucket and"
                     " key.",
@@ -212,7 +212,7 @@ CASES: list[dict[str, Any]] = [
                 fired(
                     {"severity": "warning"},
                     "The API server cannot reach the bucketnotify admission webhook",
-                    "2.222 calls failed in 10 minutes: with failurePolicy Ignore the objects"
+                    "2 calls failed in 10 minutes: with failurePolicy Ignore the objects"
                     " were admitted unchecked (the operator still refuses bad ones with a"
                     " condition), with Fail they were refused. Check the operator pods and the"
                     " webhook Service. Needs the API server's own metrics scraped.",
