@@ -19,7 +19,6 @@ from tests.processes import Program
 from tests.receivers import HttpReceiver
 from tests.resources import apply, condition
 from tests.s3 import connection
-from tests.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("crds", "claim_crd")
 
@@ -157,8 +156,8 @@ def test_a_deleted_claim_makes_its_notification_not_ready_and_its_id_leaves_the_
     """The claim deleted under a Ready notification: Ready=False (BucketClaimNotFound) at
     once. With reclaim policy Delete the bucket took the Id along and the status no longer
     holds it applied. With Retain the bucket stays and only its owner may change it, whose
-    keys went with the claim: the message names the Id left and how to remove it, and once
-    that is done the status lets go of it."""
+    keys went with the claim: the message names the Id left and the request that removes
+    it, and deleting the notification does not wait for what nobody can do."""
     hook(kubectl, namespace, receiver)
     provisioner.claim("photos")
     bucket = provisioner.bind("photos")
@@ -178,14 +177,10 @@ def test_a_deleted_claim_makes_its_notification_not_ready_and_its_id_leaves_the_
     assert f"Id uploads stays on bucket {bucket}" in message, message
     assert f"DELETE /{bucket}?notification=uploads" in message, message
     assert status["applied"]["bucket"] == bucket
+    kubectl.run("delete", "bucketnotification", "uploads", "-n", namespace, "--timeout=30s")
     assert provisioner.ids(bucket) == ["uploads"]
     # What the message says to do (boto3 has no request that removes one Id).
     with NotificationClient(connection(rgw, other=True)) as by_hand:
         by_hand.delete(bucket, "uploads")
-    wait_until(
-        lambda: kubectl.get("bucketnotification", "uploads", namespace)["status"],
-        lambda st: "applied" not in st,
-        40,
-        "the status let go of the Id removed by hand",
-    )
+    assert provisioner.ids(bucket) == []
     owner.delete_bucket(Bucket=bucket)

@@ -30,6 +30,7 @@ __all__ = [
     "CLAIM_NOT_BOUND",
     "CLAIM_NOT_FOUND",
     "ClaimedBucket",
+    "Left",
     "claimed_bucket",
     "claimed_from",
     "leave_claimed_bucket",
@@ -118,6 +119,17 @@ def claimed_from(
     )
 
 
+@dataclass(frozen=True)
+class Left:
+    """What became of a notification's Id on the bucket of a claim that is gone."""
+
+    gone: bool
+    """Off the bucket (removed, or gone with it)."""
+    final: bool
+    """Nothing more this operator can do: gone, or kept on a bucket it may not change."""
+    message: str
+
+
 async def leave_claimed_bucket(
     kube: Kube,
     settings: OperatorSettings,
@@ -126,43 +138,47 @@ async def leave_claimed_bucket(
     namespace: str,
     spec: dict[str, Any],
     applied: dict[str, Any],
-) -> tuple[bool, str]:
-    """Whether this notification's Id is off the bucket its claim named, now that the claim
-    and its keys are gone, and what became of it.
+) -> Left:
+    """Take this notification's Id off the bucket its claim named, now that the claim and
+    its keys are gone, as far as that can be done.
 
     With Rook's default reclaim policy (Delete) the provisioner deleted the bucket and the
     Id with it. A bucket it kept (Retain) is changed only by its owner, whose keys went
-    with the claim: the Topic's or the operator's gateway user is tried, which may."""
+    with the claim: the Topic's or the operator's gateway user is tried, which may; where
+    it may not (it cannot even read the bucket's configuration), no later try would do
+    better, and the message says how to remove the Id by hand."""
     bucket, config_id = applied.get("bucket"), applied["id"]
     if not bucket:
-        return False, f"Id {config_id} may stay on the claim's bucket, whose name is not known"
+        return Left(False, True, f"Id {config_id} may stay on the claim's bucket (not known)")
     parsed = parse_model(BucketNotificationSpec, spec)
     ref: GatewayRef | None = None
     if parsed.topic_ref is not None:
         topic = await kube.get_object("topics", namespace, parsed.topic_ref.name)
         if topic is not None:
             ref = TopicSpec.model_validate(topic["spec"]).gateway_ref
+    by_hand = f"remove it with the bucket owner's keys (DELETE /{bucket}?notification={config_id})"
     try:
         connection = await gateway_connection(kube, namespace, ref, settings)
     except (SecretMissing, NotReconcilable) as exc:
-        return False, f"Id {config_id} stays on bucket {bucket}: no gateway to remove it ({exc})"
+        return Left(False, True, f"Id {config_id} stays on bucket {bucket} ({exc}): {by_hand}")
     gateway = await gateways.get(connection)
     try:
         async with locks(connection, bucket):
             entries = await gateway.read(gateway.notifications.list, bucket)
             if not any(c.id == config_id and c.topic_arn == applied["topicArn"] for c in entries):
-                return True, f"Id {config_id} is no longer on bucket {bucket}"
+                return Left(True, True, f"Id {config_id} is no longer on bucket {bucket}")
             await gateway.write(
                 gateway.notifications.delete, bucket, config_id, [applied["topicArn"]]
             )
     except GatewayNotFound:
-        return True, f"bucket {bucket} is gone, and Id {config_id} with it"
+        return Left(True, True, f"bucket {bucket} is gone, and Id {config_id} with it")
     except GatewayAccessDenied:
-        return False, (
+        return Left(
+            False,
+            True,
             f"Id {config_id} stays on bucket {bucket}, which outlived its claim: gateway user"
-            f" {connection.access_key} may not change it; remove it with the bucket owner's"
-            f" keys (DELETE /{bucket}?notification={config_id})"
+            f" {connection.access_key} may not change it; {by_hand}",
         )
     except GatewayError as exc:
-        return False, f"Id {config_id} on bucket {bucket} not removed yet: {exc}"
-    return True, f"Id {config_id} removed from bucket {bucket}"
+        return Left(False, False, f"Id {config_id} on bucket {bucket} not removed yet: {exc}")
+    return Left(True, True, f"Id {config_id} removed from bucket {bucket}")

@@ -176,11 +176,19 @@ def _post_change(
         _post(memo, body, event.type, event.reason, event.message)
 
 
+RELEASED_FIELDS = ("applied",)
+"""Status fields a reconcile may let go of: absent from its status, they are removed (the
+status also holds fields it does not write, kopf's diff base among them)."""
+
+
 def _write(patch: kopf.Patch, current: kopf.Status, status: dict[str, Any]) -> None:
     # Only what changed: a quiet drift check must not write the object every interval.
     for key, value in status.items():
         if current.get(key) != value:
             patch.status[key] = value
+    for key in RELEASED_FIELDS:
+        if key in current and key not in status:
+            patch.status[key] = None  # a merge patch's null removes it
 
 
 # The indices are async though they never wait: kopf runs a sync callback in its thread pool,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import functools
+import logging
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +65,8 @@ from bucketnotify.gateway.notifications import NotificationConfig
 from bucketnotify.gateway.pool import Gateway, GatewayPool
 from bucketnotify.kube import Kube, SecretMissing
 from bucketnotify.settings import OperatorSettings
+
+log = logging.getLogger(__name__)
 
 __all__ = ["BucketLocks", "delete_notification", "reconcile_notification", "same_gateway"]
 
@@ -325,11 +328,11 @@ async def reconcile_notification(
             applied = None  # the Id on the bucket is not this notification's (any more)
         message = str(exc)
         if exc.reason == CLAIM_NOT_FOUND and applied:
-            removed, what = await leave_claimed_bucket(
+            left = await leave_claimed_bucket(
                 kube, settings, locks, gateways, namespace, spec, applied
             )
-            message = f"{message}; {what}"
-            if removed:
+            message = f"{message}; {left.message}"
+            if left.gone:
                 applied = None
         return outcome(False, exc.reason, message, retry=exc.retry), None
     applied = {
@@ -551,12 +554,16 @@ async def delete_notification(
             return
         if parsed.bucket_ref is not None:
             # The claim went first, its keys with it: only its bucket's name is left.
-            removed, what = await leave_claimed_bucket(
+            left = await leave_claimed_bucket(
                 kube, settings, locks, gateways, namespace, spec, applied
             )
-            if removed:
-                return
-            raise NotReconcilable(CLAIM_NOT_FOUND, what) from None
+            if not left.final:
+                raise NotReconcilable(CLAIM_NOT_FOUND, left.message) from None
+            if not left.gone:
+                # Nobody will have the owner's keys later: waiting would only hold the
+                # object back; the condition said the same while it lived.
+                log.warning("BucketNotification %s/%s deleted: %s", namespace, name, left.message)
+            return
         raise
     if claim is not None and rivals:
         same = await same_gateway(kube, settings, rivals, connection)
