@@ -24,7 +24,7 @@ from bucketnotify.delivery.queue import (
     StoreRefused,
     StoreUnavailable,
 )
-from bucketnotify.delivery.stores import s3 as s3_module
+from bucketnotify.delivery.stores import _s3objects, _s3shards
 from bucketnotify.delivery.stores.s3 import S3Store
 from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.gateway.errors import GatewayNotFound, GatewayUnreachable
@@ -68,13 +68,13 @@ async def stores(rgw: LocalService) -> AsyncIterator[Callable[..., S3Store]]:
 def count_calls(store: S3Store, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The S3 operations the store sends from now on, by name, in order."""
     calls: list[str] = []
-    real = store._objects.call
+    real = store._io.call
 
     async def counted(operation: str, request: Any) -> Any:
         calls.append(operation.split()[0])
         return await real(operation, request)
 
-    monkeypatch.setattr(store._objects, "call", counted)
+    monkeypatch.setattr(store._io, "call", counted)
     return calls
 
 
@@ -102,7 +102,7 @@ class BucketRaw:
 class TestS3Store(QueueStoreContract):
     @pytest.fixture(params=[1000, 3], ids=["pages-1000", "pages-3"])
     def page(self, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
-        monkeypatch.setattr(s3_module, "LIST_PAGE", request.param)
+        monkeypatch.setattr(_s3objects, "LIST_PAGE", request.param)
         return int(request.param)
 
     @pytest.fixture()
@@ -200,7 +200,7 @@ async def test_a_rewrite_cut_short_is_finished_by_the_next_removal(
         raise GatewayUnreachable("DeleteObject: the gateway did not answer")
 
     # The rest is written under its new name, the old name's delete fails.
-    monkeypatch.setattr(store._objects, "delete", unreachable)
+    monkeypatch.setattr(store._io, "delete", unreachable)
     with pytest.raises(StoreUnavailable):
         await store.remove(QUEUE, 0, [entries[0].id])
     monkeypatch.undo()
@@ -214,7 +214,7 @@ async def test_a_rewrite_cut_short_is_finished_by_the_next_removal(
 def record_lists(store: S3Store, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The prefixes of the LISTs the store sends from now on, relative to the queue's data."""
     prefixes: list[str] = []
-    real = store._objects.call
+    real = store._io.call
     data = f"{store.prefix}data/{QUEUE.namespace}/{QUEUE.topic}/"
 
     async def recorded(operation: str, request: Any) -> Any:
@@ -223,7 +223,7 @@ def record_lists(store: S3Store, monkeypatch: pytest.MonkeyPatch) -> list[str]:
             prefixes.append(prefix.removeprefix(data))
         return await real(operation, request)
 
-    monkeypatch.setattr(store._objects, "call", recorded)
+    monkeypatch.setattr(store._io, "call", recorded)
     return prefixes
 
 
@@ -254,7 +254,7 @@ async def test_a_list_asked_for_after_a_commit_finds_it_while_other_shards_share
     owner = stores(bucket, prefix)
     await writer.create(QUEUE, 4, QueueLimits())
     lists = record_lists(owner, monkeypatch)
-    real_page = owner._objects.list_page
+    real_page = owner._io.client.list_page
 
     async def slow_answers(prefix: str, max_keys: int, token: str | None) -> Any:
         # Answers that take long to arrive: a LIST in flight, sent before a commit landed.
@@ -262,7 +262,7 @@ async def test_a_list_asked_for_after_a_commit_finds_it_while_other_shards_share
         await asyncio.sleep(0.02)
         return page
 
-    monkeypatch.setattr(owner._objects, "list_page", slow_answers)
+    monkeypatch.setattr(owner._io.client, "list_page", slow_answers)
 
     async def shard_owner(shard: int) -> None:
         for n in range(10):
@@ -281,8 +281,8 @@ async def test_a_queue_holding_more_than_a_shared_list_is_listed_shard_by_shard(
 ) -> None:
     """A backlog does not fit one shared LIST: shards whose batches it cut off list on
     their own, and the queue lists per shard for a while instead of wasting shared LISTs."""
-    monkeypatch.setattr(s3_module, "SHARED_LIST_KEYS", 4)
-    monkeypatch.setattr(s3_module, "CROWDED_S", 600.0)  # a slow machine stays within it
+    monkeypatch.setattr(_s3shards, "SHARED_LIST_KEYS", 4)
+    monkeypatch.setattr(_s3shards, "CROWDED_S", 600.0)  # a slow machine stays within it
     prefix = f"t-{uuid.uuid4().hex[:10]}/"
     store = stores(bucket, prefix)
     await store.create(QUEUE, 3, QueueLimits())

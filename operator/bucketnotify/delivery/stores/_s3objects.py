@@ -30,11 +30,12 @@ class BucketObjects:
     ) -> None:
         self.bucket = bucket
         self.prefix = prefix
-        self._objects = ObjectClient(connection, bucket, max_requests)
+        self.client = ObjectClient(connection, bucket, max_requests)
+        """The requests themselves, on the event loop."""
         self._requests = asyncio.Semaphore(max_requests)
 
     async def aclose(self) -> None:
-        await self._objects.aclose()
+        await self.client.aclose()
 
     # Keys
 
@@ -65,24 +66,22 @@ class BucketObjects:
 
     async def put(self, key: str, body: bytes, content_type: str) -> str:
         """Writes the object; returns its ETag."""
-        return await self.call(
-            f"PutObject {key}", lambda: self._objects.put(key, body, content_type)
-        )
+        return await self.call(f"PutObject {key}", lambda: self.client.put(key, body, content_type))
 
     async def get(self, key: str) -> bytes | None:
         """The object's body; None when there is no such key."""
-        return await self.call(f"GetObject {key}", lambda: self._objects.get(key))
+        return await self.call(f"GetObject {key}", lambda: self.client.get(key))
 
     async def delete(self, key: str) -> None:
         # DeleteObject of a missing key succeeds, so a second try or a lost race is fine.
-        await self.call(f"DeleteObject {key}", lambda: self._objects.delete(key))
+        await self.call(f"DeleteObject {key}", lambda: self.client.delete(key))
 
     async def list_page(self, prefix: str, token: str | None, max_keys: int = 0) -> Page:
         """One page of (key, ETag) under ``prefix``, in key order, and the token of the next;
-        ``max_keys``: at most this many keys (``LIST_PAGE`` when 0)."""
-        size = max_keys or LIST_PAGE
+        ``max_keys``: at most this many keys (and never more than ``LIST_PAGE``)."""
+        size = min(max_keys, LIST_PAGE) if max_keys else LIST_PAGE
         return await self.call(
-            f"ListObjectsV2 {prefix}", lambda: self._objects.list_page(prefix, size, token)
+            f"ListObjectsV2 {prefix}", lambda: self.client.list_page(prefix, size, token)
         )
 
     async def list_keys(self, prefix: str) -> list[str]:

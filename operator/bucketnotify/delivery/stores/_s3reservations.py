@@ -59,15 +59,15 @@ class _Wanted:
 
 
 class S3Reservations:
-    """The reservations and cached meta of the queues in ``objects``."""
+    """The reservations and cached meta of the queues ``io`` reaches."""
 
     def __init__(
         self,
-        objects: BucketObjects,
+        io: BucketObjects,
         meta_cache_s: float,
         writers: Callable[[], int] | None = None,
     ) -> None:
-        self._objects = objects
+        self._io = io
         self._meta_cache_s = meta_cache_s
         self.writers = writers
         self.headrooms = Headrooms()
@@ -95,7 +95,7 @@ class S3Reservations:
         if self.headrooms.granted(reservation):
             await self._granted_done(reservation)
             return
-        await self._objects.delete(self._objects.marker(reservation))
+        await self._io.delete(self._io.marker(reservation))
 
     async def meta_or_none(self, queue: QueueName) -> tuple[int, QueueLimits] | None:
         try:
@@ -107,7 +107,7 @@ class S3Reservations:
         cached = self._meta.get(queue)
         if cached and not fresh and time.monotonic() - cached[0] < self._meta_cache_s:
             return cached[1], cached[2]
-        data = await self._objects.get(self._objects.meta_key(queue))
+        data = await self._io.get(self._io.meta_key(queue))
         if data is None:
             self._meta.pop(queue, None)
             raise QueueNotFound(f"queue {queue} does not exist")
@@ -152,7 +152,7 @@ class S3Reservations:
 
     async def _drop_cover(self, room: Headroom) -> None:
         try:
-            await self._objects.delete(self._objects.marker(room.cover, cover=True))
+            await self._io.delete(self._io.marker(room.cover, cover=True))
         except GatewayError as exc:
             # It only counts for longer than needed, until it expires and is reclaimed.
             _log.info("could not delete a headroom cover of %s: %s", room.cover.queue, exc)
@@ -227,8 +227,8 @@ class S3Reservations:
             # Another writer reserved in the same instant. Each PUT its markers before its
             # second scan, so at least the later of the two sees both; this one steps back.
             await all_of(
-                *(self._objects.delete(self._objects.marker(r)) for _, r in placed),
-                *([self._objects.delete(self._objects.marker(cover, cover=True))] if cover else []),
+                *(self._io.delete(self._io.marker(r)) for _, r in placed),
+                *([self._io.delete(self._io.marker(cover, cover=True))] if cover else []),
             )
             if last:
                 for w, _ in placed:
@@ -266,8 +266,8 @@ class S3Reservations:
                 "expires_at": reservation.expires_at,
             }
         )
-        await self._objects.put(
-            self._objects.marker(reservation, cover=cover), body.encode(), "application/json"
+        await self._io.put(
+            self._io.marker(reservation, cover=cover), body.encode(), "application/json"
         )
 
     async def _granted_done(self, reservation: Reservation) -> None:
@@ -279,9 +279,9 @@ class S3Reservations:
         reservations, covers = await self.markers(queue)
         expired = [r for r in reservations if r.expires_at <= now]
         await all_of(
-            *(self._objects.delete(self._objects.marker(r)) for r in expired),
+            *(self._io.delete(self._io.marker(r)) for r in expired),
             *(
-                self._objects.delete(self._objects.marker(c, cover=True))
+                self._io.delete(self._io.marker(c, cover=True))
                 for c in covers
                 if c.expires_at <= now
             ),
@@ -295,10 +295,10 @@ class S3Reservations:
 
     async def markers(self, queue: QueueName) -> tuple[list[Reservation], list[Reservation]]:
         """The reservation markers and the headroom covers."""
-        start = f"{self._objects.data(queue)}reservations/"
+        start = f"{self._io.data(queue)}reservations/"
         reservations: list[Reservation] = []
         covers: list[Reservation] = []
-        for key in await self._objects.list_keys(start):
+        for key in await self._io.list_keys(start):
             if (marker := parse_marker(queue, key[len(start) :])) is not None:
                 (covers if marker[1] else reservations).append(marker[0])
         return reservations, covers
@@ -316,9 +316,9 @@ class S3Reservations:
         # Markers first, in a LIST of their own: a commit PUTs its batch before it deletes
         # its marker, so a marker missing here means the batch is in the LIST that follows.
         reservations, covers = await self.markers(queue)
-        start = f"{self._objects.data(queue)}shard-"
+        start = f"{self._io.data(queue)}shard-"
         names: dict[int, list[str]] = {}
-        for key in await self._objects.list_keys(start):
+        for key in await self._io.list_keys(start):
             shard, _, name = key[len(start) :].partition("/")
             if shard.isdigit():
                 names.setdefault(int(shard), []).append(name)

@@ -22,7 +22,7 @@ from bucketnotify.delivery.stores._format import (
     encode_batch,
     updated,
 )
-from bucketnotify.delivery.stores._s3objects import LIST_PAGE, BucketObjects, Page, all_of
+from bucketnotify.delivery.stores._s3objects import BucketObjects, Page, all_of
 from bucketnotify.gateway.errors import GatewayUnreachable
 
 __all__ = ["S3Shards"]
@@ -43,10 +43,10 @@ class _Cached:
 
 
 class S3Shards:
-    """The shards of the queues in ``objects``, for their owner."""
+    """The shards of the queues ``io`` reaches, for their owner."""
 
-    def __init__(self, objects: BucketObjects, list_gather_s: float) -> None:
-        self._objects = objects
+    def __init__(self, io: BucketObjects, list_gather_s: float) -> None:
+        self._io = io
         self._list_gather_s = list_gather_s
         self._owning: dict[tuple[QueueName, int], asyncio.Lock] = {}
         self._cache: dict[tuple[QueueName, int], dict[str, _Cached]] = {}
@@ -107,35 +107,33 @@ class S3Shards:
         return {b: cache[b] for b in wanted if b in cache}
 
     async def _load(self, queue: QueueName, shard: int, batch_id: str) -> _Cached | None:
-        start = self._objects.shard(queue, shard)
-        names = [k[len(start) :] for k in await self._objects.list_keys(f"{start}{batch_id}.")]
+        start = self._io.shard(queue, shard)
+        names = [k[len(start) :] for k in await self._io.list_keys(f"{start}{batch_id}.")]
         for batch in batches(names):
-            data = await self._objects.get(start + str(batch.current))
+            data = await self._io.get(start + str(batch.current))
             if data is not None:
                 return _Cached(batch, decode_batch(batch_id, data))
         return None
 
     async def _rewrite(self, queue: QueueName, shard: int, changes: dict[str, list[Entry]]) -> None:
         cache = self._cache.setdefault((queue, shard), {})
-        start = self._objects.shard(queue, shard)
+        start = self._io.shard(queue, shard)
 
         async def one(batch_id: str, entries: list[Entry]) -> None:
             old = cache[batch_id].batch
             if entries:
                 name = BatchName.of(batch_id, entries)
-                await self._objects.put(
-                    start + str(name), encode_batch(entries), "application/x-ndjson"
-                )
+                await self._io.put(start + str(name), encode_batch(entries), "application/x-ndjson")
                 # The old names stay known until they are gone: a stale name forgotten here
                 # would outlive the batch's last removal and bring its entries back.
                 drop = tuple(n for n in (old.current, *old.stale) if n != name)
                 cache[batch_id] = _Cached(Batch(name, drop), entries)
-                await all_of(*(self._objects.delete(start + str(n)) for n in drop))
+                await all_of(*(self._io.delete(start + str(n)) for n in drop))
                 cache[batch_id] = _Cached(Batch(name), entries)
             else:
                 # Stale supersets first: until the current name goes, it is the one that wins.
-                await all_of(*(self._objects.delete(start + str(n)) for n in old.stale))
-                await self._objects.delete(start + str(old.current))
+                await all_of(*(self._io.delete(start + str(n)) for n in old.stale))
+                await self._io.delete(start + str(old.current))
                 cache.pop(batch_id, None)
 
         await all_of(*(one(b, e) for b, e in changes.items()))
@@ -149,7 +147,7 @@ class S3Shards:
         Paging stops only past the last batch's names: a stale name that stayed unknown
         would outlive the current one and bring its removed entries back.
         """
-        start = self._objects.shard(queue, shard)
+        start = self._io.shard(queue, shard)
         chosen: list[Batch] = []
         etags: dict[str, str] = {}
         held = 0
@@ -159,7 +157,7 @@ class S3Shards:
             if shared is not None:
                 keys, shared = shared, None  # all the shard holds: no page follows
             else:
-                keys, token = await self._objects.list_page(start, token)
+                keys, token = await self._io.list_page(start, token)
             for key, etag in keys:
                 name = key[len(start) :]
                 etags[name] = etag
@@ -192,7 +190,7 @@ class S3Shards:
             task.add_done_callback(self._listing_tasks.discard)
         # Shielded: a caller that goes away must not cancel the LIST the others wait for.
         page, token = await asyncio.shield(shared)
-        prefix = self._objects.shard(queue, shard)
+        prefix = self._io.shard(queue, shard)
         if token is not None and (
             not page or page[-1][0] <= prefix or page[-1][0].startswith(prefix)
         ):
@@ -211,9 +209,7 @@ class S3Shards:
                 # this LIST would miss, so it waits for the next one.
                 if self._listings.get(queue) is shared:
                     del self._listings[queue]
-            page = await self._objects.list_page(
-                f"{self._objects.data(queue)}shard-", None, min(LIST_PAGE, SHARED_LIST_KEYS)
-            )
+            page = await self._io.list_page(f"{self._io.data(queue)}shard-", None, SHARED_LIST_KEYS)
         except asyncio.CancelledError:
             # Only the loop's end cancels it: the shards waiting see a failed round, not a
             # cancellation of their own.
@@ -227,7 +223,7 @@ class S3Shards:
     # Last in the class: below this, `list` would name the method, not the builtin.
     async def list(self, queue: QueueName, shard: int, max_entries: int = 1024) -> list[Entry]:
         async with self._owner(queue, shard):
-            start = self._objects.shard(queue, shard)
+            start = self._io.shard(queue, shard)
             chosen, etags = await self._oldest(queue, shard, max_entries)
             # A batch this replica wrote, unchanged since (same ETag), is not read back.
             known = [
@@ -235,7 +231,7 @@ class S3Shards:
             ]
             bodies = await all_of(
                 *(
-                    _none() if written is not None else self._objects.get(start + str(b.current))
+                    _none() if written is not None else self._io.get(start + str(b.current))
                     for b, written in zip(chosen, known, strict=True)
                 )
             )

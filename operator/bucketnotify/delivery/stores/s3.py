@@ -168,10 +168,10 @@ class S3Store:
         self.bucket = bucket
         self.prefix = prefix
         self._s3: S3Client = connection.s3()
-        self._objects = BucketObjects(connection, bucket, prefix, max_requests)
+        self._io = BucketObjects(connection, bucket, prefix, max_requests)
         self._threads = IOThreads("s3-store", 1)
-        self._reservations = S3Reservations(self._objects, meta_cache_s, writers)
-        self._shards = S3Shards(self._objects, list_gather_s)
+        self._reservations = S3Reservations(self._io, meta_cache_s, writers)
+        self._shards = S3Shards(self._io, list_gather_s)
 
     @property
     def writers(self) -> Callable[[], int] | None:
@@ -189,12 +189,12 @@ class S3Store:
             with mapped_errors(operation):
                 self._ensure_bucket()
 
-        await self._objects.call(operation, lambda: self._threads.run(ensure))
+        await self._io.call(operation, lambda: self._threads.run(ensure))
 
     async def aclose(self) -> None:
         """Closes the connections to the gateway; a later call opens new ones."""
         await self._shards.aclose()
-        await self._objects.aclose()
+        await self._io.aclose()
 
     def _ensure_bucket(self) -> None:
         try:
@@ -216,7 +216,7 @@ class S3Store:
         if shards < 1:
             raise ValueError(f"a queue needs at least one shard, not {shards}")
         meta = encode_meta(shards, limits)
-        await self._objects.put(self._objects.meta_key(queue), meta, "application/json")
+        await self._io.put(self._io.meta_key(queue), meta, "application/json")
         self._reservations.remember(queue, shards, limits)
         if (room := self._reservations.headrooms.pop(queue)) is not None:
             await self._reservations.retire(room)
@@ -226,11 +226,11 @@ class S3Store:
         # reservations; then everything under it, until a LIST finds nothing. A commit
         # racing with this can still land afterwards (reserved through a replica's cached
         # meta): it stays until the queue is created and deleted again.
-        await self._objects.delete(self._objects.meta_key(queue))
+        await self._io.delete(self._io.meta_key(queue))
         self._reservations.forget(queue)
         self._shards.forget(queue)
-        while keys := await self._objects.list_keys(self._objects.data(queue)):
-            await all_of(*(self._objects.delete(k) for k in keys))
+        while keys := await self._io.list_keys(self._io.data(queue)):
+            await all_of(*(self._io.delete(k) for k in keys))
 
     async def save_delivered(self, queue: QueueName, shard: int, event_ids: Sequence[str]) -> None:
         # A queue deleted meanwhile must not get an object that outlives it. The meta is
@@ -239,16 +239,16 @@ class S3Store:
         if await self._reservations.meta_or_none(queue) is None:
             return
         body = "\n".join(event_ids).encode()
-        await self._objects.put(self._objects.delivered(queue, shard), body, "text/plain")
+        await self._io.put(self._io.delivered(queue, shard), body, "text/plain")
 
     async def load_delivered(self, queue: QueueName, shard: int) -> list[str]:
-        found = await self._objects.get(self._objects.delivered(queue, shard))
+        found = await self._io.get(self._io.delivered(queue, shard))
         return found.decode().split() if found else []
 
     async def queues(self) -> Queues:
         start = f"{self.prefix}meta/"
         found = []
-        for key in await self._objects.list_keys(start):
+        for key in await self._io.list_keys(start):
             namespace, _, topic = key[len(start) :].partition("/")
             if namespace and topic and "/" not in topic:
                 found.append(QueueName(namespace, topic))
@@ -268,11 +268,11 @@ class S3Store:
         if events:
             batch, _ = new_batch_id()
             entries = new_entries(batch, events, now)
-            key = self._objects.shard(reservation.queue, reservation.shard) + str(
+            key = self._io.shard(reservation.queue, reservation.shard) + str(
                 BatchName.of(batch, entries)
             )
             body = encode_batch(entries)
-            etag = await self._objects.put(key, body, "application/x-ndjson")
+            etag = await self._io.put(key, body, "application/x-ndjson")
             self._shards.written.add(key, etag, entries, len(body))
         else:
             entries = []
@@ -292,10 +292,10 @@ class S3Store:
     async def glance(self, queue: QueueName, now: float) -> QueueStats:
         # One LIST of everything under the queue (reservations sort before the shards) and
         # no meta read: the shard count only adds empty shards to the answer.
-        start = self._objects.data(queue)
+        start = self._io.data(queue)
         reservations: list[Reservation] = []
         names: dict[int, list[str]] = {}
-        for key in await self._objects.list_keys(start):
+        for key in await self._io.list_keys(start):
             kind, _, name = key[len(start) :].partition("/")
             if kind == "reservations":
                 if (reservation := parse_reservation(queue, name)) is not None:
