@@ -1,5 +1,6 @@
 """TCP forwarders on threads: one a test can take down and bring back (a real network
-outage), and a round-robin balancer over several ports (a Service's part).
+outage), and a round-robin balancer over several ports (a Service's part). Threads, so that
+synchronous and asyncio tests use the same ones.
 
 ``TcpProxy`` makes the real gateway unreachable for the operator without stopping the
 gateway for every other test; ``Balancer`` spreads connections over delivery replicas.
@@ -53,6 +54,8 @@ class TcpProxy:
         self._conns: list[socket.socket] = []
         self._sent: list[bytes] = []
         self._sent_lock = threading.Lock()
+        self.accepted = 0
+        """Client connections accepted so far (across restarts)."""
 
     def sent(self) -> bytes:
         """Every byte the clients sent through the proxy so far, connection after
@@ -78,6 +81,7 @@ class TcpProxy:
         threading.Thread(target=self._accept, args=(server,), daemon=True).start()
 
     def stop(self) -> None:
+        """Stop listening and cut every connection, as a server that goes away does."""
         if self._server is not None:
             # close() alone leaves a thread blocked in accept() listening; shutdown wakes it.
             with contextlib.suppress(OSError):
@@ -94,6 +98,7 @@ class TcpProxy:
                 client, _ = server.accept()
             except OSError:
                 return
+            self.accepted += 1
             try:
                 upstream = socket.create_connection(self._target, timeout=5)
             except OSError:

@@ -45,9 +45,40 @@ def provisioner(kubectl: Kubectl, namespace: str, rgw: LocalService, owner: Any)
     return Provisioner(kubectl, namespace, rgw, owner)
 
 
-def hook(kubectl: Kubectl, namespace: str, receiver: HttpReceiver) -> None:
-    apply(kubectl, namespace, "Topic", "hook", {"endpoint": {"http": {"url": receiver.url}}})
+def hook(kubectl: Kubectl, namespace: str, receiver: HttpReceiver, **spec: Any) -> None:
+    apply(
+        kubectl, namespace, "Topic", "hook", {"endpoint": {"http": {"url": receiver.url}}, **spec}
+    )
     condition(kubectl, namespace, "topic", "hook")
+
+
+def rook_user_secret(kubectl: Kubectl, namespace: str, rgw: LocalService) -> str:
+    """The Secret Rook makes for a CephObjectStoreUser (its type, labels and keys), of the
+    gateway's test user; its name."""
+    name = "rook-ceph-object-user-my-store-team"
+    kubectl.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": {
+                    "app": "rook-ceph-rgw",
+                    "user": "team",
+                    "rook_cluster": namespace,
+                    "rook_object_store": "my-store",
+                },
+            },
+            "type": "kubernetes.io/rook",
+            "stringData": {
+                "AccessKey": rgw["RGW_ACCESS_KEY"],
+                "SecretKey": rgw["RGW_SECRET_KEY"],
+                "Endpoint": rgw["RGW_ENDPOINT"],
+            },
+        }
+    )
+    return name
 
 
 def on_claim(kubectl: Kubectl, namespace: str, name: str, claim: str) -> None:
@@ -71,13 +102,20 @@ def test_a_notification_follows_its_claim_until_bound_and_is_written_with_the_ow
     receiver: HttpReceiver,
     provisioner: Provisioner,
     owner: Any,
+    rgw: LocalService,
 ) -> None:
     """Made before its claim, the notification waits (claim not found, then not bound);
     once the claim is bound its Id is on the claim's bucket, written with the claim's keys
     (the operator's own gateway user does not own that bucket), the bucket shows in the
     status, and an upload's event arrives. Deleting the notification takes its Id off with
-    the claim's keys again."""
-    hook(kubectl, namespace, receiver)
+    the claim's keys again. Its Topic reaches the gateway through a CephObjectStoreUser's
+    Secret as Rook makes it: Rook's two objects drive the whole way to a delivered event."""
+    hook(
+        kubectl,
+        namespace,
+        receiver,
+        gatewayRef={"secretName": rook_user_secret(kubectl, namespace, rgw)},
+    )
     on_claim(kubectl, namespace, "uploads", "photos")
     status = condition(
         kubectl, namespace, "bucketnotification", "uploads", "False", "BucketClaimNotFound"

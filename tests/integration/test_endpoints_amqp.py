@@ -32,9 +32,9 @@ from bucketnotify.delivery.endpoints import (
 )
 from bucketnotify.delivery.endpoints.base import event_body
 from devstack.programs import free_port
-from tests.aioproxy import AsyncTcpProxy
 from tests.localservices import LocalService
 from tests.records import s3_record
+from tests.tcpproxy import TcpProxy
 from tests.tls import make_ca
 
 
@@ -317,14 +317,14 @@ async def test_batches_share_one_pooled_connection(
 ) -> None:
     """One connection per endpoint, reused by every batch."""
     queue = await bound_queue(channel, exchange, "events")
-    proxy = AsyncTcpProxy(rabbitmq["AMQP_HOST"], int(rabbitmq["AMQP_PORT"]))
-    await proxy.start()
+    proxy = TcpProxy(rabbitmq["AMQP_HOST"], int(rabbitmq["AMQP_PORT"]))
+    proxy.start()
     try:
         async with amqp_endpoint(f"amqp://127.0.0.1:{proxy.port}", exchange.name) as endpoint:
             for n in range(3):
                 assert all(o.ok for o in await endpoint.send(deliveries(4, f"b{n}-")))
     finally:
-        await proxy.stop()
+        proxy.stop()
     assert proxy.accepted == 1
     await drain(queue, 12)
 
@@ -336,8 +336,8 @@ async def test_an_outage_under_a_steady_stream_loses_nothing(
     of a stream and comes back: pushes fail retryably meanwhile, nothing raises, and with
     the worker's retries every event arrives."""
     queue = await bound_queue(channel, exchange, "events")
-    proxy = AsyncTcpProxy(rabbitmq["AMQP_HOST"], int(rabbitmq["AMQP_PORT"]))
-    await proxy.start()
+    proxy = TcpProxy(rabbitmq["AMQP_HOST"], int(rabbitmq["AMQP_PORT"]))
+    proxy.start()
     failures: list[PushOutcome] = []
     settings = EndpointSettings(connect_timeout_s=1, message_timeout_s=2)
     async with amqp_endpoint(
@@ -348,14 +348,14 @@ async def test_an_outage_under_a_steady_stream_loses_nothing(
         for n in range(30):
             batch = deliveries(5, f"s{n}-")
             if n == 10:
-                await proxy.stop()
+                proxy.stop()
             first = await endpoint.send(batch)
             failures.extend(o for o in first if not o.ok)
             if n == 10:
                 await asyncio.sleep(1.0)
-                await proxy.start()
+                proxy.start()
             await send_until_acked(endpoint, batch, within_s=30)
-    await proxy.stop()
+    proxy.stop()
     assert failures, "the outage did not hit the stream"
     assert all(o.retryable for o in failures)
     # At least once: a push whose confirmation the outage swallowed was sent again.
