@@ -1,7 +1,10 @@
-"""Kubernetes reads and writes the operator makes besides kopf's own: Secrets, annotations.
+"""Kubernetes reads and writes the operator's reconcilers make besides kopf's own: Secrets,
+ConfigMaps, ObjectBucketClaims, our objects and their annotations.
 
-An adapter over ``apiserver``: besides kopf, the only module of the operator that calls the
-API server.
+An adapter over ``apiserver``. The other callers of the API server each own one concern:
+``leadership`` (the operator's leader Lease), ``event_recorder`` (Events),
+``delivery.ownership`` (partition and member Leases), ``delivery.topic_table`` (the Topics
+and token Secrets a replica serves) and ``admin.cluster`` (the admin CLI's reads).
 """
 
 from __future__ import annotations
