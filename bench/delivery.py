@@ -46,6 +46,7 @@ from typing import Any, Literal
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.gateway import Gateway
+from bench.guarded import guarded
 from bench.kube import (
     Kubectl,
     SetupError,
@@ -72,7 +73,7 @@ from bucketnotify.delivery.service import HANDOVER_POLL_ROUNDS
 from devstack import services
 from devstack.gateway import gateway_settings
 from devstack.programs import Program, cpu_seconds, free_port, wait_for_port
-from devstack.services import REPO, Service, ServiceError
+from devstack.services import REPO, Service
 
 EVENT = "s3:ObjectCreated:Put"
 PARTITIONS = 32
@@ -1007,8 +1008,8 @@ def main(argv: list[str] | None = None) -> int:
         profile=args.profile,
         endpoint_delay_s=args.endpoint_delay_ms / 1000,
     )
-    started: list[Service] = []
-    try:
+
+    def benchmark(started: list[Service]) -> int:
         rgw = services.start("ceph")
         started.append(rgw)
         kube = None
@@ -1060,15 +1061,8 @@ def main(argv: list[str] | None = None) -> int:
         print(table)
         print(f"\nresults: {path}\nlogs:    {run.log_dir}")
         return 1 if any("error" in r for r in results) else 0
-    except ServiceError as exc:
-        print(f"bench: a local service is missing: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\nbench: interrupted; stopped what it started", file=sys.stderr)
-        return 130
-    finally:
-        for service in started:
-            services.stop(service)
+
+    return guarded("bench", benchmark)
 
 
 if __name__ == "__main__":

@@ -50,12 +50,13 @@ from bench.delivery import (
     warm_up,
 )
 from bench.delivery import Options as DeliveryOptions
+from bench.guarded import guarded
 from bench.receiver import Receiver
 from bench.workload import Collector, object_body, percentiles
 from bucketnotify.delivery.ownership import partition_of
 from bucketnotify.delivery.queue import QueueName, shard_of
 from devstack import services
-from devstack.services import REPO, Service, ServiceError
+from devstack.services import REPO, Service
 
 TOPIC = "bench"  # what setup_bucketnotify names the Topic
 REPLICAS = 3
@@ -470,8 +471,8 @@ def main(argv: list[str] | None = None) -> int:
         settle=args.settle,
         setup_timeout=args.setup_timeout,
     )
-    started: list[Service] = []
-    try:
+
+    def benchmark(started: list[Service]) -> int:
         rgw = services.start("ceph")
         started.append(rgw)
         kube = services.start("kube")
@@ -520,15 +521,8 @@ def main(argv: list[str] | None = None) -> int:
         print(report(rounds, total))
         print(f"\nresults: {path}\nlogs:    {run.log_dir}")
         return 1 if total["rounds_failed"] else 0
-    except ServiceError as exc:
-        print(f"bench: a local service is missing: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\nbench: interrupted; stopped what it started", file=sys.stderr)
-        return 130
-    finally:
-        for service in started:
-            services.stop(service)
+
+    return guarded("bench", benchmark)
 
 
 if __name__ == "__main__":

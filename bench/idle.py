@@ -30,6 +30,7 @@ from typing import Any
 
 from bench.delivery import PARTITIONS, _best_effort, source_revision
 from bench.gateway import Gateway
+from bench.guarded import guarded
 from bench.kube import SetupError, new_namespace, wait_even_ownership
 from bench.operator_scale import apply_list, is_ready, kubectl_bulk, list_objects
 from bench.proxy import RoundRobinProxy
@@ -39,7 +40,7 @@ from devstack import services
 from devstack.gateway import gateway_settings
 from devstack.kubectl import Kubectl
 from devstack.programs import Program, cpu_seconds, free_port, wait_for_port
-from devstack.services import REPO, Service, ServiceError
+from devstack.services import REPO, Service
 
 API = "bucketnotify.io/v1alpha1"
 GOAL_CPU_PERCENT = 2.0
@@ -299,8 +300,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
-    started: list[Service] = []
-    try:
+
+    def benchmark(started: list[Service]) -> int:
         rgw = services.start("ceph")
         started.append(rgw)
         kube = services.start("kube")
@@ -313,15 +314,8 @@ def main(argv: list[str] | None = None) -> int:
         print(report(result))
         print(f"results: {path}")
         return 1 if result["missing"] else 0
-    except (SetupError, ServiceError) as exc:
-        print(f"bench.idle: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\nbench.idle: interrupted; stopped what it started", file=sys.stderr)
-        return 130
-    finally:
-        for service in started:
-            services.stop(service)
+
+    return guarded("bench.idle", benchmark, (SetupError,))
 
 
 if __name__ == "__main__":

@@ -50,12 +50,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.delivery import OPERATOR_LEASE, source_revision
 from bench.gateway import Gateway
+from bench.guarded import guarded
 from bench.kube import Kubectl, SetupError, new_namespace, wait_lease_held
 from bench.workload import s3_client
 from devstack import services
 from devstack.gateway import gateway_settings
 from devstack.programs import Program, ProgramDied, cpu_seconds, free_port
-from devstack.services import REPO, Service, ServiceError
+from devstack.services import REPO, Service
 
 API = "bucketnotify.io/v1alpha1"
 PLURALS = {"Topic": "topics", "BucketNotification": "bucketnotifications"}
@@ -908,10 +909,10 @@ def main(argv: list[str] | None = None) -> int:
         watch_namespaces=args.watch_namespaces,
     )
     run_id = time.strftime("%Y%m%d-%H%M%S")
-    started: list[Service] = []
     load_before = os.getloadavg()
-    code = 0
-    try:
+
+    def benchmark(started: list[Service]) -> int:
+        code = 0
         rgw = services.start("ceph")
         started.append(rgw)
         kube = services.start("kube")
@@ -948,15 +949,8 @@ def main(argv: list[str] | None = None) -> int:
         print(report(document, options))
         print(f"\nresults: {path}")
         return code
-    except ServiceError as exc:
-        print(f"bench: a local service is missing: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\nbench: interrupted; stopped what it started", file=sys.stderr)
-        return 130
-    finally:
-        for service in started:
-            services.stop(service)
+
+    return guarded("bench", benchmark)
 
 
 if __name__ == "__main__":
