@@ -23,47 +23,6 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 1024
 
 
-class HttpReceiver:
-    """An HTTP server on 127.0.0.1 that answers 200 and queues each JSON body it gets."""
-
-    def __init__(self) -> None:
-        self.bodies: queue.Queue[Any] = queue.Queue()
-        received = self.bodies
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length", "0"))
-                raw = self.rfile.read(length)
-                received.put(json.loads(raw))
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self._server = _Server(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}"
-
-    def __enter__(self) -> HttpReceiver:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-    def next_records(self, timeout: float = 20) -> list[dict[str, Any]]:
-        body = self.bodies.get(timeout=timeout)
-        records: list[dict[str, Any]] = body["Records"]
-        return records
-
-
 class ReceivedRequest:
     """One request a ``RecordingHttpServer`` answered."""
 
@@ -101,7 +60,10 @@ class RecordingHttpServer:
         status: int = 200,
         delay_s: float = 0,
         host: str = "127.0.0.1",
+        keep_alive: bool = True,
     ) -> None:
+        """``keep_alive``: HTTP/1.1 with persistent connections, else HTTP/1.0 (a connection
+        per request)."""
         self.requests: queue.Queue[ReceivedRequest] = queue.Queue()
         self.status = status
         self.delay_s = delay_s
@@ -111,7 +73,7 @@ class RecordingHttpServer:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+            protocol_version = "HTTP/1.1" if keep_alive else "HTTP/1.0"
 
             def do_POST(self) -> None:
                 with lock:
@@ -126,7 +88,7 @@ class RecordingHttpServer:
                         time.sleep(outer.delay_s)
                     headers = [(k.lower(), v) for k, v in self.headers.items()]
                     status = outer.status
-                    outer.requests.put(
+                    outer._received(
                         ReceivedRequest(self.path, headers, body, self.client_address[1], status)
                     )
                     self.send_response(status)
@@ -164,6 +126,9 @@ class RecordingHttpServer:
         """Requests being served right now (received, not yet answered)."""
         return self._concurrent
 
+    def _received(self, request: ReceivedRequest) -> None:
+        self.requests.put(request)
+
     def received(self) -> list[ReceivedRequest]:
         """Every request recorded so far (and not taken before)."""
         taken = []
@@ -172,6 +137,28 @@ class RecordingHttpServer:
                 taken.append(self.requests.get_nowait())
             except queue.Empty:
                 return taken
+
+
+class HttpReceiver(RecordingHttpServer):
+    """An HTTP endpoint on 127.0.0.1 that answers 200 and queues each JSON body it gets
+    (``next_records``), a connection per request."""
+
+    def __init__(self) -> None:
+        super().__init__(keep_alive=False)
+        self.bodies: queue.Queue[Any] = queue.Queue()
+
+    def _received(self, request: ReceivedRequest) -> None:
+        super()._received(request)
+        self.bodies.put(json.loads(request.body))
+
+    def __enter__(self) -> HttpReceiver:
+        super().__enter__()
+        return self
+
+    def next_records(self, timeout: float = 20) -> list[dict[str, Any]]:
+        body = self.bodies.get(timeout=timeout)
+        records: list[dict[str, Any]] = body["Records"]
+        return records
 
 
 def keys_of(requests: list[ReceivedRequest]) -> list[str]:
