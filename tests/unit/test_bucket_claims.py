@@ -7,6 +7,7 @@ import pytest
 from bucketnotify.api.common import NotReconcilable
 from bucketnotify.api.notification import BucketRef
 from bucketnotify.controller.bucket_claims import claimed_from
+from bucketnotify.gateway.connection import same_endpoint
 
 WHERE = "ObjectBucketClaim shop/photos"
 KEYS = {"AWS_ACCESS_KEY_ID": "AKIA1", "AWS_SECRET_ACCESS_KEY": "s3cr3t"}
@@ -79,3 +80,25 @@ def test_a_claim_that_lacks_what_rook_writes_says_what(
     assert refused.value.reason == "InvalidBucketClaim"
     assert words in str(refused.value) and WHERE in str(refused.value)
     assert "s3cr3t" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "same"),
+    [
+        (
+            "http://rook-ceph-rgw-store.rook-ceph.svc:80",
+            "http://rook-ceph-rgw-store.rook-ceph.svc",
+            True,
+        ),
+        ("https://GW.example:443/", "https://gw.example", True),
+        ("http://gw:8080", "http://gw:80", False),
+        ("http://gw", "https://gw", False),
+        ("http://gw/a", "http://gw/b", False),
+    ],
+)
+def test_a_claims_gateway_is_the_same_as_one_written_without_its_default_port(
+    a: str, b: str, same: bool
+) -> None:
+    """The Id-owner rule compares gateways: a claim's BUCKET_HOST:BUCKET_PORT always names
+    the port, a Topic's gatewayRef seldom does."""
+    assert same_endpoint(a, b) is same

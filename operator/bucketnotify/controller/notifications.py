@@ -53,7 +53,7 @@ from bucketnotify.controller.topics import (
 )
 from bucketnotify.delivery.endpoints.http import EndpointError, post_json
 from bucketnotify.gateway import obs
-from bucketnotify.gateway.connection import GatewayConnection
+from bucketnotify.gateway.connection import GatewayConnection, same_endpoint
 from bucketnotify.gateway.errors import (
     GatewayAccessDenied,
     GatewayError,
@@ -159,7 +159,7 @@ async def same_gateway(
             if obj is not None:
                 theirs = await resolve_gateway(kube, settings, rival.namespace, obj["spec"])
                 endpoint = theirs.endpoint
-        if endpoint is None or endpoint.rstrip("/") == connection.endpoint.rstrip("/"):
+        if endpoint is None or same_endpoint(endpoint, connection.endpoint):
             found.append(rival)
     return found
 

@@ -7,7 +7,7 @@ import os
 import ssl
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, urlencode, urlsplit
 
 import boto3
 from botocore.config import Config
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
     from mypy_boto3_sns import SNSClient
 
-__all__ = ["GATEWAY_KINDS", "GatewayConnection", "GatewayKind"]
+__all__ = ["GATEWAY_KINDS", "GatewayConnection", "GatewayKind", "same_endpoint"]
 
 # Short timeouts and no silent retries: the operator retries with backoff and reports the
 # failure in the object's status, which a hidden retry loop here would only delay.
@@ -88,3 +88,17 @@ def _verifying(ca_bundle: str) -> ssl.SSLContext:
     # One per bundle: a context costs memory and, on a loaded machine, noticeable CPU to
     # build (docs/performance-notes.md).
     return ssl.create_default_context(cafile=ca_bundle)
+
+
+def same_endpoint(a: str, b: str) -> bool:
+    """Whether two gateway URLs name the same gateway: a port written out that is the
+    scheme's default (an ObjectBucketClaim's ``BUCKET_PORT`` always is) and a trailing
+    slash make no difference; host names are compared without case."""
+
+    def key(url: str) -> tuple[str, str, int | None, str]:
+        parts = urlsplit(url.strip())
+        scheme = parts.scheme.lower()
+        port = parts.port or {"http": 80, "https": 443}.get(scheme)
+        return scheme, (parts.hostname or "").lower(), port, parts.path.rstrip("/")
+
+    return key(a) == key(b)
