@@ -43,6 +43,33 @@ def gateway_secret(
     )  # fmt: skip
 
 
+def rook_user_secret(
+    kubectl: Kubectl, namespace: str, endpoint: str, access_key: str, secret_key: str
+) -> str:
+    """The Secret Rook makes for a CephObjectStoreUser (its name, type, labels and keys
+    ``Endpoint``, ``AccessKey``, ``SecretKey``), as a ``gatewayRef`` may name it; its name."""
+    name = "rook-ceph-object-user-my-store-team"
+    kubectl.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": {
+                    "app": "rook-ceph-rgw",
+                    "user": "team",
+                    "rook_cluster": namespace,
+                    "rook_object_store": "my-store",
+                },
+            },
+            "type": "kubernetes.io/rook",
+            "stringData": {"AccessKey": access_key, "SecretKey": secret_key, "Endpoint": endpoint},
+        }
+    )
+    return name
+
+
 def condition(
     kubectl: Kubectl,
     namespace: str,

@@ -160,3 +160,23 @@ make_server_tls() {
   ) >"$tls.log" 2>&1 || die_with_log "making the TLS listener's certificates failed" "$tls.log"
   chmod 644 "$tls/ca.crt"
 }
+
+# go_tool NAME VERSION PACKAGE LDFLAGS install|path: a CLI built from its published Go module
+# (no prebuilt download is reachable from CI) into $BN_CACHE/NAME/VERSION/NAME once; `path`
+# prints where it is. The module cache is shared with the other Go builds; -p 2 because the
+# machines have two cores and more parallel compiles only add memory pressure.
+go_tool() {
+  local name=$1 version=$2 package=$3 ldflags=$4 action=${5:-}
+  local out="$BN_CACHE/$name/$version"
+  local bin="$out/$name"
+  [[ $action == install || $action == path ]] || die "usage: $0 install|path"
+  if [[ ! -x $bin ]]; then
+    command -v go >/dev/null || die "go is required to build $name"
+    mkdir -p "$out"
+    log "building $name $version (first run only; minutes on two cores)"
+    GOBIN="$out" CGO_ENABLED=0 go install -p 2 -trimpath -ldflags "$ldflags" "$package@$version"
+    "$bin" --help >/dev/null 2>&1 || die "the built $name does not run"
+    log "built $name $version in $out"
+  fi
+  if [[ $action == path ]]; then echo "$bin"; fi
+}

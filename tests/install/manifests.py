@@ -76,18 +76,23 @@ ALL_OPTIONS: dict[str, Any] = {
 Obj = dict[str, Any]
 
 
-def helm_binary() -> str:
-    """The helm CLI of deploy/local/helm.sh (built from its Go module on first use)."""
+def local_tool(name: str) -> str:
+    """The path of a CLI that deploy/local/<name>.sh builds from its Go module on first use
+    (helm, promtool)."""
     result = subprocess.run(
-        ["bash", str(LOCAL / "helm.sh"), "path"],
+        ["bash", str(LOCAL / f"{name}.sh"), "path"],
         capture_output=True,
         text=True,
         timeout=3600,
         check=False,
     )
     if result.returncode != 0:
-        raise RuntimeError(f"deploy/local/helm.sh could not provide helm:\n{result.stderr}")
+        raise RuntimeError(f"deploy/local/{name}.sh could not provide {name}:\n{result.stderr}")
     return result.stdout.strip().splitlines()[-1]
+
+
+def helm_binary() -> str:
+    return local_tool("helm")
 
 
 PREVIOUS_RELEASE = "c11807d139c0a95529e1d4a50cf8bea43cf659c7"

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.install.manifests import LOCAL, template
+from tests.install.manifests import local_tool, template
 
 NS = "bucketnotify"
 """The release namespace ``template`` renders into (the pods' ``namespace`` label)."""
@@ -21,16 +21,10 @@ NS = "bucketnotify"
 @pytest.fixture(scope="session")
 def promtool() -> str:
     """promtool from its Go module; a build that fails fails the test, it never skips."""
-    result = subprocess.run(
-        ["bash", str(LOCAL / "promtool.sh"), "path"],
-        capture_output=True,
-        text=True,
-        timeout=3600,
-        check=False,
-    )
-    if result.returncode != 0:
-        pytest.fail(f"deploy/local/promtool.sh could not provide promtool:\n{result.stderr}")
-    return result.stdout.strip().splitlines()[-1]
+    try:
+        return local_tool("promtool")
+    except RuntimeError as exc:
+        pytest.fail(str(exc), pytrace=False)
 
 
 def alert(name: str, at: str, *firing: dict[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.processes import Program
 from tests.receivers import HttpReceiver
-from tests.resources import apply, condition
+from tests.resources import apply, condition, rook_user_secret
 from tests.s3 import connection
 
 pytestmark = pytest.mark.usefixtures("crds", "claim_crd")
@@ -50,35 +50,6 @@ def hook(kubectl: Kubectl, namespace: str, receiver: HttpReceiver, **spec: Any) 
         kubectl, namespace, "Topic", "hook", {"endpoint": {"http": {"url": receiver.url}}, **spec}
     )
     condition(kubectl, namespace, "topic", "hook")
-
-
-def rook_user_secret(kubectl: Kubectl, namespace: str, rgw: LocalService) -> str:
-    """The Secret Rook makes for a CephObjectStoreUser (its type, labels and keys), of the
-    gateway's test user; its name."""
-    name = "rook-ceph-object-user-my-store-team"
-    kubectl.apply(
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {
-                "name": name,
-                "namespace": namespace,
-                "labels": {
-                    "app": "rook-ceph-rgw",
-                    "user": "team",
-                    "rook_cluster": namespace,
-                    "rook_object_store": "my-store",
-                },
-            },
-            "type": "kubernetes.io/rook",
-            "stringData": {
-                "AccessKey": rgw["RGW_ACCESS_KEY"],
-                "SecretKey": rgw["RGW_SECRET_KEY"],
-                "Endpoint": rgw["RGW_ENDPOINT"],
-            },
-        }
-    )
-    return name
 
 
 def on_claim(kubectl: Kubectl, namespace: str, name: str, claim: str) -> None:
@@ -114,7 +85,15 @@ def test_a_notification_follows_its_claim_until_bound_and_is_written_with_the_ow
         kubectl,
         namespace,
         receiver,
-        gatewayRef={"secretName": rook_user_secret(kubectl, namespace, rgw)},
+        gatewayRef={
+            "secretName": rook_user_secret(
+                kubectl,
+                namespace,
+                rgw["RGW_ENDPOINT"],
+                rgw["RGW_ACCESS_KEY"],
+                rgw["RGW_SECRET_KEY"],
+            )
+        },
     )
     on_claim(kubectl, namespace, "uploads", "photos")
     status = condition(

@@ -22,7 +22,7 @@ from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.operator import DRIFT_INTERVAL_S, StartOperator
 from tests.processes import Program, free_port
-from tests.resources import condition, credentials_secret, gateway_secret
+from tests.resources import condition, credentials_secret, gateway_secret, rook_user_secret
 from tests.s3 import connection, release_of
 from tests.tcpproxy import TcpProxy
 from tests.waiting import wait_until
@@ -388,27 +388,8 @@ def test_a_gateway_secret_as_rook_makes_it_or_with_mapped_keys_is_read_as_it_is(
     other key names is one once ``keys`` maps them; a Secret with neither says what it
     lacks."""
     start_operator()
-    kubectl.apply(
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {
-                "name": "rook-ceph-object-user-my-store-team",
-                "namespace": namespace,
-                "labels": {
-                    "app": "rook-ceph-rgw",
-                    "user": "team",
-                    "rook_cluster": namespace,
-                    "rook_object_store": "my-store",
-                },
-            },
-            "type": "kubernetes.io/rook",
-            "stringData": {
-                "AccessKey": rgw["RGW_ACCESS_KEY"],
-                "SecretKey": rgw["RGW_SECRET_KEY"],
-                "Endpoint": rgw["RGW_ENDPOINT"],
-            },
-        }
+    rook_user_secret(
+        kubectl, namespace, rgw["RGW_ENDPOINT"], rgw["RGW_ACCESS_KEY"], rgw["RGW_SECRET_KEY"]
     )
     kubectl.apply(
         {
