@@ -548,11 +548,12 @@ async def secret_changed(
 ) -> None:
     """A created, rotated or deleted Secret re-syncs every Topic that references it: a
     deleted ingest token is made again at once, a deleted credentials Secret turns its
-    Topics ``SecretNotFound`` at once, not at the next drift check.
+    Topics ``SecretNotFound`` at once, not at the next drift check. The same for the
+    BucketNotifications on an ObjectBucketClaim whose Secret it is: the provisioner makes
+    it when the claim is bound and deletes it with the claim.
 
     Only Secrets labelled ``bucketnotify.io/watched=true`` arrive here (a server-side
     selector, see ``cli._configure_kopf``): the operator labels every Secret it reads."""
-    topics_by_secret: kopf.Index[Any, str] = kwargs["topics_by_secret"]
     kind = event.get("type")
     if kind not in {"ADDED", "MODIFIED", "DELETED"}:
         return  # the initial listing: resume handlers sync everything anyway
@@ -560,23 +561,15 @@ async def secret_changed(
         _ns(namespace), name, meta.get("resourceVersion")
     ):
         return  # our label, on the data its reader just used
-    for topic in topics_by_secret.get((namespace, name), []):
-        await memo.kube.annotate(
-            "topics",
-            namespace,
-            topic,
-            {SECRET_RESYNC: f"{name}@{meta.get('resourceVersion')}"},
-        )
-    notifications_by_claim: kopf.Index[Any, str] = kwargs["notifications_by_claim"]
-    for notification in notifications_by_claim.get((namespace, name), []):
-        # An ObjectBucketClaim's Secret is made when it is bound and deleted with it (the
-        # provisioner's): its notifications follow at once, not at the next drift check.
-        await memo.kube.annotate(
-            "bucketnotifications",
-            namespace,
-            notification,
-            {SECRET_RESYNC: f"{name}@{meta.get('resourceVersion')}"},
-        )
+    readers: tuple[tuple[str, kopf.Index[Any, str]], ...] = (
+        ("topics", kwargs["topics_by_secret"]),
+        ("bucketnotifications", kwargs["notifications_by_claim"]),
+    )
+    for plural, index in readers:
+        for reader in index.get((namespace, name), []):
+            await memo.kube.annotate(
+                plural, namespace, reader, {SECRET_RESYNC: f"{name}@{meta.get('resourceVersion')}"}
+            )
 
 
 @kopf.index(*NOTIFICATIONS)
