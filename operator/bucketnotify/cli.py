@@ -291,8 +291,7 @@ async def _deliver(
         metrics=metrics,
         recorder=Recorder(writer, identity) if writer is not None else None,
         allow_cleartext_secrets=settings.allow_cleartext_secrets,
-        # Replicas sharing an s3:// store commit to each other's shards: see delivery.direct.
-        direct=settings.direct_delivery and isinstance(store, LocalDirStore),
+        direct=settings.direct_delivery,
     )
     stop = asyncio.Event()
     drain = ConnectionDrain()

@@ -169,6 +169,13 @@ class DeliveryMetrics:
             buckets=PUSH_BUCKETS,
             registry=r,
         )
+        self.ingest_forwarded = Counter(
+            "bucketnotify_ingest_forwarded",
+            "Ingest requests this replica sent on to the owner of their shard (outcome: ok,"
+            " the owner answered; refused or failed, this replica handled them itself).",
+            ("outcome",),
+            registry=r,
+        )
         self.wakeups_sent = Counter(
             "bucketnotify_wakeups_sent",
             "Shards this replica told their owner about after committing to them "

@@ -21,7 +21,7 @@ from bucketnotify.delivery.direct import ShardGate
 from bucketnotify.delivery.endpoints.base import Delivery
 from bucketnotify.delivery.endpoints.errors import RejectedError, UndeliverableError
 from bucketnotify.delivery.endpoints.testing import MockEndpoint
-from bucketnotify.delivery.ingest import IngestTopic, build_app, event_id
+from bucketnotify.delivery.ingest import IngestTopic, event_id
 from bucketnotify.delivery.ownership import Ownership
 from bucketnotify.delivery.queue import Entry, QueueLimits, QueueName
 from bucketnotify.delivery.record_targets import DirTarget
@@ -51,9 +51,22 @@ class Alone(OwnsEverything):
     """Others could wake it: its empty shard waits to be woken instead of polling."""
     members = 1
 
+    def all_reachable(self) -> bool:
+        return True
 
-class NotAlone(Alone):
+
+class AmongPeers(Alone):
+    """One of two replicas that reach each other: the other hands it requests for its
+    shards and tells it of its commits (``delivery.forwarding``)."""
+
     members = 2
+
+
+class PeerUnreachable(AmongPeers):
+    """One of two replicas, the other advertising no address."""
+
+    def all_reachable(self) -> bool:
+        return False
 
 
 @dataclass
@@ -116,7 +129,7 @@ async def start(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Replica
         service.topics[("ns", "t")] = one_shard_runtime(QUEUE, endpoint, policy)
         service.ingest_topics[("ns", "t")] = IngestTopic(QUEUE, TOKEN, 1)
         service._loops[(QUEUE, 0)] = loop = asyncio.create_task(service._shard_loop(("ns", "t"), 0))
-        client = TestClient(TestServer(build_app(service.ingest)))
+        client = TestClient(TestServer(service.app()))
         await client.start_server()
 
         async def cleanup() -> None:
@@ -406,10 +419,46 @@ async def test_a_commit_during_a_direct_push_waits_for_it(
     assert replica.versions_delivered() == [("a", "a1"), ("a", "a2")]
 
 
-async def test_a_replica_that_is_not_alone_queues_every_event(
+async def test_a_replica_among_peers_that_reach_it_pushes_directly(
     start: Callable[..., Awaitable[Replica]],
 ) -> None:
-    replica = await start(ownership=NotAlone)
+    replica = await start(ownership=AmongPeers)
+    await emptied(replica)
+    assert await replica.post(event("a")) == 200
+    assert replica.keys_delivered() == ["a"]
+    assert replica.store.commits == 0
+
+
+async def test_a_wake_up_from_a_peer_keeps_later_events_behind_what_it_committed(
+    start: Callable[..., Awaitable[Replica]],
+) -> None:
+    """Another replica committed a1 (it could not hand the request over) and told this
+    owner before answering; a2, sent only after, must not overtake a1 by a direct push."""
+    replica = await start(ownership=AmongPeers)
+    await emptied(replica)
+    peer = LocalDirStore(replica.store.root)
+    a1 = event("a", v="a1", sequencer="1")
+    body = json.dumps(a1).encode()
+    reservation = await peer.reserve(QUEUE, 0, 1, len(body), time.time())
+    await peer.commit(reservation, [(event_id(a1), body)], time.time())
+    # The shard's loop is slow to start its round (busy elsewhere): only the wake-up's
+    # mark on the gate keeps a2 from going directly.
+    wake_loop = replica.service._wake_local
+    replica.service._wake_local = lambda queue, shard: None  # type: ignore[method-assign]
+    wake = await replica.client.post("/v1/wake", json={"shards": [["ns", "t", 0]]})
+    assert wake.status == 204
+    assert await replica.post(event("a", v="a2", sequencer="2")) == 200
+    replica.service._wake_local = wake_loop  # type: ignore[method-assign]
+    wake_loop(QUEUE, 0)
+    await until(lambda: len(replica.endpoint.delivered) == 2, 5, "a1 and a2 delivered")
+    assert replica.versions_delivered() == [("a", "a1"), ("a", "a2")]
+    assert replica.store.commits == 1, "a2 was pushed directly, ahead of a1's round"
+
+
+async def test_a_replica_whose_peers_cannot_all_be_reached_queues_every_event(
+    start: Callable[..., Awaitable[Replica]],
+) -> None:
+    replica = await start(ownership=PeerUnreachable)
     await emptied(replica)
     assert await replica.post(event("a")) == 200
     assert replica.store.commits == 1

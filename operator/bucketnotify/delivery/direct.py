@@ -158,6 +158,14 @@ class ShardGate:
                 shard.commits -= 1
                 shard.committed += 1
 
+    def committed_elsewhere(self, unit: Unit) -> None:
+        """Another replica committed to the shard (its wake-up says so): not empty until a
+        round has taken what it wrote, one under way now included."""
+        shard = self._shards.get(unit)
+        if shard is not None:
+            shard.empty = False
+            shard.committed += 1
+
     async def round_starts(self, unit: Unit) -> int:
         """Before a round: waits for a direct push under way; gives what ``round_ended``
         needs back."""

@@ -47,6 +47,7 @@ from aiohttp import web
 
 from bucketnotify import compact_json
 from bucketnotify.delivery.direct import DirectDelivery
+from bucketnotify.delivery.forwarding import FORWARDED_HEADER, Forwarder, forward_expired
 from bucketnotify.delivery.groupcommit import GroupCommit
 from bucketnotify.delivery.queue import (
     CommitsTogether,
@@ -136,6 +137,8 @@ class Ingest:
         recorder: Recorder | None = None,
         recheck: Rechecker | None = None,
         direct: DirectDelivery | None = None,
+        forwarder: Forwarder | None = None,
+        tell_owners: Callable[[QueueName, list[int]], Awaitable[None]] | None = None,
     ) -> None:
         self.store = store
         self.metrics = metrics if metrics is not None else DeliveryMetrics()
@@ -154,6 +157,12 @@ class Ingest:
         changed since it was read."""
         self._direct = direct
         """Pushes an event for an empty shard before answering (``delivery.direct``)."""
+        self._forwarder = forwarder
+        """Hands a request for a shard another replica owns to that owner
+        (``delivery.forwarding``)."""
+        self._tell_owners = tell_owners
+        """Awaited after a commit, before the answer: tells the owners of the shards
+        (other replicas) that they hold entries now."""
         self._groups = GroupCommit(self._write)
         self._store_warned_at = -STORE_WARNING_S
         self._store_refusals = 0
@@ -166,6 +175,17 @@ class Ingest:
             return await self._groups.commit(queue, by_shard)
         async with self._direct.gate.committing((queue, shard) for shard in by_shard):
             return await self._groups.commit(queue, by_shard)
+
+    async def _commit_telling(
+        self, queue: QueueName, by_shard: dict[int, list[tuple[str, bytes]]]
+    ) -> float:
+        """``commit``, then the shards' owners told, before the gateway gets an answer."""
+        try:
+            return await self.commit(queue, by_shard)
+        finally:
+            # Also after a failure: a commit to one shard may have landed.
+            if self._tell_owners is not None:
+                await self._tell_owners(queue, list(by_shard))
 
     async def _write(self, queue: QueueName, by_shard: dict[int, list[tuple[str, bytes]]]) -> float:
         """One store write: every reservation is taken before anything is committed."""
@@ -216,6 +236,12 @@ class Ingest:
         return committed_at
 
     async def handle(self, request: web.Request) -> web.Response:
+        forwarded = request.headers.get(FORWARDED_HEADER)
+        if forwarded is not None:
+            # Counted by the replica the gateway reached, not again here.
+            if forward_expired(forwarded):
+                return web.json_response({"error": "the sender no longer waits"}, status=504)
+            return await self._handle(request, forwarded=True)
         try:
             response = await self._handle(request)
         except Exception:
@@ -241,7 +267,7 @@ class Ingest:
             self._store_warned_at, self._store_refusals = now, 0
         return web.json_response({"error": "queue store unavailable"}, status=503)
 
-    async def _handle(self, request: web.Request) -> web.Response:
+    async def _handle(self, request: web.Request, *, forwarded: bool = False) -> web.Response:
         arrived = time.monotonic()
         namespace = request.match_info["namespace"]
         name = request.match_info["topic"]
@@ -274,6 +300,13 @@ class Ingest:
             s3 = record["s3"]
             shard = shard_of(s3["bucket"]["name"], s3["object"]["key"], topic.shards)
             by_shard.setdefault(shard, []).append((identity, body))
+        if len(by_shard) == 1 and self._forwarder is not None and not forwarded:
+            (shard,) = by_shard
+            address = self._forwarder.address_of(topic.queue, shard)
+            if address is not None and not self._forwarder.failing(address):
+                answer = await self._forwarder.send(address, request.raw_path, raw, request.headers)
+                if answer is not None:
+                    return answer
         if self._direct is not None and len(by_shard) == 1:
             (shard,) = by_shard
             if self._direct.allowed(topic.queue, shard) and await self._direct.gate.take(
@@ -333,7 +366,7 @@ class Ingest:
         already) and answer."""
         started = time.perf_counter()
         try:
-            committed_at = await self.commit(topic.queue, by_shard)
+            committed_at = await self._commit_telling(topic.queue, by_shard)
         except QueueFull:
             return web.json_response({"error": "queue full"}, status=503)
         except (StoreUnavailable, StoreRefused) as exc:

@@ -213,6 +213,11 @@ class Ownership:
             return None
         return self._addresses.get(holder)
 
+    def all_reachable(self) -> bool:
+        """Every live member (this one included) advertises an address, as of the last
+        round: each can hand requests and wake-ups to any other."""
+        return self.members > 0 and len(self._addresses) >= self.members
+
     # --- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> None:

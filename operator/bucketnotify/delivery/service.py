@@ -8,7 +8,8 @@ The parts, each in its own module, wired here:
 - the shard loops: here;
 - ``delivery.lifecycle``: the queues' sweeps and surveys;
 - ``delivery.direct`` and ``delivery.direct_push``: an event for an empty shard pushed
-  before the ingest answers;
+  before the ingest answers; ``delivery.forwarding``: a request for another replica's
+  shard handed to that owner;
 - ``delivery.delivered``: the delivered identities kept for a shard's next owner;
 - ``delivery.accounting``: every round and direct push counted, recorded, announced, logged;
 - ``delivery.ownership``: the Leases that say which replica runs which shard.
@@ -53,6 +54,7 @@ from bucketnotify.delivery.direct import ShardGate
 from bucketnotify.delivery.direct_push import DirectPusher
 from bucketnotify.delivery.endpoints.base import Endpoint, object_of
 from bucketnotify.delivery.events import COMPONENT, TopicEvents
+from bucketnotify.delivery.forwarding import Forwarder
 from bucketnotify.delivery.ingest import Ingest, IngestTopic, build_app
 from bucketnotify.delivery.lifecycle import QueueLifecycle
 from bucketnotify.delivery.ownership import Ownership, partition_of
@@ -197,15 +199,19 @@ class DeliveryService:
             dead_letter_sink=self._dead_letter_sink,
             save_soon=self.delivered.save_soon,
         )
+        self.forwarder = Forwarder(ownership.owner_address, self.metrics) if direct else None
         self.ingest = Ingest(
             store,
             self.ingest_topics,
             self.table.resolve,
-            self._wake,
+            # With direct delivery, other owners are told before the answer (tell_owners).
+            self._wake_local if direct else self._wake,
             self.metrics,
             recorder,
             recheck=self.table.tokens.recheck,
             direct=self.direct if direct else None,
+            forwarder=self.forwarder,
+            tell_owners=self._tell_owners if direct else None,
         )
 
     async def refresh(self) -> None:
@@ -238,6 +244,8 @@ class DeliveryService:
             return web.Response(status=400, text='expected {"shards": [[namespace, topic, n]]}')
         self.metrics.wakeups_received.inc(len(shards))
         for queue, shard in shards:
+            # Entries this replica did not commit: no direct push before a round took them.
+            self.gate.committed_elsewhere((queue, shard))
             self._wake_local(queue, shard)
         return web.Response(status=204)
 
@@ -266,13 +274,14 @@ class DeliveryService:
     # --- direct delivery (delivery.direct) ---------------------------------------------------
 
     def allowed(self, queue: QueueName, shard: int) -> bool:
-        # Another replica's commit to the shard would reach this owner only by a wake-up,
-        # after the gateway has its answer: a later event of the object pushed directly
-        # meanwhile would overtake it. So only while this replica is the only member.
+        # Another replica commits to the shard only when it cannot hand the request here
+        # (``forwarding``), and tells this owner before the gateway has its answer, so no
+        # later event of the object goes directly ahead of the committed one. That needs
+        # every replica to be reachable: without an address one would commit untold.
         loop = self._loops.get((queue, shard))
         return (
             not self._stopping
-            and self._ownership.members == 1
+            and (self._ownership.members == 1 or self._ownership.all_reachable())
             and loop is not None
             and not loop.done()
             and self._ownership.owns_shard(queue, shard)
@@ -285,6 +294,12 @@ class DeliveryService:
         self._wake_local(queue, shard)
         if not self._ownership.owns_shard(queue, shard):
             self._wakeups.send(queue, shard)
+
+    async def _tell_owners(self, queue: QueueName, shards: list[int]) -> None:
+        """After the ingest committed to ``shards``: their owners (other replicas) know
+        before the gateway gets its answer (see ``allowed``)."""
+        failing = self.forwarder.failing if self.forwarder is not None else None
+        await self._wakeups.tell(queue, shards, skip=failing or (lambda _: False))
 
     def _wake_local(self, queue: QueueName, shard: int) -> None:
         event = self._wakes.get((queue, shard))
@@ -499,6 +514,8 @@ class DeliveryService:
             # The loops' last saves covered what was delivered directly too.
             await self.delivered.aclose()
             await self._wakeups.aclose()
+            if self.forwarder is not None:
+                await self.forwarder.aclose()
             await self._ownership.stop(release=True)
             await self.table.aclose()
             await self.events.aclose()

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import aiohttp
@@ -42,6 +42,8 @@ WAKE_PATH = "/v1/wake"
 MAX_WAKE_SHARDS = 10_000
 """Shards one request may name: a larger body is refused (400)."""
 SEND_TIMEOUT_S = 2.0
+TELL_TIMEOUT_S = 1.0
+"""How long a wake-up the gateway's answer waits for (``tell``) may take."""
 WARN_EVERY_S = 60.0
 """At most one warning this often per peer that cannot be reached."""
 
@@ -97,7 +99,28 @@ class WakeUps:
                 self._flush(address), name=f"wake-ups to {address}"
             )
 
-    async def _flush(self, address: str) -> None:
+    async def tell(
+        self, queue: QueueName, shards: list[int], skip: Callable[[str], bool] = lambda _: False
+    ) -> None:
+        """Tell the shards' owner now, and return once it has the news (or could not be
+        reached): a replica that committed to a shard another owns does so before the
+        gateway gets its answer, so that the owner pushes no later event of an object
+        directly ahead of the committed one (``delivery.direct``). Addresses ``skip``
+        names (known not to answer now) get theirs in the background."""
+        by_address: dict[str, list[Shard]] = {}
+        for shard in shards:
+            if (address := self._address_of(queue, shard)) is None:
+                continue
+            if skip(address):
+                self.send(queue, shard)
+            else:
+                by_address.setdefault(address, []).append((queue.namespace, queue.topic, shard))
+        for address, named in by_address.items():
+            outcome = await self._post(address, named, TELL_TIMEOUT_S)
+            self._metrics.wakeups_sent.labels(outcome).inc(len(named))
+
+    async def _post(self, address: str, shards: Iterable[Shard], timeout_s: float = 0.0) -> str:
+        """One wake-up request; its outcome (ok, refused or failed)."""
         if self._client is None:
             # Plain HTTP inside the cluster: a wake-up carries nothing worth protecting.
             # aiohttp rather than httpx: cheaper per request (docs/performance-notes.md), and a
@@ -105,19 +128,24 @@ class WakeUps:
             self._client = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self._timeout_s), trust_env=False
             )
+        body = {"shards": [list(s) for s in sorted(shards)]}
+        try:
+            async with self._client.post(
+                f"http://{address}{WAKE_PATH}",
+                json=body,
+                timeout=aiohttp.ClientTimeout(total=timeout_s or self._timeout_s),
+            ) as response:
+                return "ok" if response.status == 204 else "refused"
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            # Expected while a peer restarts; the survey catches what this missed.
+            # Failing for long means the replicas cannot reach each other: say so.
+            self._warn(address, exc)
+            return "failed"
+
+    async def _flush(self, address: str) -> None:
         try:
             while shards := self._pending.pop(address, None):
-                body = {"shards": [list(s) for s in sorted(shards)]}
-                try:
-                    async with self._client.post(
-                        f"http://{address}{WAKE_PATH}", json=body
-                    ) as response:
-                        outcome = "ok" if response.status == 204 else "refused"
-                except (aiohttp.ClientError, TimeoutError) as exc:
-                    # Expected while a peer restarts; the survey catches what this missed.
-                    # Failing for long means the replicas cannot reach each other: say so.
-                    self._warn(address, exc)
-                    outcome = "failed"
+                outcome = await self._post(address, shards)
                 self._metrics.wakeups_sent.labels(outcome).inc(len(shards))
         finally:
             del self._sending[address]
