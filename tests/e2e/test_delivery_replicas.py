@@ -211,7 +211,13 @@ def test_a_writer_killed_between_reserve_and_commit_leaks_no_reservation(
     rgw: LocalService,
 ) -> None:
     cluster = delivery_cluster("s3")
-    cluster.start("replica-1", reservation_timeout_seconds="3", stats_interval_seconds="1")
+    # Every event queued: a direct push would not need the room the dead writer holds.
+    cluster.start(
+        "replica-1",
+        reservation_timeout_seconds="3",
+        stats_interval_seconds="1",
+        direct_delivery="false",
+    )
     port = cluster.ports["replica-1"]
     start_operator(ingest_url=f"http://127.0.0.1:{port}")
     with RecordingHttpServer() as receiver:
@@ -553,6 +559,57 @@ def test_direct_delivery_answers_a_put_only_once_the_endpoint_has_its_event(
     }
 
 
+def test_on_a_shared_store_requests_for_another_replicas_shard_go_directly_through_it(
+    kubectl: Kubectl,
+    namespace: str,
+    start_operator: StartOperator,
+    delivery_cluster: StartCluster,
+    rgw: LocalService,
+) -> None:
+    """Two replicas on the s3:// store, the gateway pushing every event to replica a: the
+    requests for b's shards are handed to b, which pushes them itself. Each PUT returns
+    once the endpoint has its event, and nothing is committed to the queue store (no
+    gateway request besides the upload's)."""
+    cluster = delivery_cluster("s3")
+    cluster.start("replica-a")
+    cluster.start("replica-b")
+    wait_until(
+        cluster.holders,
+        lambda h: len(h) == PARTITIONS and spread(h) == [16, 16],
+        30,
+        "32 partitions spread 16/16 over two replicas",
+    )
+    start_operator(ingest_url=f"http://127.0.0.1:{cluster.ports['replica-a']}")
+    s3 = s3_client(rgw)
+    topic = f"handed-{uuid.uuid4().hex[:8]}"
+    labels = {"namespace": namespace, "topic": topic}
+    with RecordingHttpServer() as receiver:
+        bucket = sync_topics(kubectl, namespace, s3, {topic: (receiver, {})})[topic]
+        keys = keys_by_owner(cluster.holders(), QueueName(namespace, topic), bucket, 4)
+        assert all(len(keys[r]) == 4 for r in ("replica-a", "replica-b")), keys
+        # Every shard's first round has found it empty: events may go directly.
+        time.sleep(3)
+        got: list[tuple[str, float]] = []
+        for key in keys["replica-b"] + keys["replica-a"]:
+            s3.put_object(Bucket=bucket, Key=key, Body=b"x")
+            assert delivered(receiver, got)[-1:] == [key], (
+                f"the PUT of {key} returned before its event reached the endpoint"
+            )
+    assert [k for k, _ in got] == keys["replica-b"] + keys["replica-a"], "once each, in order"
+
+    def metric(replica: str, name: str, **more: str) -> float:
+        return replica_metric(cluster, replica, name, **more)
+
+    assert metric("replica-a", "bucketnotify_ingest_forwarded_total", outcome="ok") == 4
+    assert metric("replica-b", "bucketnotify_ingest_forwarded_total", outcome="ok") == 0
+    for replica in ("replica-a", "replica-b"):
+        assert metric(replica, "bucketnotify_events_direct_total", **labels) == 4, replica
+        assert metric(replica, "bucketnotify_ingest_commit_seconds_count", **labels) == 0
+    # Counted once, where the gateway's requests arrived.
+    assert metric("replica-a", "bucketnotify_ingest_requests_total", code="200") == 8
+    assert metric("replica-b", "bucketnotify_ingest_requests_total", code="200") == 0
+
+
 def test_an_event_committed_by_a_replica_that_does_not_own_its_shard_wakes_the_owner(
     kubectl: Kubectl,
     namespace: str,
@@ -562,9 +619,15 @@ def test_an_event_committed_by_a_replica_that_does_not_own_its_shard_wakes_the_o
 ) -> None:
     """Empty shards are not polled: the gateway pushes every event to replica a, and the
     events of shards replica b owns reach the endpoint because a wakes b. Polling and the
-    queue survey are both set to 10 minutes, so nothing else could deliver them in time."""
+    queue survey are both set to 10 minutes, so nothing else could deliver them in time.
+    Direct delivery is off, so a commits b's events instead of handing them to b (the next
+    test), as it does when b does not answer in time."""
     cluster = delivery_cluster("s3")
-    slow = {"idle_poll_max_seconds": "600", "stats_interval_seconds": "600"}
+    slow = {
+        "idle_poll_max_seconds": "600",
+        "stats_interval_seconds": "600",
+        "direct_delivery": "false",
+    }
     cluster.start("replica-a", **slow)
     cluster.start("replica-b", **slow)
     wait_until(
@@ -622,9 +685,14 @@ def test_events_committed_while_shards_move_to_a_new_replica_are_delivered_withi
     shards it has just taken, so every event reaches the endpoint within seconds, though
     no later commit wakes b for its shard. Polling of idle shards and the queue survey are
     set to 10 minutes, so nothing else could deliver them in time. Whether an event fell in
-    a's window shows in a's wake-ups (none sent for it); b is restarted until one did."""
+    a's window shows in a's wake-ups (none sent for it); b is restarted until one did.
+    Direct delivery off: a commits every event (as when b does not answer in time)."""
     cluster = delivery_cluster("s3")
-    slow = {"idle_poll_max_seconds": "600", "stats_interval_seconds": "600"}
+    slow = {
+        "idle_poll_max_seconds": "600",
+        "stats_interval_seconds": "600",
+        "direct_delivery": "false",
+    }
     cluster.start("replica-a", **slow)
     wait_until(cluster.holders, lambda h: len(h) == PARTITIONS, 30, "replica a holds everything")
     start_operator(ingest_url=f"http://127.0.0.1:{cluster.ports['replica-a']}")
@@ -699,15 +767,17 @@ def test_events_whose_wake_up_was_lost_are_found_by_the_survey(
 ) -> None:
     """Replica b advertises an address where nothing listens (127.0.0.2: loopback, but not
     its listen address), so every wake-up a sends it fails. Polling is off (10 minutes);
-    the survey (every 2 s) still finds b's events and they are delivered, once each."""
+    the survey (every 2 s) still finds b's events and they are delivered, once each.
+    Direct delivery off: a commits every event (with it on, a would first try to hand
+    b's requests to b, fail the same way and commit them after all)."""
     cluster = delivery_cluster("s3")
-    cluster.start("replica-a", idle_poll_max_seconds="600", stats_interval_seconds="2")
-    cluster.start(
-        "replica-b",
-        idle_poll_max_seconds="600",
-        stats_interval_seconds="2",
-        advertise_host="127.0.0.2",
-    )
+    slow = {
+        "idle_poll_max_seconds": "600",
+        "stats_interval_seconds": "2",
+        "direct_delivery": "false",
+    }
+    cluster.start("replica-a", **slow)
+    cluster.start("replica-b", **slow, advertise_host="127.0.0.2")
     wait_until(
         cluster.holders,
         lambda h: len(h) == PARTITIONS and spread(h) == [16, 16],
