@@ -269,6 +269,7 @@ async def _deliver(
             renew_deadline_s=settings.renew_deadline_seconds,
         ),
         address=settings.advertised_address,
+        hands_over=settings.direct_delivery,
     )
     if isinstance(store, S3Store | LocalDirStore):
         # One more than the members seen: a replica joining now is counted before its

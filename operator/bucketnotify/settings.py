@@ -107,9 +107,9 @@ class DeliveryServiceSettings(BaseSettings):
     """Queue store: dir://<absolute path> (one replica) or s3://<bucket> on the default
     gateway (BUCKETNOTIFY_GATEWAY_*), shared by all replicas."""
     direct_delivery: bool = True
-    """On the ``dir://`` store, while this is the only replica: an event for an empty shard
-    is pushed to its endpoint before the ingest answers, and queued only if that push fails
-    (docs/operator.md, "Direct delivery"). The ``s3://`` store always queues first."""
+    """An event for an empty shard is pushed to its endpoint by the shard's owner before the
+    ingest answers (another replica hands it the request), and queued only if that push
+    fails (docs/operator.md, "Direct delivery"). Keep it equal on all replicas."""
     lease_namespace: str = "default"
     """Namespace of the ownership Leases."""
     lease_owner: str | None = Field(default=None, min_length=1, max_length=253)

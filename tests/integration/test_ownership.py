@@ -11,7 +11,8 @@ from uuid import uuid4
 import pytest
 
 from bucketnotify.apiserver import ApiClient, lease_path
-from bucketnotify.delivery.ownership import LeaseSettings, Ownership
+from bucketnotify.delivery.ownership import LeaseSettings, Ownership, partition_of
+from bucketnotify.delivery.queue import QueueName
 from tests.kubeapi import api_client
 from tests.localservices import LocalService
 
@@ -234,3 +235,37 @@ async def test_every_lease_names_its_owner_old_ones_too(api: ApiClient, namespac
     assert len(listed["items"]) == 13  # 12 partitions and the member
     for lease in listed["items"]:
         assert lease["metadata"].get("ownerReferences") == [owner], lease["metadata"]["name"]
+
+
+async def test_owners_push_directly_only_while_every_member_hands_requests_over(
+    api: ApiClient, namespace: str
+) -> None:
+    """What each member Lease says decides it: a replica of a release before forwarding (or
+    with direct delivery off, or no address) joining makes the others stop pushing directly,
+    and a restart of it with direct delivery on lets them again."""
+    settings = LeaseSettings(namespace=namespace, **FAST)  # type: ignore[arg-type]
+    first = Ownership(api, "first", settings, address="10.0.0.1:8080", hands_over=True)
+    await settle([first])
+    assert first.all_hand_over()
+    old = Ownership(api, "old", settings, address="10.0.0.2:8080")
+    await settle([first, old])
+    assert first.members == 2
+    assert not first.all_hand_over(), "a member that commits untold joined"
+    assert not old.all_hand_over()
+    restarted = Ownership(api, "old", settings, address="10.0.0.2:8081", hands_over=True)
+    await settle([first, restarted])
+    assert first.all_hand_over() and restarted.all_hand_over()
+    assert first.owner_address(*_a_shard_of(restarted)) == "10.0.0.2:8081"
+    silent = Ownership(api, "silent", settings, hands_over=True)
+    await settle([first, restarted, silent])
+    assert not first.all_hand_over(), "a member without an address cannot be handed requests"
+
+
+def _a_shard_of(replica: Ownership) -> tuple[QueueName, int]:
+    """A (queue, shard) whose partition ``replica`` holds."""
+    owned = replica.owned()
+    queue = QueueName("ns", "t")
+    for shard in range(1000):
+        if partition_of(queue, shard, replica.settings.partitions) in owned:
+            return queue, shard
+    raise AssertionError(f"{replica.identity} holds no partition")

@@ -51,7 +51,7 @@ class Alone(OwnsEverything):
     """Others could wake it: its empty shard waits to be woken instead of polling."""
     members = 1
 
-    def all_reachable(self) -> bool:
+    def all_hand_over(self) -> bool:
         return True
 
 
@@ -63,9 +63,10 @@ class AmongPeers(Alone):
 
 
 class PeerUnreachable(AmongPeers):
-    """One of two replicas, the other advertising no address."""
+    """One of two replicas, the other advertising no address or not handing requests over
+    (direct delivery off, or a release before forwarding)."""
 
-    def all_reachable(self) -> bool:
+    def all_hand_over(self) -> bool:
         return False
 
 

@@ -1,14 +1,20 @@
-"""Wake-ups between replicas: what a wake-up request may say, and where a replica is reached."""
+"""Wake-ups between replicas: what a wake-up request may say, where a replica is reached, and
+the wake-up the ingest waits for."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from bucketnotify.delivery.queue import QueueName
-from bucketnotify.delivery.wakeups import MAX_WAKE_SHARDS, parse_wake
+from bucketnotify.delivery.wakeups import MAX_WAKE_SHARDS, WakeUps, parse_wake
+from bucketnotify.metrics import DeliveryMetrics
 from bucketnotify.settings import DeliveryServiceSettings
+from devstack.programs import free_port
 
 ANY_V4 = "0.0.0.0"  # noqa: S104 (a pod's listen setting: nothing binds it here)
 
@@ -56,3 +62,46 @@ def test_a_replica_advertises_where_it_can_be_reached(
     for name, value in env.items():
         monkeypatch.setenv(f"BUCKETNOTIFY_DELIVERY_{name}", value)
     assert DeliveryServiceSettings().advertised_address == address
+
+
+async def test_tell_returns_once_the_owner_has_the_wake_up() -> None:
+    """The ingest awaits it before answering the gateway: the owner must have it by then."""
+    got: list[Any] = []
+
+    async def wake(request: web.Request) -> web.Response:
+        got.append(await request.json())
+        return web.Response(status=204)
+
+    app = web.Application()
+    app.router.add_post("/v1/wake", wake)
+    metrics = DeliveryMetrics()
+    async with TestServer(app) as server:
+        owner = f"{server.host}:{server.port}"
+        queue = QueueName("ns", "t")
+        wakeups = WakeUps(lambda q, shard: owner if shard < 2 else None, metrics)
+        try:
+            await wakeups.tell(queue, [0, 1, 2])
+            assert got == [{"shards": [["ns", "t", 0], ["ns", "t", 1]]}]
+            sent = metrics.registry.get_sample_value
+            assert sent("bucketnotify_wakeups_sent_total", {"outcome": "ok"}) == 2
+            # An owner known to fail now gets its wake-up in the background instead.
+            await wakeups.tell(queue, [0], skip=lambda address: address == owner)
+            assert len(got) == 1
+            for _ in range(100):
+                if len(got) == 2:
+                    break
+                await asyncio.sleep(0.01)
+            assert got[1] == {"shards": [["ns", "t", 0]]}
+        finally:
+            await wakeups.aclose()
+
+
+async def test_tell_gives_up_on_an_owner_that_does_not_answer() -> None:
+    metrics = DeliveryMetrics()
+    wakeups = WakeUps(lambda q, shard: f"127.0.0.1:{free_port()}", metrics)
+    try:
+        await wakeups.tell(QueueName("ns", "t"), [0])
+    finally:
+        await wakeups.aclose()
+    sent = metrics.registry.get_sample_value
+    assert sent("bucketnotify_wakeups_sent_total", {"outcome": "failed"}) == 1

@@ -2,10 +2,12 @@
 
 The queued path writes every event durably, lists it back, pushes it and removes it: on the
 ``dir://`` store three fsyncs and a dozen file operations per batch, most of a replica's
-CPU. Yet while the endpoint keeps up, a shard is empty nearly all the time, and the event
-the ingest holds is the only one of its shard. So when this replica owns the shard and no
-other process writes its queues (the ``dir://`` store with one replica), the ingest pushes
-the event itself and answers the gateway once the endpoint has acknowledged it; only when
+CPU; on the ``s3://`` store four gateway requests per event. Yet while the endpoint keeps
+up, a shard is empty nearly all the time, and the event the ingest holds is the only one of
+its shard. So when this replica owns the shard (other replicas hand it the requests for its
+shards, ``delivery.forwarding``, and tell it before answering when they committed to one
+instead), the ingest pushes the event itself and answers the gateway once the endpoint has
+acknowledged it; only when
 the push fails is the event committed to the queue, still within the same request, and the
 shard's rounds retry it (an event the endpoint refuses for good is dropped at once, as a
 round would drop it). Either way the gateway's 2xx means the event is delivered or durable,
@@ -18,9 +20,10 @@ Order per object stays, as ``ShardGate`` keeps three things apart on each shard:
   shard, if any, and goes after it if the shard is still empty then, unless the wait
   would be long (``WAIT_BUDGET_S``): then it is committed (after that push, see below);
 - a commit to the shard first marks it as not empty (no direct push starts after that),
-  then waits for a direct push under way to end; the pushing request's own commit of a
-  failed event does not wait (it holds the shard), so that event is queued before any
-  later one of its object;
+  then waits for a direct push under way to end (the pushing request's own commit of a
+  failed event does not wait: it holds the shard, so that event is queued before any
+  later one of its object); another replica's commit marks it too, by the wake-up that
+  replica sends before it answers the gateway (``committed_elsewhere``);
 - a round waits for a direct push under way, and the shard counts as empty again only
   when a round has left nothing and no commit began or ended during it.
 
@@ -196,7 +199,8 @@ class DirectDelivery(Protocol):
     gate: ShardGate
 
     def allowed(self, queue: QueueName, shard: int) -> bool:
-        """This replica owns the shard and is the only writer of the store."""
+        """This replica owns the shard, and any other replica that commits to it tells it
+        first (every replica can reach every other)."""
         ...
 
     async def push(

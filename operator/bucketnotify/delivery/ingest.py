@@ -2,9 +2,9 @@
 
 ``POST /v1/topics/<namespace>/<topic>/<token>`` with the gateway's ``{"Records": [...]}``.
 The answer is 2xx only after every record is durably committed to the Topic's queue, or
-delivered to its endpoint (``delivery.direct``: an event for an empty shard, on a store
-this replica alone writes); the gateway (or, for hand-off ``sync``, the S3 client) sees any
-other answer as a failure:
+delivered to its endpoint (``delivery.direct``: an event for an empty shard, by the shard's
+owner, to which another replica hands the request: ``delivery.forwarding``); the gateway
+(or, for hand-off ``sync``, the S3 client) sees any other answer as a failure:
 
 - 400 the body is not the gateway's JSON; 413 it is larger than ``max_body_bytes``;
 - 404 no such persistent Topic; 403 the token is wrong (compared in constant time). A

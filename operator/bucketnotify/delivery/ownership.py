@@ -83,6 +83,11 @@ ROLE_LABEL = "bucketnotify.io/lease-role"
 GROUP_LABEL = "bucketnotify.io/lease-group"
 ADDRESS_ANNOTATION = "bucketnotify.io/address"
 """On a member Lease: ``host:port`` where the replica's ingest (and ``/v1/wake``) listens."""
+HANDS_OVER_ANNOTATION = "bucketnotify.io/hands-over"
+"""On a member Lease, ``"true"``: the replica hands requests for other replicas' shards to
+their owner, and tells the owner before answering when it commits to one instead
+(``delivery.forwarding``). Owners push directly only while every member says so: a replica
+without it (direct delivery off, or a release before it) commits to their shards untold."""
 
 
 def partition_of(queue: QueueName, shard: int, partitions: int) -> int:
@@ -159,12 +164,15 @@ class Ownership:
         settings: LeaseSettings,
         before_release: Callable[[int], Awaitable[None]] | None = None,
         address: str | None = None,
+        hands_over: bool = False,
     ) -> None:
         self.before_release = before_release
-        self.address = address
-        """``host:port`` other replicas reach this one at; None: it takes no wake-ups."""
         """Awaited between fencing a partition we hand back and releasing its Lease: the
         round that was running on it finishes its removals before the next owner starts."""
+        self.address = address
+        """``host:port`` other replicas reach this one at; None: it takes no wake-ups."""
+        self.hands_over = hands_over
+        """Said on the member Lease (``HANDS_OVER_ANNOTATION``)."""
         self._api = api
         self.identity = identity
         self.settings = settings
@@ -179,6 +187,8 @@ class Ownership:
         """partition -> its live holder, as the last round's LIST showed"""
         self._addresses: dict[str, str] = {}
         """identity -> address, of the live members that advertise one"""
+        self._handing_over: set[str] = set()
+        """The live members whose Lease says ``HANDS_OVER_ANNOTATION``."""
         self.members = 0
         """Live member Leases at the last round (this replica's own once it joined); 0
         before the first round."""
@@ -213,10 +223,11 @@ class Ownership:
             return None
         return self._addresses.get(holder)
 
-    def all_reachable(self) -> bool:
-        """Every live member (this one included) advertises an address, as of the last
-        round: each can hand requests and wake-ups to any other."""
-        return self.members > 0 and len(self._addresses) >= self.members
+    def all_hand_over(self) -> bool:
+        """Every live member (this one included) advertises an address and hands requests
+        over (``HANDS_OVER_ANNOTATION``), as of the last round."""
+        reachable = self._handing_over & self._addresses.keys()
+        return self.members > 0 and len(reachable) >= self.members
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -275,6 +286,8 @@ class Ownership:
         }
         if advertised:
             metadata["annotations"] = {ADDRESS_ANNOTATION: advertised}
+            if self.hands_over:
+                metadata["annotations"][HANDS_OVER_ANNOTATION] = "true"
         if self.settings.owner is not None:
             metadata["ownerReferences"] = [self.settings.owner]
         return {
@@ -345,6 +358,11 @@ class Ownership:
             _holder(lease): address
             for lease in members
             if (address := (lease["metadata"].get("annotations") or {}).get(ADDRESS_ANNOTATION))
+        }
+        self._handing_over = {
+            _holder(lease)
+            for lease in members
+            if (lease["metadata"].get("annotations") or {}).get(HANDS_OVER_ANNOTATION) == "true"
         }
         numbers = {self._partition_name(p): p for p in range(self.settings.partitions)}
         self._holders = {
@@ -448,12 +466,14 @@ class Ownership:
                 self.joined = True
             return
         if self.address:
-            # A restarted replica of the same name may listen elsewhere now.
+            # A restarted replica of the same name may listen elsewhere now, or run with
+            # direct delivery switched.
             metadata = lease["metadata"]
-            metadata["annotations"] = {
-                **(metadata.get("annotations") or {}),
-                ADDRESS_ANNOTATION: self.address,
-            }
+            annotations = {**(metadata.get("annotations") or {}), ADDRESS_ANNOTATION: self.address}
+            annotations.pop(HANDS_OVER_ANNOTATION, None)
+            if self.hands_over:
+                annotations[HANDS_OVER_ANNOTATION] = "true"
+            metadata["annotations"] = annotations
         if await self._write(lease, self.identity, now, renew=True):
             self.joined = True
 

@@ -277,11 +277,12 @@ class DeliveryService:
         # Another replica commits to the shard only when it cannot hand the request here
         # (``forwarding``), and tells this owner before the gateway has its answer, so no
         # later event of the object goes directly ahead of the committed one. That needs
-        # every replica to be reachable: without an address one would commit untold.
+        # every replica to be reachable and to work so (its member Lease says both): one
+        # without an address, direct delivery or this release would commit untold.
         loop = self._loops.get((queue, shard))
         return (
             not self._stopping
-            and (self._ownership.members == 1 or self._ownership.all_reachable())
+            and (self._ownership.members == 1 or self._ownership.all_hand_over())
             and loop is not None
             and not loop.done()
             and self._ownership.owns_shard(queue, shard)
