@@ -426,12 +426,17 @@ def test_a_queue_store_away_for_20_s_answers_503_and_loses_only_sync_writes_made
     traceback) and rounds wait for the store. With `handoff: persistent` the gateway
     retries the refused pushes, so nothing is lost or repeated. With `handoff: sync` the
     gateway counts a refused push as done (docs/operator.md): exactly the writes made while
-    the store was away may be lost, none made before or after it."""
+    the store was away may be lost, none made before or after it.
+
+    Direct delivery is off: with it, the owners push every event to the endpoint (which
+    answers) without the store, and the outage would not meet the ingest at all."""
     gateway = urlsplit(rgw["RGW_ENDPOINT"])
     assert gateway.hostname is not None and gateway.port is not None
     store = TcpProxy(gateway.hostname, gateway.port)
     store.start()
-    pipeline = pipelines(kube, rgw, store_endpoint=store.url)
+    pipeline = pipelines(
+        kube, rgw, store_endpoint=store.url, replica_settings={"direct_delivery": "false"}
+    )
     cluster = pipeline.cluster
     window: list[float] = []
     refused: list[float] = []
