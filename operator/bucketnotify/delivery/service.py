@@ -299,8 +299,7 @@ class DeliveryService:
     async def _tell_owners(self, queue: QueueName, shards: list[int]) -> None:
         """After the ingest committed to ``shards``: their owners (other replicas) know
         before the gateway gets its answer (see ``allowed``)."""
-        failing = self.forwarder.failing if self.forwarder is not None else None
-        await self._wakeups.tell(queue, shards, skip=failing or (lambda _: False))
+        await self._wakeups.tell(queue, shards)
 
     def _wake_local(self, queue: QueueName, shard: int) -> None:
         event = self._wakes.get((queue, shard))

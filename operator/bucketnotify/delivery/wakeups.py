@@ -99,21 +99,15 @@ class WakeUps:
                 self._flush(address), name=f"wake-ups to {address}"
             )
 
-    async def tell(
-        self, queue: QueueName, shards: list[int], skip: Callable[[str], bool] = lambda _: False
-    ) -> None:
+    async def tell(self, queue: QueueName, shards: list[int]) -> None:
         """Tell the shards' owner now, and return once it has the news (or could not be
         reached): a replica that committed to a shard another owns does so before the
         gateway gets its answer, so that the owner pushes no later event of an object
-        directly ahead of the committed one (``delivery.direct``). Addresses ``skip``
-        names (known not to answer now) get theirs in the background."""
+        directly ahead of the committed one (``delivery.direct``). Even to an owner whose
+        hand-over just failed: a slow owner is not a gone one."""
         by_address: dict[str, list[Shard]] = {}
         for shard in shards:
-            if (address := self._address_of(queue, shard)) is None:
-                continue
-            if skip(address):
-                self.send(queue, shard)
-            else:
+            if (address := self._address_of(queue, shard)) is not None:
                 by_address.setdefault(address, []).append((queue.namespace, queue.topic, shard))
         for address, named in by_address.items():
             outcome = await self._post(address, named, TELL_TIMEOUT_S)
