@@ -44,6 +44,7 @@ from types import FrameType
 from typing import Any, Literal
 
 from prometheus_client.parser import text_string_to_metric_families
+from tests.tcpproxy import Balancer
 
 from bench.gateway import Gateway
 from bench.guarded import guarded
@@ -56,7 +57,6 @@ from bench.kube import (
     wait_lease_held,
     wait_ready,
 )
-from bench.proxy import RoundRobinProxy
 from bench.receiver import Receiver
 from bench.relay import Relay
 from bench.workload import (
@@ -200,7 +200,7 @@ class Stack:
     """Our processes in one scenario; the measurement polls them for an early exit."""
 
     programs: list[Program] = field(default_factory=list)
-    proxy: RoundRobinProxy | None = None
+    proxy: Balancer | None = None
     relay: Relay | None = None
     ports: list[int] = field(default_factory=list)
     """The replicas' ingest ports, where their metrics are served."""
@@ -285,7 +285,7 @@ def setup_bucketnotify(
 
     ingest_url = f"http://127.0.0.1:{ports[0]}"
     if len(ports) > 1:
-        ours.proxy = stack.enter_context(RoundRobinProxy(ports))
+        ours.proxy = stack.enter_context(Balancer(ports))
         ingest_url = ours.proxy.url
 
     operator = Program(

@@ -28,12 +28,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from tests.tcpproxy import Balancer
+
 from bench.delivery import PARTITIONS, _best_effort, source_revision
 from bench.gateway import Gateway
 from bench.guarded import guarded
 from bench.kube import SetupError, new_namespace, wait_even_ownership
 from bench.operator_scale import apply_list, is_ready, kubectl_bulk, list_objects
-from bench.proxy import RoundRobinProxy
 from bench.receiver import Receiver
 from bench.workload import delete_everything, object_body, percentiles, s3_client
 from devstack import services
@@ -112,7 +113,7 @@ def run(args: argparse.Namespace, rgw: Service, kube: Service, out: Path) -> dic
             ports.append(port)
         for program, port in zip(replicas, ports, strict=True):
             wait_for_port(port, 60, program)
-        proxy = stack.enter_context(RoundRobinProxy(ports))
+        proxy = stack.enter_context(Balancer(ports))
         operator = Program(
             ["operator"],
             {

@@ -19,8 +19,7 @@ import time
 from typing import Any, NamedTuple, Self
 
 from aiohttp import web
-
-from bench.child import ServerProcess
+from tests.serverprocess import ServerProcess
 
 __all__ = ["Arrival", "Receiver"]
 

@@ -19,8 +19,7 @@ import socket
 import aiohttp
 import uvloop
 from aiohttp import web
-
-from bench.child import ServerProcess
+from tests.serverprocess import ServerProcess
 
 __all__ = ["Relay"]
 

@@ -110,7 +110,7 @@ class DeliveryCluster:
 
     def front(self) -> Balancer:
         """A balancer over every replica started so far."""
-        self.balancer = Balancer(list(self.ports.values()))
+        self.balancer = Balancer(list(self.ports.values())).start()
         return self.balancer
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:

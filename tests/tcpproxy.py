@@ -1,20 +1,25 @@
-"""TCP forwarders on threads: one a test can take down and bring back (a real network
-outage), and a round-robin balancer over several ports (a Service's part). Threads, so that
-synchronous and asyncio tests use the same ones.
+"""TCP forwarders: one a test can take down and bring back (a real network outage), and a
+round-robin balancer over several ports (a Service's part), for tests and benchmarks.
 
-``TcpProxy`` makes the real gateway unreachable for the operator without stopping the
-gateway for every other test; ``Balancer`` spreads connections over delivery replicas.
+``TcpProxy`` (threads, so that synchronous and asyncio tests use the same one) makes the
+real gateway unreachable for the operator without stopping the gateway for every other
+test; ``Balancer`` (a process of its own) spreads connections over delivery replicas.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
+import multiprocessing
+import multiprocessing.connection
 import socket
 import threading
 from collections.abc import Callable
+from multiprocessing.sharedctypes import Synchronized
 
 from devstack.programs import free_port
+from tests.serverprocess import ServerProcess
 
 
 def _pipe(
@@ -108,42 +113,73 @@ class TcpProxy:
             _forward(client, upstream, self._seen)
 
 
-class Balancer:
-    """Round-robin TCP forwarding to ``ports``, skipping those that refuse connections: a
-    killed replica drops out as its endpoint would."""
+async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    try:
+        while data := await src.read(65536):
+            dst.write(data)
+            await dst.drain()
+    except OSError:
+        pass
+    finally:
+        with contextlib.suppress(Exception):
+            dst.close()
 
-    def __init__(self, ports: list[int]) -> None:
-        self.ports = ports
-        self._next = itertools.cycle(range(len(ports)))
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self._server.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+async def _balance(
+    conn: multiprocessing.connection.Connection,
+    backends: list[int],
+    counts: list[Synchronized[int]],
+) -> None:
+    turn = itertools.cycle(range(len(backends)))
 
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self._server.shutdown(socket.SHUT_RDWR)
-        self._server.close()
-
-    def _accept(self) -> None:
-        while True:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for _ in backends:
+            index = next(turn)
             try:
-                client, _ = self._server.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
-
-    def _serve(self, client: socket.socket) -> None:
-        for _ in self.ports:
-            port = self.ports[next(self._next)]
-            try:
-                upstream = socket.create_connection(("127.0.0.1", port), timeout=2)
+                up_reader, up_writer = await asyncio.open_connection("127.0.0.1", backends[index])
             except OSError:
                 continue
-            upstream.settimeout(None)
-            _forward(client, upstream)
+            up_sock = up_writer.get_extra_info("socket")
+            if up_sock is not None:
+                up_sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with counts[index].get_lock():
+                counts[index].value += 1
+            await asyncio.gather(_copy(reader, up_writer), _copy(up_reader, writer))
             return
-        client.close()
+        writer.close()
+
+    sock = socket.create_server(("127.0.0.1", 0), backlog=1024)
+    server = await asyncio.start_server(handle, sock=sock)
+    conn.send(sock.getsockname()[1])
+    async with server:
+        await server.serve_forever()
+
+
+def _balancer_main(
+    conn: multiprocessing.connection.Connection,
+    backends: list[int],
+    counts: list[Synchronized[int]],
+) -> None:
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_balance(conn, backends, counts))
+
+
+class Balancer(ServerProcess):
+    """Round-robin TCP forwarding to ``backends`` (ports), skipping those that refuse the
+    connection: a killed replica drops out as its endpoint would. Balance is per connection,
+    as with a Kubernetes Service (kube-proxy), so a client that keeps one connection alive
+    talks to one replica: ``connections`` shows how they were spread. In a process of its
+    own, so that forwarding never waits for the threads of the test or benchmark beside it;
+    ``start`` (or ``with``) before use."""
+
+    def __init__(self, backends: list[int]) -> None:
+        self.backends = backends
+        self._counts = [multiprocessing.get_context("spawn").Value("q", 0) for _ in backends]
+        super().__init__(_balancer_main, (backends, self._counts), "balancer")
+
+    def connections(self) -> list[int]:
+        """Connections forwarded to each backend so far."""
+        return [c.value for c in self._counts]

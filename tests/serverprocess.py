@@ -1,8 +1,10 @@
-"""A benchmark server in a process of its own: the endpoint, the relay, the proxy.
+"""A server in a process of its own: the benchmarks' endpoint and relay, and the balancer
+in front of delivery replicas (tests and benchmarks).
 
-A process of its own because the benchmark's PUT threads hold the GIL often enough to delay
-a server thread beside them, and that delay would be counted in the figures. The child
-listens on a free loopback port and sends it over a pipe once it accepts connections.
+A process of its own because the benchmark's PUT threads, and a test's stream writers and
+endpoints, hold the GIL often enough to delay a server thread beside them, and that delay
+would be counted in the figures, or in a test's timing. The child listens on a free
+loopback port and sends it over a pipe once it accepts connections.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ __all__ = ["ServerProcess"]
 
 class ServerProcess:
     """Runs ``target(conn, *args)`` in a spawned process; ``target`` sends its port on
-    ``conn`` once listening. A context manager: started on entry, ended on exit."""
+    ``conn`` once listening. ``start`` and ``close``, or a context manager."""
 
     def __init__(self, target: Callable[..., None], args: tuple[Any, ...], name: str) -> None:
         ctx = multiprocessing.get_context("spawn")
@@ -33,15 +35,23 @@ class ServerProcess:
     def pid(self) -> int | None:
         return self._process.pid
 
-    def __enter__(self) -> Self:
+    def start(self) -> Self:
         self._process.start()
         if not self._conn.poll(60):
             self._process.kill()
-            raise RuntimeError(f"the benchmark's {self._process.name} did not start within 60 s")
+            raise RuntimeError(f"{self._process.name} did not start within 60 s")
         self.port = int(self._conn.recv())
         return self
 
+    def __enter__(self) -> Self:
+        return self.start()
+
     def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._process.pid is None:
+            return  # never started
         self._process.terminate()
         self._process.join(5)
         if self._process.is_alive():
