@@ -39,8 +39,10 @@ partitions one lease duration later than it otherwise would.
 Peers: a replica started with an ``address`` (where its ingest listens, e.g. the pod IP and
 port) puts it on its member Lease. Each round's LIST of the Leases then tells every replica
 who holds each partition and where that holder listens (``owner_address``), so an ingest
-that commits to a shard another replica owns can tell that owner at once (the wake-ups of
-``delivery.wakeups``). What it says is as old as the last round (``renew_interval``): after
+can hand a request to the owner of its shard (``delivery.forwarding``), or tell that owner
+at once when it committed to the shard itself (the wake-ups of ``delivery.wakeups``); and
+whether every member does so (``all_hand_over``), which owners need before they push
+directly beside other replicas. What it says is as old as the last round (``renew_interval``): after
 a hand-over a wake-up may go to the previous holder, or to nobody, which is why the new
 holder polls a shard it has just taken for two renew intervals
 (``delivery.service.HANDOVER_POLL_ROUNDS``).
@@ -148,6 +150,22 @@ def _expired(lease: Lease, now: dt.datetime) -> bool:
     if renewed.tzinfo is None:
         renewed = renewed.replace(tzinfo=dt.UTC)
     return renewed + dt.timedelta(seconds=spec.get("leaseDurationSeconds") or 0) < now
+
+
+def _annotation(lease: Lease, key: str) -> str | None:
+    annotations: dict[str, str] = lease["metadata"].get("annotations") or {}
+    return annotations.get(key)
+
+
+def _member_says(address: str | None, hands_over: bool) -> dict[str, str]:
+    """The annotations of a member Lease: where its replica listens, and whether it hands
+    requests over; nothing without an address (nobody could reach it)."""
+    if not address:
+        return {}
+    said = {ADDRESS_ANNOTATION: address}
+    if hands_over:
+        said[HANDS_OVER_ANNOTATION] = "true"
+    return said
 
 
 def _labels(lease: Lease) -> dict[str, str]:
@@ -279,15 +297,12 @@ class Ownership:
         return partition_lease_name(self.settings.group, partition)
 
     def _body(self, name: str, role: str, holder: str, now: dt.datetime) -> Lease:
-        advertised = self.address if role == "member" else None
         metadata: dict[str, Any] = {
             "name": name,
             "labels": {ROLE_LABEL: role, GROUP_LABEL: self.settings.group},
         }
-        if advertised:
-            metadata["annotations"] = {ADDRESS_ANNOTATION: advertised}
-            if self.hands_over:
-                metadata["annotations"][HANDS_OVER_ANNOTATION] = "true"
+        if role == "member" and (said := _member_says(self.address, self.hands_over)):
+            metadata["annotations"] = said
         if self.settings.owner is not None:
             metadata["ownerReferences"] = [self.settings.owner]
         return {
@@ -357,12 +372,12 @@ class Ownership:
         self._addresses = {
             _holder(lease): address
             for lease in members
-            if (address := (lease["metadata"].get("annotations") or {}).get(ADDRESS_ANNOTATION))
+            if (address := _annotation(lease, ADDRESS_ANNOTATION))
         }
         self._handing_over = {
             _holder(lease)
             for lease in members
-            if (lease["metadata"].get("annotations") or {}).get(HANDS_OVER_ANNOTATION) == "true"
+            if _annotation(lease, HANDS_OVER_ANNOTATION) == "true"
         }
         numbers = {self._partition_name(p): p for p in range(self.settings.partitions)}
         self._holders = {
@@ -469,11 +484,12 @@ class Ownership:
             # A restarted replica of the same name may listen elsewhere now, or run with
             # direct delivery switched.
             metadata = lease["metadata"]
-            annotations = {**(metadata.get("annotations") or {}), ADDRESS_ANNOTATION: self.address}
-            annotations.pop(HANDS_OVER_ANNOTATION, None)
-            if self.hands_over:
-                annotations[HANDS_OVER_ANNOTATION] = "true"
-            metadata["annotations"] = annotations
+            others = {
+                key: value
+                for key, value in (metadata.get("annotations") or {}).items()
+                if key not in (ADDRESS_ANNOTATION, HANDS_OVER_ANNOTATION)
+            }
+            metadata["annotations"] = {**others, **_member_says(self.address, self.hands_over)}
         if await self._write(lease, self.identity, now, renew=True):
             self.joined = True
 
