@@ -41,6 +41,9 @@ LEASES = {
     "lease_duration_seconds": "8",
     "renew_interval_seconds": "1",
     "renew_deadline_seconds": "5",
+    # Every event queued: what is fenced is a round's pushes. (With direct delivery the
+    # owner would push the requests' events itself, behind a 1-s endpoint, one by one.)
+    "direct_delivery": "false",
 }
 EVENTS = 400
 PUSH_DELAY_S = 1.0  # 64 pushes under way take a second: the pause lands mid-batch
