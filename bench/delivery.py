@@ -818,7 +818,9 @@ def warm_ups(results: list[dict[str, Any]]) -> list[str]:
     """How long the first event of each persistent hand-off took to arrive: the gateway
     picks up a new persistent topic's queue only at its next poll (about every 30 s), which
     no figure above includes (the warm-up ends before the measurement starts)."""
-    persistent = [r for r in results if r["config"]["persistent"] and r.get("warmup_s") is not None]
+    persistent = [
+        r for r in results if r["config"].get("persistent") and r.get("warmup_s") is not None
+    ]
     if not persistent:
         return []
     lines = [

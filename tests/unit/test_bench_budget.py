@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.delivery import ramp_report, report, throughput_budget
+import pytest
+from bench.delivery import ramp_report, report, shared_store_goals, throughput_budget, warm_ups
 
 
 def _result(
@@ -103,3 +104,48 @@ def test_a_put_the_gateway_never_answered_is_reported_not_hidden_in_events_per_s
     assert rows[3].split()[:2] == ["bucketnotify-sync", "300"]
     assert "  gateway-sync: 1 PUTs failed, 0 events missing (first error: Read timeout" in text
     assert "bucketnotify-sync:" not in text
+
+
+def test_the_shared_store_goals_are_judged_against_gateway_persistent_of_the_run() -> None:
+    base = _measured(
+        "gateway-persistent",
+        "gateway",
+        config={"stack": "gateway", "store": "dir", "persistent": True},
+        throughput_eps=250.0,
+        latency_ms={"p50": 70.0, "p90": 120.0, "p99": 140.0, "max": 170.0},
+        cpu_s={"radosgw": 2.0, "ceph-osd": 1.0},
+        warmup_s=28.6,
+    )
+    ours = _measured(
+        "bucketnotify-sync-s3",
+        "bucketnotify",
+        config={"stack": "bucketnotify", "store": "s3", "persistent": False},
+        throughput_eps=180.0,
+        gateway_requests_per_event=1.03,
+        latency_ms={"p50": 30.0, "p90": 45.0, "p99": 70.0, "max": 100.0},
+        cpu_s={"radosgw": 2.5, "ceph-osd": 1.0, "replica-1": 1.0},
+    )
+
+    lines = shared_store_goals([base, ours])
+
+    assert ours["goals"] == pytest.approx(
+        {
+            "gw req/event": 1.03,
+            "events/s ratio": 0.72,
+            "p99 ratio": 0.5,
+            "CPU ratio": 1.5,  # 4.5 CPU seconds for 500 events against 3.0
+            "p50 over, s": -0.04,
+            "p99 over, s": -0.07,
+        }
+    )
+    # Only the throughput falls short (0.72 < 0.8); a ratio at its limit meets it.
+    assert [line.endswith("NOT met") for line in lines[3:]] == [
+        False,
+        True,
+        False,
+        False,
+        False,
+        False,
+    ]
+    assert warm_ups([base, ours])[-1].split() == ["gateway-persistent", "28.6"]
+    assert shared_store_goals([ours]) == [], "no ratio without the baseline in the same run"
