@@ -106,6 +106,10 @@ def assert_in_order(stream: Stream, target: HttpTarget, outcome: Outcome) -> Non
     assert not late, f"{outcome.topic}: arrived after a later write of its object: {late[:20]}"
 
 
+QUEUED = {"direct_delivery": "false"}
+"""Replica settings of the tests whose fault must meet queued events."""
+
+
 @pytest.fixture()
 def pipelines() -> Iterator[Callable[..., Pipeline]]:
     made: list[Pipeline] = []
@@ -179,6 +183,11 @@ def test_an_apiserver_down_past_the_lease_duration_loses_no_event_and_repeats_no
 class BrokerRestart:
     """A broker restart as the fault of ``run``, which records when the broker was away.
 
+    The replicas queue every event (direct delivery off): a direct push waits for a broker
+    that comes back within the push timeout, and so does the sync write behind it, so the
+    stream's writers would wait out the restart instead of meeting it (the direct path's
+    own outage test is ``test_direct_delivery_through_an_endpoint_outage_...``).
+
     Whether pushes *fail* during it is no evidence that it hit the stream: a push waiting on
     a broker that comes back within the message timeout just takes longer (seen with Kafka:
     0 failed pushes in a restart that delayed every event). What proves it is writes the
@@ -223,7 +232,7 @@ def test_a_rabbitmq_restart_loses_no_acknowledged_event_and_repeats_only_unconfi
     before the broker began to stop; anything older was confirmed long before, and what
     was written while it was away waited for the new broker."""
     with own_service("rabbitmq", tmp_path / "run") as rabbitmq:
-        pipeline = pipelines(kube, rgw)
+        pipeline = pipelines(kube, rgw, replica_settings=QUEUED)
         fault = BrokerRestart(pipeline, lambda: rabbitmq.script("restart"))
         stream, outcomes = run(pipeline, AmqpTarget(rabbitmq.service()), fault)
     fault.assert_hit(stream)
@@ -251,7 +260,7 @@ def test_a_kafka_restart_loses_no_acknowledged_event_and_repeats_none(
     """A push whose acknowledgement the restart delays is awaited, not produced again, and
     the idempotent producer's own resends are dropped by the broker: no duplicates."""
     with own_service("kafka", tmp_path / "run") as kafka:
-        pipeline = pipelines(kube, rgw)
+        pipeline = pipelines(kube, rgw, replica_settings=QUEUED)
         target = KafkaTarget(kafka.env["KAFKA_BOOTSTRAP"])
         fault = BrokerRestart(pipeline, lambda: kafka.script("restart"))
         stream, outcomes = run(pipeline, target, fault)
@@ -434,9 +443,7 @@ def test_a_queue_store_away_for_20_s_answers_503_and_loses_only_sync_writes_made
     assert gateway.hostname is not None and gateway.port is not None
     store = TcpProxy(gateway.hostname, gateway.port)
     store.start()
-    pipeline = pipelines(
-        kube, rgw, store_endpoint=store.url, replica_settings={"direct_delivery": "false"}
-    )
+    pipeline = pipelines(kube, rgw, store_endpoint=store.url, replica_settings=QUEUED)
     cluster = pipeline.cluster
     window: list[float] = []
     refused: list[float] = []
