@@ -57,17 +57,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import hashlib
 import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-
 from bucketnotify.apiserver import ApiClient, ApiError, lease_path, log_retried, micro_time
+from bucketnotify.delivery.gone_members import GoneMembers
+from bucketnotify.delivery.leases import (
+    ADDRESS_ANNOTATION,
+    GROUP_LABEL,
+    HANDS_OVER_ANNOTATION,
+    ROLE_LABEL,
+    Lease,
+    LeaseHolder,
+    LeaseSettings,
+    lease_annotation,
+    lease_expired,
+    lease_holder,
+    lease_labels,
+    member_annotations,
+    partition_holders,
+    partition_lease_name,
+    partition_of,
+    utc_now,
+)
 from bucketnotify.delivery.queue import QueueName
 
 __all__ = [
@@ -80,96 +95,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-ROLE_LABEL = "bucketnotify.io/lease-role"
-GROUP_LABEL = "bucketnotify.io/lease-group"
-ADDRESS_ANNOTATION = "bucketnotify.io/address"
-"""On a member Lease: ``host:port`` where the replica's ingest (and ``/v1/wake``) listens."""
-HANDS_OVER_ANNOTATION = "bucketnotify.io/hands-over"
-"""On a member Lease, ``"true"``: the replica hands requests for other replicas' shards to
-their owner, and tells the owner before answering when it commits to one instead
-(``delivery.forwarding``). Owners push directly only while every member says so: a replica
-without it (direct delivery off, or a release before it) commits to their shards untold."""
-
-
-def partition_of(queue: QueueName, shard: int, partitions: int) -> int:
-    digest = hashlib.blake2b(f"{queue}/{shard}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % partitions
-
-
-@dataclass(frozen=True)
-class LeaseSettings:
-    namespace: str
-    """Namespace of the Leases (the delivery service's own)."""
-    group: str = "bucketnotify-delivery"
-    """Prefix of the Lease names; replicas of one deployment share it."""
-    partitions: int = 32
-    """Ownership units; more than the replicas you will ever run, so shares stay even."""
-    lease_duration_s: int = 12
-    """A dead replica's partitions expire after this long (the gateway: 90 s) and are taken
-    at the survivors' next renewal."""
-    renew_interval_s: float = 3.0
-    """How often leases are renewed and the spread is rebalanced."""
-    renew_deadline_s: float = 8.0
-    """A replica stops processing a partition this long after its last renewal; shorter
-    than lease_duration_s so two owners never overlap."""
-    owner: dict[str, str] | None = None
-    """An ownerReference every Lease written carries (the Deployment of the replicas): when
-    it is deleted, Kubernetes' garbage collector deletes the Leases, so an uninstall leaves
-    none behind."""
-
-    @property
-    def member_gone_after_s(self) -> float:
-        """How long a member Lease stays expired before a live replica deletes it: a replica
-        that died (a pod that is gone) must not leave one behind for good, and one only
-        paused (or cut off from the API server) has had five lease durations to renew."""
-        return 5.0 * self.lease_duration_s
-
-
-def partition_lease_name(group: str, partition: int) -> str:
-    return f"{group}-partition-{partition}"
-
-
-Lease = dict[str, Any]
-"""A coordination.k8s.io/v1 Lease as the API server sends it."""
-
-
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
-
-
-def _holder(lease: Lease) -> str:
-    return str(lease.get("spec", {}).get("holderIdentity") or "")
-
-
-def _expired(lease: Lease, now: dt.datetime) -> bool:
-    spec = lease.get("spec", {})
-    if not spec.get("holderIdentity") or not spec.get("renewTime"):
-        return True
-    renewed = dt.datetime.fromisoformat(spec["renewTime"])
-    if renewed.tzinfo is None:
-        renewed = renewed.replace(tzinfo=dt.UTC)
-    return renewed + dt.timedelta(seconds=spec.get("leaseDurationSeconds") or 0) < now
-
-
-def _annotation(lease: Lease, key: str) -> str | None:
-    annotations: dict[str, str] = lease["metadata"].get("annotations") or {}
-    return annotations.get(key)
-
-
-def _member_says(address: str | None, hands_over: bool) -> dict[str, str]:
-    """The annotations of a member Lease: where its replica listens, and whether it hands
-    requests over; nothing without an address (nobody could reach it)."""
-    if not address:
-        return {}
-    said = {ADDRESS_ANNOTATION: address}
-    if hands_over:
-        said[HANDS_OVER_ANNOTATION] = "true"
-    return said
-
-
-def _labels(lease: Lease) -> dict[str, str]:
-    return lease["metadata"].get("labels") or {}
 
 
 class Ownership:
@@ -214,7 +139,7 @@ class Ownership:
         # replica takes no expired partition because it just got through after an outage
         self._reached: float | None = None
         self._settling_until = 0.0
-        self._gone_members_warned = False
+        self._gone_members = GoneMembers(api, identity, settings)
         self.joined = False
         """True once this replica's member Lease was written: the others count it in the
         fair share from then on. It stays True through an API server outage, when the
@@ -301,7 +226,7 @@ class Ownership:
             "name": name,
             "labels": {ROLE_LABEL: role, GROUP_LABEL: self.settings.group},
         }
-        if role == "member" and (said := _member_says(self.address, self.hands_over)):
+        if role == "member" and (said := member_annotations(self.address, self.hands_over)):
             metadata["annotations"] = said
         if self.settings.owner is not None:
             metadata["ownerReferences"] = [self.settings.owner]
@@ -319,16 +244,16 @@ class Ownership:
 
     async def tick(self) -> None:
         """Renew what we hold, then take or give partitions towards our fair share."""
-        await self._renew_member(_now())
+        await self._renew_member(utc_now())
         items, now, settling = await self._look()
         members = [
             lease
             for lease in items
-            if _labels(lease).get(ROLE_LABEL) == "member" and not _expired(lease, now)
+            if lease_labels(lease).get(ROLE_LABEL) == "member" and not lease_expired(lease, now)
         ]
         self.members = len(members)
         if not settling:
-            await self._forget_gone_members(items, now)
+            await self._gone_members.forget(items, now)
         share = math.ceil(self.settings.partitions / max(1, len(members)))
         partitions = self._see(items, members, now)
         before = set(self._held)
@@ -349,7 +274,7 @@ class Ownership:
             request_timeout=self._timeout,
         )
         items: list[Lease] = listed["items"]
-        now = _now()
+        now = utc_now()
         reached = time.monotonic()
         if self._reached is not None and reached - self._reached > self.settings.renew_deadline_s:
             self._settling_until = reached + self.settings.lease_duration_s
@@ -367,23 +292,23 @@ class Ownership:
         partitions = {
             lease["metadata"]["name"]: lease
             for lease in items
-            if _labels(lease).get(ROLE_LABEL) == "partition"
+            if lease_labels(lease).get(ROLE_LABEL) == "partition"
         }
         self._addresses = {
-            _holder(lease): address
+            lease_holder(lease): address
             for lease in members
-            if (address := _annotation(lease, ADDRESS_ANNOTATION))
+            if (address := lease_annotation(lease, ADDRESS_ANNOTATION))
         }
         self._handing_over = {
-            _holder(lease)
+            lease_holder(lease)
             for lease in members
-            if _annotation(lease, HANDS_OVER_ANNOTATION) == "true"
+            if lease_annotation(lease, HANDS_OVER_ANNOTATION) == "true"
         }
         numbers = {self._partition_name(p): p for p in range(self.settings.partitions)}
         self._holders = {
-            numbers[name]: _holder(lease)
+            numbers[name]: lease_holder(lease)
             for name, lease in partitions.items()
-            if name in numbers and not _expired(lease, now)
+            if name in numbers and not lease_expired(lease, now)
         }
         return partitions
 
@@ -392,7 +317,7 @@ class Ownership:
         lost = []
         for partition in list(self._held):
             lease = partitions.get(self._partition_name(partition))
-            if lease is None or _holder(lease) != self.identity:
+            if lease is None or lease_holder(lease) != self.identity:
                 self._held.pop(partition, None)
                 lost.append(partition)
             elif partition not in self._renewing:
@@ -426,12 +351,12 @@ class Ownership:
             lease = partitions.get(name)
             sent = time.monotonic()
             if lease is None:
-                if await self._create(self._body(name, "partition", self.identity, _now())):
+                if await self._create(self._body(name, "partition", self.identity, utc_now())):
                     self._held[partition] = sent
             elif (
-                _expired(lease, now)
+                lease_expired(lease, now)
                 and not settling
-                and await self._write(lease, self.identity, _now(), renew=False)
+                and await self._write(lease, self.identity, utc_now(), renew=False)
             ):
                 self._held[partition] = sent
 
@@ -444,7 +369,7 @@ class Ownership:
         was when the call failed (the deadline runs on from the last renewal)."""
         sent = time.monotonic()
         try:
-            renewed = await self._write(lease, self.identity, _now(), renew=True)
+            renewed = await self._write(lease, self.identity, utc_now(), renew=True)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -489,7 +414,10 @@ class Ownership:
                 for key, value in (metadata.get("annotations") or {}).items()
                 if key not in (ADDRESS_ANNOTATION, HANDS_OVER_ANNOTATION)
             }
-            metadata["annotations"] = {**others, **_member_says(self.address, self.hands_over)}
+            metadata["annotations"] = {
+                **others,
+                **member_annotations(self.address, self.hands_over),
+            }
         if await self._write(lease, self.identity, now, renew=True):
             self.joined = True
 
@@ -529,47 +457,6 @@ class Ownership:
             raise
         return True
 
-    async def _forget_gone_members(self, items: list[Lease], now: dt.datetime) -> None:
-        """Delete the member Leases that stayed expired for ``member_gone_after_s``: each
-        replica that ever ran, a pod killed or rolled away, would otherwise leave one. Only
-        at the Lease's resourceVersion, so a replica of that name renewing meanwhile keeps
-        it; of several replicas deleting the same one, the first does it."""
-        gone_before = now - dt.timedelta(seconds=self.settings.member_gone_after_s)
-        for lease in items:
-            if (
-                _labels(lease).get(ROLE_LABEL) != "member"
-                or _holder(lease) == self.identity
-                or not _expired(lease, gone_before)
-            ):
-                continue
-            meta = lease["metadata"]
-            try:
-                await self._api.delete(
-                    lease_path(self.settings.namespace, meta["name"]),
-                    body={"preconditions": {"resourceVersion": meta["resourceVersion"]}},
-                    request_timeout=self._timeout,
-                )
-            except ApiError as exc:
-                if exc.status in (404, 409):
-                    continue  # gone already, or written again since it was listed
-                # Housekeeping only (a Role without `delete leases`, an API server that
-                # refuses): the round's renewals must not fail for it.
-                if not self._gone_members_warned:
-                    self._gone_members_warned = True
-                    log.warning(
-                        "cannot delete the member Leases of replicas that are gone (%s);"
-                        " they stay until deleted by hand",
-                        exc,
-                    )
-                return
-            except (TimeoutError, OSError, aiohttp.ClientError):
-                return  # the next round tries again
-            log.info(
-                "deleted the member Lease %s of a replica gone since %s",
-                meta["name"],
-                lease["spec"].get("renewTime") or "it was released",
-            )
-
     async def _delete_member(self) -> None:
         name = self._member_name(self.identity)
         try:
@@ -582,7 +469,7 @@ class Ownership:
         try:
             path = lease_path(self.settings.namespace, name)
             lease = await self._api.get(path)
-            if _holder(lease) != self.identity:
+            if lease_holder(lease) != self.identity:
                 return
             # An empty holder is free at once for everyone (see _expired).
             lease["spec"]["holderIdentity"] = ""
@@ -590,31 +477,3 @@ class Ownership:
         except ApiError as exc:
             if exc.status not in (404, 409):
                 log.warning("could not release Lease %s: %s", name, exc.reason)
-
-
-@dataclass(frozen=True)
-class LeaseHolder:
-    """Who holds one partition Lease, judged as the replicas judge it."""
-
-    identity: str
-    """The holder; empty when it was handed back."""
-    expired: bool
-    """True when anyone may take it: released, or not renewed within its duration."""
-
-
-async def partition_holders(
-    api: ApiClient, settings: LeaseSettings, *, request_timeout: float | None = None
-) -> dict[int, LeaseHolder]:
-    """The holders of the partition Leases that exist (one LIST), for people looking on."""
-    listed = await api.get(
-        lease_path(settings.namespace),
-        params={"labelSelector": f"{GROUP_LABEL}={settings.group},{ROLE_LABEL}=partition"},
-        request_timeout=request_timeout,
-    )
-    now = _now()
-    names = {partition_lease_name(settings.group, p): p for p in range(settings.partitions)}
-    return {
-        names[lease["metadata"]["name"]]: LeaseHolder(_holder(lease), _expired(lease, now))
-        for lease in listed["items"]
-        if lease["metadata"]["name"] in names
-    }
