@@ -7,14 +7,19 @@ it wakes the shard's task directly; when another replica owns it, this module se
 replica ``POST /v1/wake`` with ``{"shards": [[namespace, topic, shard], ...]}``, to the
 address its member Lease advertises (``Ownership.owner_address``).
 
-Sending never delays the ingest's answer: a wake-up goes out in the background, and the
-wake-ups for one replica that arrive while a request to it is under way go together in the
-next request. A wake-up sent to the previous holder of a shard that has just moved is made
-up for by the new holder, which polls the shard for a while after taking it. One lost
-otherwise (the owner restarted, the network) only delays delivery: the owner of each queue's
-shard 0 surveys the queue every ``stats_interval_s`` and wakes every shard that holds
-entries, and each replica looks at its own shards less often too, for when the replicas
-cannot reach each other at all.
+Without direct delivery, sending never delays the ingest's answer: a wake-up goes out in
+the background (``send``), and the wake-ups for one replica that arrive while a request to
+it is under way go together in the next request. With it, the ingest waits for its
+wake-up (``tell``, at most ``TELL_TIMEOUT_S``) before it answers: the owner then marks the
+shard not empty, and pushes no later event of its objects directly ahead of the committed
+ones (``delivery.direct``).
+
+A wake-up sent to the previous holder of a shard that has just moved is made up for by the
+new holder, which polls the shard for a while after taking it. One lost otherwise (the
+owner restarted, the network) only delays delivery: the owner of each queue's shard 0
+surveys the queue every ``stats_interval_s`` and wakes every shard that holds entries, and
+each replica looks at its own shards less often too, for when the replicas cannot reach
+each other at all.
 
 A wake-up carries no event and no secret, and answering one costs at most a LIST of the
 shard per processing round: a flood of them costs what polling every shard each round
