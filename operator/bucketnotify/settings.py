@@ -109,7 +109,8 @@ class DeliveryServiceSettings(BaseSettings):
     direct_delivery: bool = True
     """An event for an empty shard is pushed to its endpoint by the shard's owner before the
     ingest answers (another replica hands it the request), and queued only if that push
-    fails (docs/operator.md, "Direct delivery"). Keep it equal on all replicas."""
+    fails (docs/operator.md, "Direct delivery"). Off on one replica, the others queue every
+    event too (its member Lease says it commits to their shards without telling them)."""
     lease_namespace: str = "default"
     """Namespace of the ownership Leases."""
     lease_owner: str | None = Field(default=None, min_length=1, max_length=253)
