@@ -17,7 +17,9 @@ slow endpoint) may have delivered what the sender then commits: the owner's deli
 identities (``worker.DeliveredCache``) recognise it when the round lists it. A forwarded
 request carries the time it was sent and the sender's timeout, and an owner that only
 reads it after that (it was paused) refuses it unseen: the sender has committed the events
-by then.
+by then (wall clocks, which agree across replicas as the Leases already need). A sender
+whose hand-over to an owner failed handles that owner's requests itself for ``timeout_s``
+rather than wait each time.
 
 A forwarded request is never forwarded again, and is counted where the gateway's request
 was (``bucketnotify_ingest_requests_total`` on the replica the gateway reached), with its
