@@ -291,8 +291,12 @@ def test_replicas_killed_again_and_again_lose_only_what_was_in_flight(
     was in flight at a kill (on Ceph 20.2: or sent within STALE_CONNECTION_S after one, over
     a connection to the killed replica), so at most one per writer and kill. Either may
     deliver again only what a killed replica had pushed and not yet recorded: its last
-    KILL_WINDOW_S."""
-    pipeline = pipelines(kube, rgw, replicas=3)
+    KILL_WINDOW_S.
+
+    Events are queued (direct delivery off): each kill must find acknowledged events of the
+    victim's partitions still on their way, which a direct push never leaves (its upload is
+    answered once the endpoint has the event)."""
+    pipeline = pipelines(kube, rgw, replicas=3, replica_settings=QUEUED)
     cluster = pipeline.cluster
     victims: list[str] = []
     kills: list[tuple[float, float]] = []
