@@ -69,6 +69,20 @@ def keys_by_owner(
     return keys
 
 
+def two_replicas(cluster: DeliveryCluster, start_operator: StartOperator, **settings: str) -> None:
+    """Replicas a and b with 16 partitions each, and the operator pointing the gateway at
+    a alone."""
+    cluster.start("replica-a", **settings)
+    cluster.start("replica-b", **settings)
+    wait_until(
+        cluster.holders,
+        lambda h: len(h) == PARTITIONS and spread(h) == [16, 16],
+        30,
+        "32 partitions spread 16/16 over two replicas",
+    )
+    start_operator(ingest_url=f"http://127.0.0.1:{cluster.ports['replica-a']}")
+
+
 def replica_metric(cluster: DeliveryCluster, replica: str, sample: str, **labels: str) -> float:
     """One series of one replica's ``GET /metrics``; 0 when it has none yet."""
     found = scrape(f"http://127.0.0.1:{cluster.ports[replica]}/metrics")
@@ -571,15 +585,7 @@ def test_on_a_shared_store_requests_for_another_replicas_shard_go_directly_throu
     once the endpoint has its event, and nothing is committed to the queue store (no
     gateway request besides the upload's)."""
     cluster = delivery_cluster("s3")
-    cluster.start("replica-a")
-    cluster.start("replica-b")
-    wait_until(
-        cluster.holders,
-        lambda h: len(h) == PARTITIONS and spread(h) == [16, 16],
-        30,
-        "32 partitions spread 16/16 over two replicas",
-    )
-    start_operator(ingest_url=f"http://127.0.0.1:{cluster.ports['replica-a']}")
+    two_replicas(cluster, start_operator)
     s3 = s3_client(rgw)
     topic = f"handed-{uuid.uuid4().hex[:8]}"
     labels = {"namespace": namespace, "topic": topic}
@@ -628,15 +634,7 @@ def test_an_event_committed_by_a_replica_that_does_not_own_its_shard_wakes_the_o
         "stats_interval_seconds": "600",
         "direct_delivery": "false",
     }
-    cluster.start("replica-a", **slow)
-    cluster.start("replica-b", **slow)
-    wait_until(
-        cluster.holders,
-        lambda h: len(h) == PARTITIONS and spread(h) == [16, 16],
-        30,
-        "32 partitions spread 16/16 over two replicas",
-    )
-    start_operator(ingest_url=f"http://127.0.0.1:{cluster.ports['replica-a']}")
+    two_replicas(cluster, start_operator, **slow)
     s3 = s3_client(rgw)
     topic = f"woken-{uuid.uuid4().hex[:8]}"
     with RecordingHttpServer() as receiver:
