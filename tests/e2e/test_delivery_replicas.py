@@ -69,11 +69,16 @@ def keys_by_owner(
     return keys
 
 
-def two_replicas(cluster: DeliveryCluster, start_operator: StartOperator, **settings: str) -> None:
-    """Replicas a and b with 16 partitions each, and the operator pointing the gateway at
-    a alone."""
+def two_replicas(
+    cluster: DeliveryCluster,
+    start_operator: StartOperator,
+    b_only: dict[str, str] | None = None,
+    **settings: str,
+) -> None:
+    """Replicas a and b with 16 partitions each (``b_only``: settings of b besides
+    ``settings``), and the operator pointing the gateway at a alone."""
     cluster.start("replica-a", **settings)
-    cluster.start("replica-b", **settings)
+    cluster.start("replica-b", **settings, **(b_only or {}))
     wait_until(
         cluster.holders,
         lambda h: len(h) == PARTITIONS and spread(h) == [16, 16],
@@ -774,15 +779,7 @@ def test_events_whose_wake_up_was_lost_are_found_by_the_survey(
         "stats_interval_seconds": "2",
         "direct_delivery": "false",
     }
-    cluster.start("replica-a", **slow)
-    cluster.start("replica-b", **slow, advertise_host="127.0.0.2")
-    wait_until(
-        cluster.holders,
-        lambda h: len(h) == PARTITIONS and spread(h) == [16, 16],
-        30,
-        "32 partitions spread 16/16 over two replicas",
-    )
-    start_operator(ingest_url=f"http://127.0.0.1:{cluster.ports['replica-a']}")
+    two_replicas(cluster, start_operator, {"advertise_host": "127.0.0.2"}, **slow)
     s3 = s3_client(rgw)
     topic = f"surveyed-{uuid.uuid4().hex[:8]}"
     with RecordingHttpServer() as receiver:
