@@ -44,7 +44,6 @@ from types import FrameType
 from typing import Any, Literal
 
 from prometheus_client.parser import text_string_to_metric_families
-from tests.tcpproxy import Balancer
 
 from bench.gateway import Gateway
 from bench.guarded import guarded
@@ -57,7 +56,6 @@ from bench.kube import (
     wait_lease_held,
     wait_ready,
 )
-from bench.receiver import Receiver
 from bench.relay import Relay
 from bench.workload import (
     WARMUP_PREFIX,
@@ -73,6 +71,8 @@ from bucketnotify.delivery.service import HANDOVER_POLL_ROUNDS
 from devstack import services
 from devstack.gateway import gateway_settings
 from devstack.programs import Program, cpu_seconds, free_port, wait_for_port
+from devstack.servers.arrivals import Receiver
+from devstack.servers.tcpproxy import Balancer
 from devstack.services import REPO, Service
 
 EVENT = "s3:ObjectCreated:Put"

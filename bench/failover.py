@@ -51,11 +51,11 @@ from bench.delivery import (
 )
 from bench.delivery import Options as DeliveryOptions
 from bench.guarded import guarded
-from bench.receiver import Receiver
 from bench.workload import Collector, object_body, percentiles
 from bucketnotify.delivery.ownership import partition_of
 from bucketnotify.delivery.queue import QueueName, shard_of
 from devstack import services
+from devstack.servers.arrivals import Receiver
 from devstack.services import REPO, Service
 
 TOPIC = "bench"  # what setup_bucketnotify names the Topic

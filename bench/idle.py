@@ -28,19 +28,18 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from tests.tcpproxy import Balancer
-
 from bench.delivery import PARTITIONS, _best_effort, source_revision
 from bench.gateway import Gateway
 from bench.guarded import guarded
 from bench.kube import SetupError, new_namespace, wait_even_ownership
 from bench.operator_scale import apply_list, is_ready, kubectl_bulk, list_objects
-from bench.receiver import Receiver
 from bench.workload import delete_everything, object_body, percentiles, s3_client
 from devstack import services
 from devstack.gateway import gateway_settings
 from devstack.kubectl import Kubectl
 from devstack.programs import Program, cpu_seconds, free_port, wait_for_port
+from devstack.servers.arrivals import Receiver
+from devstack.servers.tcpproxy import Balancer
 from devstack.services import REPO, Service
 
 API = "bucketnotify.io/v1alpha1"

@@ -19,7 +19,8 @@ import socket
 import aiohttp
 import uvloop
 from aiohttp import web
-from tests.serverprocess import ServerProcess
+
+from devstack.servers.process import ServerProcess
 
 __all__ = ["Relay"]
 

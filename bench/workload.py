@@ -18,8 +18,8 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from bench.receiver import Arrival, Receiver
 from devstack.gateway import SINGLE_ATTEMPT, gateway_client
+from devstack.servers.arrivals import Arrival, Receiver
 from devstack.services import Service
 
 __all__ = [

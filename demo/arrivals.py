@@ -67,7 +67,8 @@ def _records(body: bytes) -> list[dict[str, Any]]:
 
 
 class HttpWatcher:
-    """Follows the JSON-lines file demo/receiver.py appends every POSTed record to."""
+    """Follows the JSON-lines journal the demo's HTTP endpoint (``devstack.servers.arrivals``)
+    appends every POSTed record to."""
 
     kind = "http"
 

@@ -42,7 +42,13 @@ def start_stack(state: State, kube: Service, rgw: Service) -> Stack:
     port = free_port()
     receiver = state.spawn(
         "receiver",
-        [str(BIN / "python"), "-m", "demo.receiver", str(port), str(received)],
+        [
+            str(BIN / "python"),
+            "-m",
+            "devstack.servers.arrivals",
+            f"--port={port}",
+            f"--journal={received}",
+        ],
         {},
         port=port,
     )

@@ -4,6 +4,7 @@
 - ``programs``: our own ``bucketnotify`` commands as subprocesses, free ports, waiting for one
 - ``kubectl``: kubectl against the local apiserver
 - ``gateway``: the gateway's test user, as boto3 clients and as our programs' settings
+- ``servers``: the endpoints and proxies put beside them (recording, arrivals, TCP proxies)
 
 Plain Python, no pytest: a service that cannot start raises ``ServiceError``;
 tests/localservices.py turns that into a test failure (never a skip).

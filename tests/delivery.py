@@ -34,13 +34,13 @@ from bucketnotify.delivery.stores.s3 import S3Store
 from bucketnotify.delivery.worker import DeliveredCache, DeliveryPolicy
 from bucketnotify.settings import OperatorSettings
 from devstack.gateway import gateway_settings
+from devstack.servers.recording import RecordingHttpServer
+from devstack.servers.tcpproxy import Balancer
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.processes import Program, free_port
-from tests.receivers import RecordingHttpServer
 from tests.records import event
 from tests.resources import apply, condition
-from tests.tcpproxy import Balancer
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 """(sample name, labels) → value."""

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 import aio_pika
 
-from tests.receivers import HttpReceiver
+from devstack.servers.recording import HttpReceiver
 
 
 class Sink(Protocol):

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
+from devstack.servers.recording import RecordingHttpServer
+from devstack.servers.tcpproxy import TcpProxy
 from tests.cluster.pods import Release, Upgrade, describe, describe_all
 from tests.cluster.uploads import Uploads, notified_bucket
 from tests.install.manifests import CHART, PREVIOUS_RELEASE, helm
 from tests.kubectl import Kubectl
 from tests.localservices import LOCAL, LocalService, start, stop
-from tests.receivers import RecordingHttpServer
-from tests.tcpproxy import TcpProxy
 
 # helm --wait: five pods start at once on two cores, each importing kopf or aiohttp.
 INSTALL_TIMEOUT = "6m"

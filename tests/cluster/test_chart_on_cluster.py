@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 import yaml
 
+from devstack.servers.recording import keys_of
 from tests.cluster.pods import Release, describe, describe_all, pods, ready
 from tests.cluster.uploads import API, Uploads, notified_bucket
 from tests.install.manifests import helm
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
-from tests.receivers import keys_of
 from tests.s3 import s3_client, sns_client
 from tests.waiting import wait_until
 

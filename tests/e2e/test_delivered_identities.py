@@ -17,9 +17,9 @@ import urllib.request
 import pytest
 
 from bucketnotify.delivery.queue import QueueName
+from devstack.servers.recording import RecordingHttpServer
 from tests.delivery import DeliveryCluster, StartCluster
 from tests.kubectl import Kubectl
-from tests.receivers import RecordingHttpServer
 from tests.resources import apply, token_secret
 from tests.waiting import wait_until
 

@@ -24,10 +24,10 @@ import pytest
 from bucketnotify.delivery.ownership import partition_of
 from bucketnotify.delivery.queue import QueueName
 from bucketnotify.delivery.worker import FENCE_WINDOW
+from devstack.servers.recording import RecordingHttpServer
 from tests.delivery import StartCluster, post_events
 from tests.kubectl import Kubectl
 from tests.operator import StartOperator
-from tests.receivers import RecordingHttpServer
 from tests.resources import apply, condition
 from tests.waiting import wait_until
 

@@ -24,12 +24,12 @@ import pytest
 from bucketnotify.delivery.queue import QueueName
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from bucketnotify.records import FIELDS, partition_of
+from devstack.servers.recording import RecordingHttpServer
 from tests.delivery import StartCluster, post_records, scrape, sync_topics
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.operator import StartOperator
 from tests.processes import run_cli
-from tests.receivers import RecordingHttpServer
 from tests.records import s3_record
 from tests.s3 import s3_client
 from tests.waiting import wait_until

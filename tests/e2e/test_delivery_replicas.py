@@ -24,12 +24,12 @@ import pytest
 
 from bucketnotify.delivery.ownership import partition_of
 from bucketnotify.delivery.queue import QueueName, shard_of
+from devstack.servers.recording import RecordingHttpServer
 from tests.delivery import DeliveryCluster, StartCluster, post_events, scrape, sync_topics
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.operator import StartOperator
 from tests.processes import free_port
-from tests.receivers import RecordingHttpServer
 from tests.resources import apply, condition
 from tests.s3 import s3_client
 from tests.waiting import wait_until

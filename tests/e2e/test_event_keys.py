@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
+from devstack.servers.recording import RecordingHttpServer
 from tests.faults.pipeline import AmqpTarget, HttpTarget, KafkaTarget, Pipeline, Target
 from tests.localservices import LocalService
-from tests.receivers import RecordingHttpServer
 from tests.s3 import s3_client
 
 pytestmark = pytest.mark.usefixtures("crds")

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from devstack.servers.recording import RecordingHttpServer, keys_of
 from tests.delivery import push_records
 from tests.e2e.conftest import dir_replica
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.processes import Program, free_port
-from tests.receivers import RecordingHttpServer, keys_of
 from tests.resources import apply, token_secret
 from tests.waiting import wait_until
 

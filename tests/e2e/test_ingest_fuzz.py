@@ -24,10 +24,10 @@ from hypothesis import strategies as st
 
 from bucketnotify.delivery.queue import QueueName
 from bucketnotify.delivery.stores.localdir import LocalDirStore
+from devstack.servers.recording import RecordingHttpServer
 from tests.delivery import StartCluster, scrape
 from tests.kubectl import Kubectl
 from tests.operator import StartOperator
-from tests.receivers import RecordingHttpServer
 from tests.records import event
 from tests.resources import apply, condition
 from tests.waiting import wait_until

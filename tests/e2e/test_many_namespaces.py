@@ -16,11 +16,11 @@ import uuid
 
 import pytest
 
+from devstack.servers.recording import HttpReceiver
 from tests.delivery import StartCluster, push_records
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.operator import StartOperator
-from tests.receivers import HttpReceiver
 from tests.resources import apply, condition, token_secret
 from tests.s3 import s3_client
 

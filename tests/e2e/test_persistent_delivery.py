@@ -16,11 +16,11 @@ from typing import Any
 import httpx
 import pytest
 
+from devstack.servers.recording import HttpReceiver
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.operator import StartOperator
 from tests.processes import Program
-from tests.receivers import HttpReceiver
 from tests.resources import apply, condition
 from tests.s3 import multipart_upload, s3_client
 

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
+from devstack.servers.recording import RecordingHttpServer
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.operator import StartOperator
 from tests.processes import Program
-from tests.receivers import RecordingHttpServer
 from tests.resources import apply, condition
 from tests.s3 import s3_client
 from tests.waiting import wait_until

@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 
 from bucketnotify.delivery.queue import QueueName
+from devstack.servers.recording import RecordingHttpServer
 from tests.delivery import queued_keys
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.operator import StartOperator
 from tests.processes import Program
-from tests.receivers import RecordingHttpServer
 from tests.resources import apply, condition
 from tests.s3 import s3_client, sns_client
 from tests.waiting import wait_until

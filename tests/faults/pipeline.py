@@ -25,11 +25,11 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 
 from devstack.gateway import gateway_settings
+from devstack.servers.recording import RecordingHttpServer
 from tests.delivery import DeliveryCluster
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.processes import Program
-from tests.receivers import RecordingHttpServer
 from tests.resources import apply, condition
 from tests.s3 import s3_client
 

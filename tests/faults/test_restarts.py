@@ -22,6 +22,8 @@ import pytest
 from bucketnotify.delivery.ownership import partition_of
 from bucketnotify.delivery.queue import QueueName, shard_of
 from bucketnotify.delivery.worker import PROGRESS_S
+from devstack.servers.recording import RecordingHttpServer
+from devstack.servers.tcpproxy import TcpProxy
 from tests.faults.pipeline import (
     HANDOFFS,
     AmqpTarget,
@@ -37,9 +39,7 @@ from tests.faults.pipeline import (
 )
 from tests.localservices import LocalService
 from tests.ownservices import own_service
-from tests.receivers import RecordingHttpServer
 from tests.s3 import release_of
-from tests.tcpproxy import TcpProxy
 
 # Several minutes each: services start, a stream runs, the queues drain.
 pytestmark = pytest.mark.timeout(900)

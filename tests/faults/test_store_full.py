@@ -17,11 +17,11 @@ import pytest
 
 from bucketnotify.delivery.queue import QueueName
 from devstack.programs import free_port
+from devstack.servers.recording import RecordingHttpServer
 from tests.delivery import push_records, queued_keys, wait_ready
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.processes import Program
-from tests.receivers import RecordingHttpServer
 from tests.resources import apply, token_secret
 from tests.waiting import wait_until
 

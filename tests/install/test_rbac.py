@@ -24,13 +24,13 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from devstack.servers.recording import HttpReceiver
 from tests.claims import Provisioner, install_claim_crd
 from tests.delivery import wait_ready
 from tests.install.manifests import SAMPLES, Obj, apply, kustomize, template
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.processes import Program, free_port
-from tests.receivers import HttpReceiver
 from tests.s3 import connection, s3_client
 from tests.waiting import wait_until
 

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from bucketnotify.gateway.notifications import NotificationClient
+from devstack.servers.recording import HttpReceiver
 from tests.claims import Provisioner, install_claim_crd
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.processes import Program
-from tests.receivers import HttpReceiver
 from tests.resources import apply, condition, rook_user_secret
 from tests.s3 import connection
 

@@ -23,12 +23,12 @@ from bucketnotify.delivery.events import COMPONENT
 from bucketnotify.delivery.queue import QueueName
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from bucketnotify.event_recorder import EventRecorder, ObjectRef
+from devstack.servers.recording import RecordingHttpServer
 from tests.delivery import push_records
 from tests.kubeapi import api_client
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.processes import Program, free_port
-from tests.receivers import RecordingHttpServer
 from tests.resources import apply, credentials_secret, token_secret
 from tests.waiting import wait_until
 

@@ -19,13 +19,13 @@ from pathlib import Path
 import aio_pika
 import pytest
 
+from devstack.servers.recording import RecordingHttpServer
+from devstack.servers.tcpproxy import TcpProxy
 from tests.delivery import push_records, wait_ready
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.processes import Program, free_port
-from tests.receivers import RecordingHttpServer
 from tests.resources import apply, token_secret
-from tests.tcpproxy import TcpProxy
 from tests.tls import issue_server_certificate, make_ca
 from tests.waiting import wait_until
 

@@ -32,9 +32,9 @@ from bucketnotify.delivery.endpoints import (
 )
 from bucketnotify.delivery.endpoints.base import event_body
 from devstack.programs import free_port
+from devstack.servers.tcpproxy import TcpProxy
 from tests.localservices import LocalService
 from tests.records import s3_record
-from tests.tcpproxy import TcpProxy
 from tests.tls import make_ca
 
 

@@ -21,8 +21,8 @@ from bucketnotify.delivery.endpoints import (
     open_endpoint,
 )
 from bucketnotify.delivery.endpoints.http import post_json
+from devstack.servers.recording import RecordingHttpServer
 from tests.processes import free_port
-from tests.receivers import RecordingHttpServer
 from tests.records import s3_record
 from tests.tls import (
     CertificateAuthority,

@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 from bucketnotify.gateway.errors import GatewayError
 from bucketnotify.gateway.notifications import FilterRule, NotificationClient, NotificationConfig
 from bucketnotify.gateway.topics import TopicClient
+from devstack.servers.recording import HttpReceiver
 from tests.localservices import LocalService
-from tests.receivers import HttpReceiver
 from tests.s3 import connection, release_of, s3_client
 
 # Few characters, so prefixes, suffixes and regexes match often; one of two and three bytes.

@@ -24,8 +24,8 @@ from bucketnotify.gateway.notifications import (
     copy_topic_arn,
 )
 from bucketnotify.gateway.topics import TopicClient
+from devstack.servers.recording import HttpReceiver
 from tests.localservices import LocalService
-from tests.receivers import HttpReceiver
 from tests.s3 import DEAD_ENDPOINT, connection, release_of, unique
 
 

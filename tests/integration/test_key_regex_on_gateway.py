@@ -20,8 +20,8 @@ import pytest
 from bucketnotify.gateway.key_regex import regex_problem
 from bucketnotify.gateway.notifications import FilterRule, NotificationClient, NotificationConfig
 from bucketnotify.gateway.topics import TopicClient
+from devstack.servers.recording import HttpReceiver
 from tests.localservices import LocalService
-from tests.receivers import HttpReceiver
 from tests.s3 import connection
 
 # (gateway regex, the same in Python's syntax where that differs, a key it matches whole)

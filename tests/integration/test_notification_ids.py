@@ -17,10 +17,10 @@ import pytest
 from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.gateway.notifications import NotificationClient, NotificationConfig
 from bucketnotify.gateway.topics import TopicClient
+from devstack.servers.recording import HttpReceiver
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.operator import DRIFT_INTERVAL_S, StartOperator
-from tests.receivers import HttpReceiver
 from tests.resources import apply, condition
 from tests.s3 import connection, s3_client
 

@@ -17,14 +17,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bucketnotify.gateway.notifications import FilterRule, NotificationClient, NotificationConfig
 from devstack.programs import free_port
+from devstack.servers.recording import HttpReceiver, RecordingHttpServer
+from devstack.servers.tcpproxy import TcpProxy
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.operator import DRIFT_INTERVAL_S, StartOperator
 from tests.processes import Program
-from tests.receivers import HttpReceiver, RecordingHttpServer
 from tests.resources import apply, condition, gateway_secret
 from tests.s3 import connection, s3_client, sns_client
-from tests.tcpproxy import TcpProxy
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("crds")

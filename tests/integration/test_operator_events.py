@@ -13,12 +13,12 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from devstack.servers.tcpproxy import TcpProxy
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.operator import StartOperator
 from tests.resources import apply, condition, credentials_secret
 from tests.s3 import s3_client
-from tests.tcpproxy import TcpProxy
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("crds")

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from bucketnotify.gateway.release import GatewayRelease, detect_release
+from devstack.servers.recording import HttpReceiver, RecordingHttpServer
 from tests.localservices import LocalService
-from tests.receivers import HttpReceiver, RecordingHttpServer
 from tests.s3 import s3_client, sns_client
 from tests.waiting import wait_until
 

@@ -17,6 +17,7 @@ from bucketnotify.apiserver import lease_path
 from bucketnotify.gateway.errors import GatewayAccessDenied
 from bucketnotify.gateway.topics import GatewayTopic, TopicClient
 from bucketnotify.settings import OperatorSettings
+from devstack.servers.tcpproxy import TcpProxy
 from tests.kubeapi import api_client
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
@@ -24,7 +25,6 @@ from tests.operator import DRIFT_INTERVAL_S, StartOperator
 from tests.processes import Program, free_port
 from tests.resources import condition, credentials_secret, gateway_secret, rook_user_secret
 from tests.s3 import connection, release_of
-from tests.tcpproxy import TcpProxy
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("crds")

@@ -8,7 +8,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from devstack.programs import free_port
-from tests.tcpproxy import Balancer
+from devstack.servers.tcpproxy import Balancer
 
 
 def _backend(name: str) -> ThreadingHTTPServer:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from multiprocessing.sharedctypes import Synchronized
 
 from devstack.programs import free_port
-from tests.serverprocess import ServerProcess
+from devstack.servers.process import ServerProcess
 
 
 def _pipe(
