@@ -107,7 +107,8 @@ class _LeaderLease:
         if holder and holder != self._identity and time.monotonic() - self._observed_at < duration:
             return False  # another replica leads and renews
         if self._owner and not lease["metadata"].get("ownerReferences"):
-            # Made before the owner was set (an upgrade): an uninstall takes it too now.
+            # Made while no owner was set (the setting came later): an uninstall takes it
+            # too now.
             lease["metadata"]["ownerReferences"] = [self._owner]
         if holder != self._identity:
             spec["acquireTime"] = now

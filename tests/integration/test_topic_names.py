@@ -53,7 +53,8 @@ def on_gateway(gateway: TopicClient, arn: str) -> GatewayTopic:
 
 
 def as_an_older_release_left_it(kubectl: Kubectl, namespace: str, name: str, arn: str) -> None:
-    """The Topic's status as an older release of the operator wrote it: its gateway topic."""
+    """The Topic's status as a development build before 0.1.0.dev0 wrote it (and
+    0.1.0.dev0 kept it): its gateway topic."""
     kubectl.run(
         "patch", "topic", name, "-n", namespace, "--subresource=status", "--type=merge",
         "-p", json.dumps({"status": {"arn": arn}}),

@@ -146,7 +146,8 @@ def body(annotations: dict[str, str], status: dict[str, Any] = TOPIC_STATUS) -> 
 
 
 def test_a_snapshot_keeps_what_a_check_needs_and_not_kopfs_bookkeeping() -> None:
-    # The diff base as earlier releases left it (an annotation) and as kopf writes it now.
+    # The diff base as the development builds before 0.1.0.dev0 left it (an annotation) and
+    # as kopf writes it now.
     last_handled = {"kopf.bucketnotify.io/last-handled-configuration": "{" + "x" * 4000 + "}"}
     diff_base = {"lastHandledConfiguration": "{" + "x" * 4000 + "}"}
     snapshot = _snapshot(body(last_handled, {**TOPIC_STATUS, **diff_base}))

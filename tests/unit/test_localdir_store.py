@@ -362,8 +362,11 @@ async def test_counts_from_before_a_reboot_are_not_trusted(tmp_path: Path) -> No
     assert boot in lock.read_bytes()  # counted, and written back for this boot
 
 
-async def test_a_queue_of_an_older_release_is_counted_from_its_names(tmp_path: Path) -> None:
-    """No incarnation, lock files holding only the batch time: what an upgrade finds."""
+async def test_a_queue_without_incarnation_or_records_is_counted_from_its_names(
+    tmp_path: Path,
+) -> None:
+    """No incarnation file (a ``create`` that did not finish), lock files holding only the
+    batch time (records not whole): counted from the names, nothing lost."""
     store = LocalDirStore(tmp_path)
     await store.create(QUEUE, 1, QueueLimits(max_entries=4, max_bytes=1000))
     first = await put(store, 0, b"1", b"2")
@@ -379,8 +382,9 @@ async def test_a_queue_of_an_older_release_is_counted_from_its_names(tmp_path: P
     assert listed == first + second  # batch ids still after the stored batch time
 
 
-async def test_a_commit_by_an_older_release_makes_the_counts_untrusted(tmp_path: Path) -> None:
-    """An older release writes only the batch time (the first 20 bytes) and counts nothing."""
+async def test_a_record_not_written_whole_makes_the_counts_untrusted(tmp_path: Path) -> None:
+    """Its first stamp (the batch time, 20 bytes) rewritten and the rest not: the two stamps
+    differ, so the counts are read from the names."""
     store = LocalDirStore(tmp_path)
     await store.create(QUEUE, 1, QueueLimits(max_entries=3, max_bytes=1000))
     await put(store, 0, b"1", b"2")

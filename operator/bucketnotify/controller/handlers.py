@@ -60,8 +60,8 @@ SECRETS = ("", "v1", "secrets")
 WATCHED_RESOURCES = (TOPICS, NOTIFICATIONS, SECRETS)
 """Every resource a handler below is registered for: kopf keeps one watch stream open for
 each of them in each watched namespace (``cli`` sizes kopf's connections by it)."""
-# kopf's annotations: a handler's progress (and, left by earlier releases, the last spec
-# handled, which is now a status field).
+# kopf's annotations: a handler's progress (and the last spec handled, which the
+# development builds before 0.1.0.dev0 kept there and 0.1.0.dev0 leaves unused).
 PROGRESS_PREFIX = "kopf.bucketnotify.io/"
 DIFF_BASE = f"{PROGRESS_PREFIX}last-handled-configuration"
 DIFF_BASE_FIELD = "lastHandledConfiguration"

@@ -135,7 +135,8 @@ class NameClaim:
 
 def name_owner(claims: list[NameClaim]) -> NameClaim:
     """Who of several Topics wanting one gateway name gets it: one already holding it (the
-    oldest, should an older release have let several share it), else the oldest; ties by
+    oldest, should several hold it: the development builds before 0.1.0.dev0 let Topics
+    share a bare name), else the oldest; ties by
     namespace and name so that every replica and every retry decides alike."""
     return min(claims, key=lambda c: (not c.holds, c.created, c.namespace, c.name))
 
@@ -151,7 +152,8 @@ def gateway_topic_name(
     """The gateway topic name of a Topic, or TopicBuildError ``NameConflict``.
 
     ``spec.name`` when set; else the name of the gateway topic the Topic already has (a
-    Topic created by an older release keeps its bare or dotted name across the upgrade);
+    Topic of a development build before 0.1.0.dev0 keeps its bare or dotted name, as
+    0.1.0.dev0 did);
     else ``<namespace>_<name>``. ``claims_of(name)`` lists the Topics wanting a name. A Topic
     that kept a bare name another Topic also held moves to ``<namespace>_<name>``: the two
     overwrote each other's endpoint before. An explicit ``spec.name`` is never moved.

@@ -389,9 +389,10 @@ def _name_after_refusal(
 ) -> str | None:
     """The name a Topic moves to when the gateway refused the one it held, or None.
 
-    Only a name the operator chose once (an older release's ``<namespace>.<name>``, kept
-    across the upgrade) moves; ``spec.name`` is the user's and stays refused with the
-    gateway's reason. Ceph 19+ refuses the names 16.2 and 18 took.
+    Only a name the operator chose once (``<namespace>.<name>``, the default of the
+    development builds before 0.1.0.dev0, which 0.1.0.dev0 keeps) moves; ``spec.name`` is
+    the user's and stays refused with the gateway's reason. Ceph 19+ refuses the names
+    16.2 and 18 took.
     """
     # Only a release that refuses such names (a refusal for another reason, credentials
     # over plain HTTP say, must not move the Topic); unknown: the refusal may be the name's.

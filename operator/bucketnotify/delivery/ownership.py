@@ -438,7 +438,8 @@ class Ownership:
         spec = lease.setdefault("spec", {})
         owner = self.settings.owner
         if owner is not None and not lease["metadata"].get("ownerReferences"):
-            # Written before the owner was set (an upgrade): an uninstall takes it too now.
+            # Written while no owner was set (the setting came later): an uninstall takes
+            # it too now.
             lease["metadata"]["ownerReferences"] = [owner]
         if not renew:
             spec["acquireTime"] = micro_time(now)

@@ -126,8 +126,8 @@ class DirReservations:
 
     def stats(self, queue: QueueName, now: float) -> QueueStats:
         _, shards, _ = self.meta(queue)
-        # None for a queue of an older release (counted from its names until reserve, under
-        # the queue's lock, gives it an incarnation).
+        # None for a queue without its incarnation file (counted from its names until
+        # reserve, under the queue's lock, makes one).
         stats, _, _ = self.usage(queue, shards, now, self.shards.incarnation(queue))
         return stats
 

@@ -65,7 +65,8 @@ class ShardFiles:
             del self.listed[key]
 
     def incarnation(self, queue: QueueName) -> str | None:
-        """The id of the queue's current life; None for a queue an older release made."""
+        """The id of the queue's current life; None while its file is missing or damaged (a
+        ``create`` that did not finish; the next reserve makes one)."""
         try:
             found = read_file(in_queue_dir(self.root, queue, "incarnation")).decode().strip()
         except FileNotFoundError:

@@ -75,11 +75,12 @@ class Record:
 
 def read_record(lock: int) -> Record:
     data = os.pread(lock, 256, 0)
-    # The stamp alone is what releases before the counts wrote.
+    # A new lock file has no record yet, a damaged one no whole record: the stamp at its
+    # start, if there is one, and the counts read from the names.
     stamp = int(data[:20]) if data[:20].isdigit() else 0
     match = _RECORD.fullmatch(data)
-    # The stamp twice: an older release still running on the directory rewrites only the
-    # first 20 bytes when it commits (and counts nothing), which must not pass as clean.
+    # The stamp twice, at both ends: a record whose two stamps differ was not written
+    # whole, and must not pass as clean.
     if match is None or match["state"] != b"c" or match["again"] != match["stamp"]:
         return Record(stamp)
     counts = Counts(int(match["entries"]), int(match["bytes"]))

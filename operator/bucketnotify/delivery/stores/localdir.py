@@ -38,22 +38,21 @@ reads no record and creates no marker: it stats the meta file (a change of limit
 queue made again, ends the headroom) and is granted. A cover is checked like a
 reservation, so the limits hold exactly even with ``writers`` too low.
 
-Costs: ``reserve`` and ``stats`` read one small record per shard, whatever the backlog:
-each shard's lock file keeps its entries and bytes, changed under the shard's exclusive
-lock by every commit and rewrite together with the names, so a reader under the shared
-lock sees the numbers a listing would give. The record is trusted only while it is
-*clean*: it is marked dirty before the names change and clean again after, and it names
-the queue's incarnation and the machine's boot id. A writer that died in between (dirty),
-a reboot (lock files are not fsynced, so the record may be older than the names), a queue
-deleted and created again (another incarnation), a lock file of an older release (no
-record), a commit by an older release still running (it rewrites only the batch time,
-which the record repeats at its end): the next reader counts the shard from its names
-once, under the exclusive lock, and writes the record back. ``list`` reads only the
-files it returns; ``remove`` and ``update`` list the shard's names. A ``remove`` of whole
-batches the last ``list`` read (what an owner does after a push) of a shard that keeps up
-(at most ``INLINE_FILES`` batches) reads no batch file: the ids that list saw under each
-name say what the batch holds. Commits of one shard take turns only for the rename; the
-write and fsync of the file happen outside the lock.
+Costs: ``reserve`` and ``stats`` read one small record per shard, whatever the backlog: each
+shard's lock file keeps its entries and bytes, changed under the shard's exclusive lock by
+every commit and rewrite together with the names, so a reader under the shared lock sees the
+numbers a listing would give. The record is trusted only while it is *clean*: it is marked
+dirty before the names change and clean again after, and it names the queue's incarnation
+and the machine's boot id. A writer that died in between (dirty), a reboot (lock files are
+not fsynced, so the record may be older than the names), a queue deleted and created again
+(another incarnation), a new or damaged lock file (no whole record; the record repeats its
+batch time at its end to tell): the next reader counts the shard from its names once, under
+the exclusive lock, and writes the record back. ``list`` reads only the files it returns;
+``remove`` and ``update`` list the shard's names. A ``remove`` of whole batches the last
+``list`` read (what an owner does after a push) of a shard that keeps up (at most
+``INLINE_FILES`` batches) reads no batch file: the ids that list saw under each name say
+what the batch holds. Commits of one shard take turns only for the rename; the write and
+fsync of the file happen outside the lock.
 
 Threads: a ``commit`` writes and fsyncs through the kernel's ring (``_ring``: io_uring
 or Linux AIO, else threads) and renames under the shard's lock on the loop, in a thread
@@ -65,7 +64,7 @@ reads. The rest of what fsyncs (the rewrite of a partial ``remove`` and of ``upd
 store's own threads (``_threads``), not in the event loop's shared default executor.
 The rest runs on the event loop: ``reserve``, ``abort``, ``stats``, ``load_delivered``
 and small reads make many short system calls and no fsync (but for the one that gives a
-queue of an older release its incarnation, once), and in a thread each of those calls
+queue whose ``create`` did not finish its incarnation, once), and in a thread each of those calls
 gives up the GIL and must win it back from the busy event loop, which cost more CPU per
 event than the calls themselves (docs/performance-notes.md).
 """
