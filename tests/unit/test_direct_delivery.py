@@ -22,13 +22,13 @@ from bucketnotify.delivery.endpoints.base import Delivery
 from bucketnotify.delivery.endpoints.errors import RejectedError, UndeliverableError
 from bucketnotify.delivery.endpoints.testing import MockEndpoint
 from bucketnotify.delivery.ingest import IngestTopic, event_id
+from bucketnotify.delivery.outcomes import DeliveryPolicy
 from bucketnotify.delivery.ownership import Ownership
 from bucketnotify.delivery.queue import Entry, QueueLimits, QueueName
 from bucketnotify.delivery.record_targets import DirTarget
 from bucketnotify.delivery.recording import Recorder, RecordWriter
 from bucketnotify.delivery.service import DeliveryService
 from bucketnotify.delivery.stores.localdir import LocalDirStore
-from bucketnotify.delivery.worker import DeliveryPolicy
 from tests.delivery import OwnsEverything, one_shard_runtime
 from tests.kubeapi import UNREACHABLE
 from tests.records import event

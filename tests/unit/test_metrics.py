@@ -16,10 +16,10 @@ from bucketnotify.delivery.endpoints.base import Delivery
 from bucketnotify.delivery.endpoints.errors import RejectedError, UndeliverableError
 from bucketnotify.delivery.endpoints.testing import MockEndpoint
 from bucketnotify.delivery.ingest import Ingest, IngestTopic, build_app, event_id
+from bucketnotify.delivery.outcomes import DeliveryPolicy
 from bucketnotify.delivery.queue import QueueLimits, QueueName
 from bucketnotify.delivery.recording import Recorder, RecordWriter
 from bucketnotify.delivery.stores.localdir import LocalDirStore
-from bucketnotify.delivery.worker import DeliveryPolicy
 from bucketnotify.gateway.errors import GatewayServerError
 from bucketnotify.metrics import DeliveryMetrics, OperatorMetrics
 from tests.delivery import Samples, lone_service, one_shard_runtime, samples

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
+from bucketnotify.delivery.outcomes import EventOutcome, RoundResult
 from bucketnotify.delivery.queue import Entry, QueueName, shard_of
 from bucketnotify.delivery.record_targets import DirTarget, S3Target, records_target_for
 from bucketnotify.delivery.recording import Recorder, RecordWriter, batch_path
 from bucketnotify.delivery.stores.open import StoreConfigError
-from bucketnotify.delivery.worker import EventOutcome, RoundResult
 from bucketnotify.metrics import DeliveryMetrics
 from bucketnotify.records import FIELDS, DeliveryRecord, Outcome
 from bucketnotify.settings import DeliveryServiceSettings, OperatorSettings

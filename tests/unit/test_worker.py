@@ -11,21 +11,13 @@ from typing import Any
 
 import pytest
 
-from bucketnotify.delivery.endpoints.base import Delivery, PushOutcome
+from bucketnotify.delivery.endpoints.base import Delivery
 from bucketnotify.delivery.endpoints.errors import RejectedError, UndeliverableError
 from bucketnotify.delivery.endpoints.testing import MockEndpoint
+from bucketnotify.delivery.outcomes import DeliveryPolicy
 from bucketnotify.delivery.queue import Entry, QueueLimits, QueueName
 from bucketnotify.delivery.stores.localdir import LocalDirStore
-from bucketnotify.delivery.worker import (
-    PROGRESS_S,
-    DeadLetterSink,
-    DeliveredCache,
-    DeliveryPolicy,
-    expiry,
-    judge,
-    process_shard,
-)
-from bucketnotify.records import Outcome
+from bucketnotify.delivery.worker import PROGRESS_S, DeadLetterSink, DeliveredCache, process_shard
 from tests.records import event
 
 QUEUE = QueueName("ns", "topic")
@@ -373,29 +365,3 @@ async def test_a_failed_removal_mid_round_is_retried_at_the_rounds_end(
     assert result.delivered == 200
     assert store.failures == 0, "a removal was tried mid-round"
     assert await store.list(QUEUE, 0) == []
-
-
-def test_one_decision_per_push_for_the_rounds_and_the_direct_path() -> None:
-    """``judge``: acknowledged is delivered; a failure another attempt may fix is tried
-    again; one retrying cannot help is refused for good (the caller drops it, to the
-    dead-letter topic or lost). Every push counts as an attempt; errors are kept."""
-    entry = Entry(id="e", event_id="id", body=b"{}", ingest_time=1.0, attempts=2)
-    record = {"s3": {}}
-    delivered = judge(entry, record, PushOutcome("e", ok=True, retryable=True), 5.0)
-    failed = judge(entry, record, PushOutcome("e", False, True, "answered 503"), 5.0)
-    refused = judge(entry, record, PushOutcome("e", False, False, "too large"), 5.0)
-    assert (delivered.outcome, delivered.attempts, delivered.error) == (Outcome.DELIVERED, 3, None)
-    assert (failed.outcome, failed.attempts, failed.error) == (Outcome.FAILED, 3, "answered 503")
-    assert (refused.outcome, refused.error) == (Outcome.REJECTED, "too large")
-    assert {v.at for v in (delivered, failed, refused)} == {5.0}
-
-
-def test_an_entry_expires_by_its_time_to_live_or_its_retries_and_not_before() -> None:
-    policy = DeliveryPolicy(time_to_live_s=60, max_retries=3)
-    young = Entry(id="e", event_id="id", body=b"{}", ingest_time=100.0, attempts=3)
-    assert expiry(young, policy, now=160.0) is None
-    assert expiry(young, policy, now=160.5) == "timeToLive of 60 s passed"
-    tried = Entry(id="e", event_id="id", body=b"{}", ingest_time=100.0, attempts=4)
-    assert expiry(tried, policy, now=101.0) == "maxRetries 3 used up after 4 attempts"
-    # 0 means unlimited, as in the reference.
-    assert expiry(tried, DeliveryPolicy(), now=10_000.0) is None

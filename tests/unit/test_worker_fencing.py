@@ -10,14 +10,10 @@ import pytest
 
 from bucketnotify.delivery.endpoints.base import Delivery
 from bucketnotify.delivery.endpoints.testing import MockEndpoint
+from bucketnotify.delivery.outcomes import DeliveryPolicy
 from bucketnotify.delivery.queue import QueueLimits, QueueName
 from bucketnotify.delivery.stores.localdir import LocalDirStore
-from bucketnotify.delivery.worker import (
-    FENCE_WINDOW,
-    DeliveredCache,
-    DeliveryPolicy,
-    process_shard,
-)
+from bucketnotify.delivery.worker import FENCE_WINDOW, DeliveredCache, process_shard
 from tests.records import event
 
 QUEUE = QueueName("ns", "topic")

@@ -16,9 +16,9 @@ from typing import Self
 
 from bucketnotify.delivery.endpoints.base import Delivery, Endpoint, PushOutcome, object_of
 from bucketnotify.delivery.events import TopicEvents
+from bucketnotify.delivery.outcomes import RoundResult
 from bucketnotify.delivery.queue import QueueName
 from bucketnotify.delivery.recording import Recorder
-from bucketnotify.delivery.worker import RoundResult
 from bucketnotify.metrics import DeliveryMetrics
 from bucketnotify.records import Outcome
 

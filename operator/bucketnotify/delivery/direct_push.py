@@ -1,5 +1,5 @@
 """The direct pushes of ``delivery.direct``: an event for an empty shard pushed by the ingest
-itself, judged as a round would judge it (``worker.judge``) and counted where the rounds
+itself, judged as a round would judge it (``delivery.outcomes``) and counted where the rounds
 count theirs (``delivery.accounting``). A push that failed leaves the event to be queued;
 ``queued`` then counts that push as the event's first attempt.
 """
@@ -15,16 +15,16 @@ from typing import Any
 from bucketnotify.delivery.accounting import Accounting
 from bucketnotify.delivery.direct import ShardGate
 from bucketnotify.delivery.endpoints.base import Delivery
-from bucketnotify.delivery.queue import Entry, QueueName, QueueStore
-from bucketnotify.delivery.topic_table import TopicKey, TopicRuntime
-from bucketnotify.delivery.worker import (
-    LIST_BATCH,
-    DeadLetterSink,
-    DeliveredCache,
+from bucketnotify.delivery.outcomes import (
     EventOutcome,
     RoundResult,
+    dropped,
     judge,
+    not_dropped,
 )
+from bucketnotify.delivery.queue import Entry, QueueName, QueueStore
+from bucketnotify.delivery.topic_table import TopicKey, TopicRuntime
+from bucketnotify.delivery.worker import LIST_BATCH, DeadLetterSink, DeliveredCache
 from bucketnotify.records import Outcome
 
 __all__ = ["DirectPusher"]
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 class DirectPusher:
     """Pushes an event for an empty shard itself, judging the push as a round would
-    (``worker.judge``), and counts it where the rounds count theirs (``Accounting``)."""
+    (``outcomes.judge``), and counts it where the rounds count theirs (``Accounting``)."""
 
     def __init__(
         self,
@@ -93,9 +93,9 @@ class DirectPusher:
                 result.failed = 1
                 if verdict.error:
                     result.errors.append(verdict.error)
-                self._direct_failed[(queue, shard, event_id)] = replace(
-                    verdict, outcome=Outcome.FAILED
-                )
+                failed = not_dropped(verdict)
+                if failed is not None:
+                    self._direct_failed[(queue, shard, event_id)] = failed
         self._accounting.direct(queue, shard, runtime.endpoint_kind, result)
         return not result.failed
 
@@ -108,7 +108,6 @@ class DirectPusher:
         sink = self._dead_letter_sink(runtime)
         if sink is None:
             result.expired = 1
-            dropped = Outcome.REJECTED
         else:
             try:
                 await sink([refused.entry])
@@ -120,11 +119,11 @@ class DirectPusher:
                 )
                 return False
             result.dead_lettered = 1
-            dropped = Outcome.DEAD_LETTERED
         result.rejected = 1
         if refused.error:
             result.errors.append(refused.error)
-        result.outcomes.append(replace(refused, outcome=dropped, at=time.time()))
+        outcome = dropped(refused, dead_lettered=sink is not None)
+        result.outcomes.append(replace(outcome, at=time.time()))
         return True
 
     async def queued(self, queue: QueueName, shard: int, event_id: str, committed: bool) -> None:

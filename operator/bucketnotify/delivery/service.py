@@ -57,6 +57,7 @@ from bucketnotify.delivery.events import COMPONENT, TopicEvents
 from bucketnotify.delivery.forwarding import Forwarder
 from bucketnotify.delivery.ingest import Ingest, IngestTopic, build_app
 from bucketnotify.delivery.lifecycle import QueueLifecycle
+from bucketnotify.delivery.outcomes import RoundResult
 from bucketnotify.delivery.ownership import Ownership, partition_of
 from bucketnotify.delivery.queue import (
     Entry,
@@ -76,7 +77,6 @@ from bucketnotify.delivery.worker import (
     DeadLetterSink,
     DeliveredCache,
     RoundCutShort,
-    RoundResult,
     process_shard,
 )
 from bucketnotify.event_recorder import EventRecorder

@@ -37,8 +37,9 @@ from bucketnotify.delivery.endpoints.factory import open_endpoint
 from bucketnotify.delivery.events import TopicEvents
 from bucketnotify.delivery.ingest import IngestTopic
 from bucketnotify.delivery.ingest_tokens import IngestTokens, TopicKey
+from bucketnotify.delivery.outcomes import DeliveryPolicy
 from bucketnotify.delivery.queue import QueueLimits, QueueName, QueueStore
-from bucketnotify.delivery.worker import DeliveredCache, DeliveryPolicy
+from bucketnotify.delivery.worker import DeliveredCache
 from bucketnotify.kube import Kube, SecretMissing
 from bucketnotify.metrics import DeliveryMetrics
 

@@ -5,16 +5,11 @@ Decisions are made here; the store and the endpoint are adapters behind their in
 - Order: entries of one object (bucket and key) go out one after another; a key whose entry
   failed sends nothing more this round, so a later event never overtakes an earlier one.
   Different keys go out together, bounded by the endpoint's own in-flight limit.
-- Retries: a failed entry is kept with ``attempts`` + 1 and is not retried before
-  ``retry_sleep_s`` has passed.
-- Expiry: ``max_retries`` counts retries, so an entry gets 1 + max_retries attempts in all
-  (the gateway's check drops it one attempt early); ``time_to_live_s`` counts from the
-  ingest. 0 means unlimited for both, as in the reference. Expired entries are removed and
-  counted lost.
-- Undeliverable: an outcome that retrying cannot change is dropped and counted lost.
-- Dead letters: with a ``dead_letter`` sink, dropped entries (expired or undeliverable) are
-  handed to it before they are removed; if it fails they stay and are offered again next
-  round, so a dead-letter queue that is full or away never loses them silently.
+- What a push, an expiry or a drop makes of an event is decided in ``outcomes``; here is
+  when: a failed entry is written back with ``attempts`` + 1 and is not retried before
+  ``retry_sleep_s`` has passed; dropped entries (expired or undeliverable) are handed to
+  the ``dead_letter`` sink, if there is one, before they are removed; if it fails they
+  stay and are offered again next round.
 - Duplicates: an entry whose event identity was already delivered (the gateway re-sends
   some events) is removed without being pushed.
 - Fencing: nothing is removed or updated once this replica no longer owns the shard; the
@@ -30,24 +25,28 @@ import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from itertools import islice
 from typing import Any
 
 from bucketnotify import compact_json
 from bucketnotify.delivery.endpoints.base import Delivery, Endpoint, PushOutcome, object_of
+from bucketnotify.delivery.outcomes import (
+    DeliveryPolicy,
+    EventOutcome,
+    RoundResult,
+    dropped,
+    expiry,
+    judge,
+    not_dropped,
+)
 from bucketnotify.delivery.queue import Entry, QueueName, QueueStore
 from bucketnotify.records import Outcome
 
 __all__ = [
     "DeadLetterSink",
     "DeliveredCache",
-    "DeliveryPolicy",
-    "EventOutcome",
     "RoundCutShort",
-    "RoundResult",
-    "expiry",
-    "judge",
     "process_shard",
 ]
 
@@ -65,60 +64,6 @@ FENCE_WINDOW = 64
 # this long of acknowledged pushes (plus those in flight) for the next owner to repeat,
 # not the whole round. Short rounds still make one removal at their end.
 PROGRESS_S = 0.5
-
-
-@dataclass(frozen=True)
-class DeliveryPolicy:
-    time_to_live_s: int = 0
-    max_retries: int = 0
-    retry_sleep_s: int = 0
-
-
-@dataclass(frozen=True)
-class EventOutcome:
-    """What became of one queue entry in a round: the stuff of one delivery record."""
-
-    outcome: Outcome
-    entry: Entry
-    record: dict[str, Any]
-    """The event as the gateway sent it."""
-    attempts: int
-    """Push attempts made, counting this round's push of it if there was one."""
-    at: float
-    """Epoch seconds of the outcome."""
-    error: str | None = None
-
-
-@dataclass
-class RoundResult:
-    listed: int = 0
-    delivered: int = 0
-    failed: int = 0
-    """Failed pushes that will be retried."""
-    rejected: int = 0
-    """Failed pushes that retrying cannot help (also counted in ``expired`` or
-    ``dead_lettered``)."""
-    retried: int = 0
-    """Entries written back for another attempt (``failed`` unless fenced)."""
-    expired: int = 0
-    """Dropped (expired or undeliverable) and lost."""
-    dead_lettered: int = 0
-    """Dropped and handed to the dead-letter topic."""
-    duplicates: int = 0
-    fenced: bool = False
-    cut_short: bool = False
-    """The queue store failed to remove what the round pushed and dropped: its pushes
-    happened, its drops and removals did not (``RoundCutShort``)."""
-    errors: list[str] = field(default_factory=list)
-    latencies: list[float] = field(default_factory=list)
-    """Seconds from the ingest to the acknowledgement of each delivered entry."""
-    outcomes: list[EventOutcome] = field(default_factory=list)
-
-    @property
-    def drops_stand(self) -> bool:
-        """Its drops (expired, dead-lettered, duplicates) and write-backs happened: neither
-        fenced nor cut short."""
-        return not (self.fenced or self.cut_short)
 
 
 class RoundCutShort(Exception):
@@ -161,26 +106,6 @@ class DeliveredCache:
     def recent(self, count: int) -> list[str]:
         """The ``count`` identities added last, oldest first."""
         return list(islice(reversed(self._ids), count))[::-1]
-
-
-def judge(entry: Entry, record: dict[str, Any], outcome: PushOutcome, at: float) -> EventOutcome:
-    """What one push made of its event: the one decision of the rounds and of the direct
-    path. DELIVERED; FAILED when another attempt may succeed (the entry waits for it);
-    REJECTED when retrying cannot help (e.g. too large for the broker), which the caller
-    drops at once: to the dead-letter topic if it takes it, else lost."""
-    if outcome.ok:
-        return EventOutcome(Outcome.DELIVERED, entry, record, entry.attempts + 1, at)
-    kind = Outcome.FAILED if outcome.retryable else Outcome.REJECTED
-    return EventOutcome(kind, entry, record, entry.attempts + 1, at, outcome.error)
-
-
-def expiry(entry: Entry, policy: DeliveryPolicy, now: float) -> str | None:
-    """Why ``entry`` has expired, or None while it has not."""
-    if policy.time_to_live_s and now - entry.ingest_time > policy.time_to_live_s:
-        return f"timeToLive of {policy.time_to_live_s} s passed"
-    if policy.max_retries and entry.attempts > policy.max_retries:
-        return f"maxRetries {policy.max_retries} used up after {entry.attempts} attempts"
-    return None
 
 
 async def process_shard(
@@ -386,16 +311,16 @@ class _Round:
         result.expired -= len(self.dropped)
         try:
             await dead_letter(self.dropped)
-            result.dead_lettered = len(self.dropped)
-            for entry in self.dropped:
-                self.drops[entry.id] = replace(self.drops[entry.id], outcome=Outcome.DEAD_LETTERED)
         except Exception as exc:
             result.errors.append(f"dead-letter topic refused {len(self.dropped)} events: {exc}")
             for entry in self.dropped:
-                kept = self.drops.pop(entry.id)
-                if kept.outcome is Outcome.REJECTED:
-                    result.outcomes.append(_refused(kept))
+                if (kept := not_dropped(self.drops.pop(entry.id))) is not None:
+                    result.outcomes.append(kept)
             self.dropped = []
+            return
+        result.dead_lettered = len(self.dropped)
+        for entry in self.dropped:
+            self.drops[entry.id] = dropped(self.drops[entry.id], dead_lettered=True)
 
     async def remove(self) -> None:
         """Remove what was delivered, repeated or dropped; the drops stand from then on."""
@@ -435,7 +360,7 @@ class _Round:
 def _pushes_only(result: RoundResult, refusals: dict[str, EventOutcome]) -> None:
     """``result`` as its pushes left it: its drops did not happen, and a refused push is
     one more failed attempt of an event that stays queued."""
-    result.outcomes += [_refused(o) for o in refusals.values()]
+    result.outcomes += [o for o in map(not_dropped, refusals.values()) if o is not None]
 
 
 class _Progress:
@@ -472,8 +397,3 @@ class _Progress:
             self._timer.cancel()
         if self._saving is not None:
             await self._saving
-
-
-def _refused(outcome: EventOutcome) -> EventOutcome:
-    """A refused push whose event was not dropped after all: a failed attempt."""
-    return replace(outcome, outcome=Outcome.FAILED)
