@@ -73,7 +73,7 @@ def wait_even_ownership(
     Replicas hand partitions over on their renewal ticks; measuring while they still move
     would measure the hand-over, not delivery. So would measuring right after the last
     move: the other replicas learn of it only at their next tick, and a replica polls the
-    shards it has just taken for a while (``delivery.service.HANDOVER_POLL_ROUNDS``).
+    shards it has just taken for a while (``delivery.shard_loops.HANDOVER_POLL_ROUNDS``).
     """
     deadline = time.monotonic() + timeout
     even_since: float | None = None

@@ -129,14 +129,16 @@ async def start(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Replica
         endpoint = MockEndpoint(handler) if handler is not None else MockEndpoint()
         service.topics[("ns", "t")] = one_shard_runtime(QUEUE, endpoint, policy)
         service.ingest_topics[("ns", "t")] = IngestTopic(QUEUE, TOKEN, 1)
-        service._loops[(QUEUE, 0)] = loop = asyncio.create_task(service._shard_loop(("ns", "t"), 0))
+        service.loops._loops[(QUEUE, 0)] = loop = asyncio.create_task(
+            service.loops._shard_loop(("ns", "t"), 0)
+        )
         client = TestClient(TestServer(service.app()))
         await client.start_server()
 
         async def cleanup() -> None:
             await client.close()
-            service._stopping = True
-            service._wake_local(QUEUE, 0)
+            service.loops.stopping = True
+            service.loops.wake_local(QUEUE, 0)
             await asyncio.wait_for(loop, 10)
             await api.close()
 
@@ -444,12 +446,12 @@ async def test_a_wake_up_from_a_peer_keeps_later_events_behind_what_it_committed
     await peer.commit(reservation, [(event_id(a1), body)], time.time())
     # The shard's loop is slow to start its round (busy elsewhere): only the wake-up's
     # mark on the gate keeps a2 from going directly.
-    wake_loop = replica.service._wake_local
-    replica.service._wake_local = lambda queue, shard: None  # type: ignore[method-assign]
+    wake_loop = replica.service.loops.wake_local
+    replica.service.loops.wake_local = lambda queue, shard: None  # type: ignore[method-assign]
     wake = await replica.client.post("/v1/wake", json={"shards": [["ns", "t", 0]]})
     assert wake.status == 204
     assert await replica.post(event("a", v="a2", sequencer="2")) == 200
-    replica.service._wake_local = wake_loop  # type: ignore[method-assign]
+    replica.service.loops.wake_local = wake_loop  # type: ignore[method-assign]
     wake_loop(QUEUE, 0)
     await until(lambda: len(replica.endpoint.delivered) == 2, 5, "a1 and a2 delivered")
     assert replica.versions_delivered() == [("a", "a1"), ("a", "a2")]

@@ -89,7 +89,7 @@ async def test_rounds_count_pushes_losses_retries_and_duplicates_exactly(tmp_pat
     reservation = await store.reserve(queue, 0, len(events), 100_000, 0)
     await store.commit(reservation, [(event_id(r), json.dumps(r).encode()) for r in events], 0)
     for _ in range(5):
-        await service._process(runtime, endpoint, 0)
+        await service.loops.process(runtime, endpoint, 0)
     await service.survey()
     await api.close()
 
@@ -201,13 +201,13 @@ async def test_a_round_cut_short_by_the_store_counts_its_pushes_once_and_no_drop
         )
 
     try:
-        first = await service._process(runtime, endpoint, 0)
+        first = await service.loops.process(runtime, endpoint, 0)
         after_first = (counts(), await outcomes(), len(await store.list(queue, 0)))
         store.failing = False
-        second = await service._process(runtime, endpoint, 0)
+        second = await service.loops.process(runtime, endpoint, 0)
         after_second = (counts(), await outcomes(), await store.list(queue, 0))
         parked = await store.list(parking, 0)
-        parking_result = await service._process(parking_runtime, parking_endpoint, 0)
+        parking_result = await service.loops.process(parking_runtime, parking_endpoint, 0)
     finally:
         await service.events.aclose()
         await api.close()

@@ -17,7 +17,8 @@ from bucketnotify.delivery.endpoints.testing import MockEndpoint
 from bucketnotify.delivery.ingest import event_id
 from bucketnotify.delivery.ownership import LeaseSettings, Ownership
 from bucketnotify.delivery.queue import Entry, QueueLimits, QueueName
-from bucketnotify.delivery.service import HANDOVER_POLL_ROUNDS, DeliveryService
+from bucketnotify.delivery.service import DeliveryService
+from bucketnotify.delivery.shard_loops import HANDOVER_POLL_ROUNDS
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from tests.delivery import OwnsEverything, one_shard_runtime
 from tests.kubeapi import UNREACHABLE
@@ -80,7 +81,7 @@ async def test_a_shard_that_delivered_all_it_listed_waits_to_be_woken(tmp_path: 
         return done
 
     first = await commit("a", "b", "c")
-    loop = asyncio.create_task(service._shard_loop(("ns", "t"), 0))
+    loop = asyncio.create_task(service.loops._shard_loop(("ns", "t"), 0))
     try:
         await until(delivered(3), 5, "a, b and c delivered")
         await asyncio.sleep(5 * service.timings.round_interval_s)
@@ -93,13 +94,13 @@ async def test_a_shard_that_delivered_all_it_listed_waits_to_be_woken(tmp_path: 
         assert store.lists == 1
 
         await commit("d")
-        service._wake_local(queue, 0)
+        service.loops.wake_local(queue, 0)
         await until(delivered(4), 5, "d delivered")
         await asyncio.sleep(5 * service.timings.round_interval_s)
         assert store.lists == 2
     finally:
-        service._stopping = True
-        service._wake_local(queue, 0)
+        service.loops.stopping = True
+        service.loops.wake_local(queue, 0)
         await asyncio.wait_for(loop, 10)
         await api.close()
 
@@ -135,7 +136,7 @@ async def test_a_shard_just_taken_polls_until_its_peers_know_who_holds_it(tmp_pa
         return store.lists >= 1
 
     started = time.monotonic()
-    loop = asyncio.create_task(service._shard_loop(("ns", "t"), 0))
+    loop = asyncio.create_task(service.loops._shard_loop(("ns", "t"), 0))
     try:
         await until(listed, 5, "the first round")
         await commit("a")  # no wake-up reaches this replica
@@ -151,10 +152,10 @@ async def test_a_shard_just_taken_polls_until_its_peers_know_who_holds_it(tmp_pa
         assert len(endpoint.delivered) == 1, "polled after the hand-over window"
         assert store.lists == lists
 
-        service._wake_local(queue, 0)
+        service.loops.wake_local(queue, 0)
         await until(delivered(2), 5, "b delivered once woken")
     finally:
-        service._stopping = True
-        service._wake_local(queue, 0)
+        service.loops.stopping = True
+        service.loops.wake_local(queue, 0)
         await asyncio.wait_for(loop, 10)
         await api.close()

@@ -1,0 +1,290 @@
+"""The shard loops: one task per (queue, shard) this replica owns, which runs its rounds.
+
+A shard whose round left entries behind (a failed push, a retry time not reached) is polled
+again after ``round_interval_s``, backing off to ``idle_max_s`` while its entries all wait
+for a retry; one found empty, or whose round delivered everything it listed, is not polled
+at all (every poll of the S3 store is a LIST request, and hundreds of idle shards would
+keep the gateway busy): it waits to be woken. An ingest commit wakes the shard's task at
+once, on this replica directly and on the replica owning the shard by a wake-up request
+(``delivery.wakeups``). A shard just taken is polled for ``HANDOVER_POLL_ROUNDS`` renew
+intervals first, while the other replicas may still wake its previous holder. The loops
+learn of Topic changes from the Topic table they read (a changed Topic gets fresh loops)
+and of ownership changes from ``Ownership.changed``; a partition handed back, or the stop,
+waits for its rounds to finish their removals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from bucketnotify.delivery.accounting import Accounting
+from bucketnotify.delivery.delivered import DeliveredIds, woken
+from bucketnotify.delivery.direct import ShardGate
+from bucketnotify.delivery.endpoints.base import Endpoint
+from bucketnotify.delivery.outcomes import RoundResult
+from bucketnotify.delivery.ownership import Ownership, partition_of
+from bucketnotify.delivery.queue import (
+    QueueName,
+    QueueStore,
+    StoreFull,
+    StoreRefused,
+    StoreUnavailable,
+)
+from bucketnotify.delivery.timings import ServiceTimings
+from bucketnotify.delivery.topic_table import TopicKey, TopicRuntime
+from bucketnotify.delivery.wakeups import WakeUps
+from bucketnotify.delivery.worker import (
+    LIST_BATCH,
+    DeadLetterSink,
+    DeliveredCache,
+    RoundCutShort,
+    process_shard,
+)
+
+__all__ = ["HANDOVER_POLL_ROUNDS", "ShardLoops"]
+
+log = logging.getLogger(__name__)
+
+
+def _settled(result: RoundResult) -> bool:
+    """The round left nothing of what it listed (every entry delivered or dropped), and
+    listed less than a full batch: the shard was empty when the round ended, but for what
+    was committed since."""
+    done = result.delivered + result.duplicates + result.expired + result.dead_lettered
+    return not result.fenced and result.listed < LIST_BATCH and done == result.listed
+
+
+HANDOVER_POLL_ROUNDS = 2
+"""A shard this replica has just taken is polled every ``idle_max_s`` (and once more at the
+end), not left to wait for wake-ups, for this many Lease renew intervals: the other
+replicas' view of who holds it is as old as their last Lease round (one renew interval, and
+a round may wait for a hand-back's drain), and what they commit before they see the change
+wakes the previous holder, or nobody."""
+
+
+class ShardLoops:
+    """The task of every owned shard: started, woken, waited for, stopped."""
+
+    def __init__(
+        self,
+        *,
+        topics: dict[TopicKey, TopicRuntime],
+        store: QueueStore,
+        ownership: Ownership,
+        timings: ServiceTimings,
+        gate: ShardGate,
+        delivered: DeliveredIds,
+        accounting: Accounting,
+        wakeups: WakeUps,
+        dead_letter_sink: Callable[[TopicRuntime], DeadLetterSink | None],
+    ) -> None:
+        self._topics = topics
+        self._store = store
+        self._ownership = ownership
+        self._timings = timings
+        self._gate = gate
+        self._delivered = delivered
+        self._accounting = accounting
+        self._wakeups = wakeups
+        self._dead_letter_sink = dead_letter_sink
+        self._loops: dict[tuple[QueueName, int], asyncio.Task[None]] = {}
+        self._wakes: dict[tuple[QueueName, int], asyncio.Event] = {}
+        self.stopping = False
+        """Set at the stop: no loop starts, running ones end after their round."""
+
+    def allowed(self, queue: QueueName, shard: int) -> bool:
+        """Whether the ingest may push an event of the shard directly (``delivery.direct``):
+        its loop runs here, and no other replica commits to it untold."""
+        # Another replica commits to the shard only when it cannot hand the request here
+        # (``forwarding``), and tells this owner before the gateway has its answer, so no
+        # later event of the object goes directly ahead of the committed one. That needs
+        # every replica to be reachable and to work so (its member Lease says both): one
+        # without an address, direct delivery or this release would commit untold.
+        loop = self._loops.get((queue, shard))
+        return (
+            not self.stopping
+            and (self._ownership.members == 1 or self._ownership.all_hand_over())
+            and loop is not None
+            and not loop.done()
+            and self._ownership.owns_shard(queue, shard)
+        )
+
+    def wake(self, queue: QueueName, shard: int) -> None:
+        """The shard has entries: its task here starts a round, or its owner is told."""
+        self.wake_local(queue, shard)
+        if not self._ownership.owns_shard(queue, shard):
+            self._wakeups.send(queue, shard)
+
+    async def tell_owners(self, queue: QueueName, shards: list[int]) -> None:
+        """After the ingest committed to ``shards``: their owners (other replicas) know
+        before the gateway gets its answer (see ``allowed``)."""
+        await self._wakeups.tell(queue, shards)
+
+    def wake_local(self, queue: QueueName, shard: int) -> None:
+        event = self._wakes.get((queue, shard))
+        if event is not None:
+            event.set()
+
+    def supervise(self) -> None:
+        """Start a loop for every owned shard that has none; loops end by themselves."""
+        for done in [k for k, task in self._loops.items() if task.done()]:
+            del self._loops[done]
+            self._gate.forget(done)  # a loop that failed or was cancelled did not say so
+        if self.stopping:
+            return
+        if self._ownership.changed.is_set():
+            self._ownership.changed.clear()
+            # An empty shard's task sleeps until woken: one whose shard moved away must
+            # wake to end, or a later take-back would find it still there, asleep.
+            for unit in self._loops:
+                if not self._ownership.owns_shard(*unit):
+                    self.wake_local(*unit)
+        for key, runtime in self._topics.items():
+            if runtime.endpoint is None:
+                continue
+            for shard in range(runtime.shards):
+                unit = (runtime.queue, shard)
+                if unit not in self._loops and self._ownership.owns_shard(runtime.queue, shard):
+                    self._loops[unit] = asyncio.create_task(
+                        self._shard_loop(key, shard), name=f"shard {runtime.queue}#{shard}"
+                    )
+
+    async def _shard_loop(self, key: TopicKey, shard: int) -> None:
+        # Bound to the runtime it started with: a changed Topic gets fresh loops.
+        runtime = self._topics[key]
+        endpoint = runtime.endpoint
+        assert endpoint is not None
+        queue = runtime.queue
+        wake = self._wakes.setdefault((queue, shard), asyncio.Event())
+        delay = self._timings.round_interval_s
+        delivered = runtime.delivered.setdefault(shard, DeliveredCache())
+        # The other replicas learn that this one holds the shard at their next Lease round:
+        # until then their commits wake the previous holder, or nobody. Poll meanwhile.
+        awake_until = (
+            time.monotonic() + HANDOVER_POLL_ROUNDS * self._ownership.settings.renew_interval_s
+        )
+        await self._delivered.load(runtime, shard, delivered)
+        while not self.stopping:
+            if self._topics.get(key) is not runtime or not self._ownership.owns_shard(queue, shard):
+                break
+            wake.clear()
+            result = await self.process(runtime, endpoint, shard)
+            await self._delivered.save(runtime, shard, delivered)
+            if result is not None and result.listed >= LIST_BATCH and not result.failed:
+                continue  # a backlog: go on at once
+            if result is not None and _settled(result) and self._ownership.address:
+                left = awake_until - time.monotonic()
+                if left > 0:
+                    await woken(wake, min(left, self._timings.idle_max_s))
+                    delay = self._timings.round_interval_s
+                    continue
+                # Nothing left that it listed, and nothing committed since the listing (that
+                # would have woken it): no polling. A commit, a wake-up, the survey, an
+                # ownership or Topic change or the stop wakes it. (Without an address nobody
+                # could send this replica wake-ups: it polls, below.)
+                await self._delivered.idle(runtime, shard, delivered, wake)
+                delay = self._timings.round_interval_s
+                continue
+            progress = result is not None and (
+                result.delivered or result.expired or result.dead_lettered or result.duplicates
+            )
+            if progress:
+                delay = self._timings.round_interval_s
+            else:
+                # Nothing to do, or only failures: poll, and hit the endpoint, less often.
+                delay = min(
+                    max(delay, self._timings.round_interval_s) * 2, self._timings.idle_max_s
+                )
+            await woken(wake, delay)
+            if wake.is_set():
+                delay = self._timings.round_interval_s
+        self._gate.forget((queue, shard))
+        await self._delivered.save(runtime, shard, delivered, final=True)
+
+    async def process(
+        self, runtime: TopicRuntime, endpoint: Endpoint, shard: int
+    ) -> RoundResult | None:
+        queue = runtime.queue
+        mark = await self._gate.round_starts((queue, shard))
+        result = await self._round(runtime, endpoint, shard)
+        self._gate.round_ended((queue, shard), mark, result is not None and _settled(result))
+        return result
+
+    async def _round(
+        self, runtime: TopicRuntime, endpoint: Endpoint, shard: int
+    ) -> RoundResult | None:
+        queue = runtime.queue
+        try:
+            try:
+                result = await process_shard(
+                    store=self._store,
+                    queue=queue,
+                    shard=shard,
+                    endpoint=self._accounting.metered(endpoint, queue),
+                    policy=runtime.policy,
+                    delivered=runtime.delivered.setdefault(shard, DeliveredCache()),
+                    still_owned=lambda: self._ownership.owns_shard(queue, shard),
+                    now=time.time(),
+                    dead_letter=self._dead_letter_sink(runtime),
+                )
+            except RoundCutShort as cut:
+                # What the round did before the store failed is counted and recorded once;
+                # the next round neither pushes nor counts it again.
+                self._accounting.round(queue, shard, runtime.endpoint_kind, cut.result)
+                raise cut.cause from None
+        except (StoreUnavailable, StoreRefused) as exc:
+            # Away or overloaded: expected in an outage, and the next round tries again. One
+            # line, not a traceback per shard and round; ERROR when a person has to look.
+            log.log(
+                logging.ERROR if isinstance(exc, StoreRefused) else logging.WARNING,
+                "round of %s shard %d: queue store %s: %s",
+                queue,
+                shard,
+                "refused" if isinstance(exc, StoreRefused) else "unavailable",
+                exc,
+            )
+            return None
+        except StoreFull:
+            # The dir store's disk is full: its removals rewrite batch files. What was
+            # delivered is remembered and not pushed again; the next round retries.
+            log.warning("round of %s shard %d: the queue store is out of space", queue, shard)
+            return None
+        except Exception:
+            log.exception("round of %s shard %d failed", queue, shard)
+            return None
+        self._accounting.round(queue, shard, runtime.endpoint_kind, result)
+        return result
+
+    def units_of(self, queue: QueueName) -> list[tuple[QueueName, int]]:
+        return [u for u in self._loops if u[0] == queue]
+
+    async def wait_loops(self, units: list[tuple[QueueName, int]]) -> None:
+        tasks = [self._loops[u] for u in units if u in self._loops]
+        for unit in units:
+            self.wake(*unit)
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=self._timings.drain_timeout_s)
+            for task in pending:
+                # A round stuck on an endpoint: cancelling it before its removals means
+                # the next owner sends those entries again (a duplicate, never a loss).
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
+
+    async def before_release(self, partition: int) -> None:
+        """Ownership hands ``partition`` back: let its running rounds finish first (they
+        stop on their own, as the partition is no longer owned)."""
+        units = [
+            u
+            for u in self._loops
+            if partition_of(u[0], u[1], self._ownership.settings.partitions) == partition
+        ]
+        await self.wait_loops(units)
+
+    async def stop(self) -> None:
+        """No more loops; the running ones finish their rounds (their removals) first."""
+        self.stopping = True
+        await self.wait_loops(list(self._loops))
