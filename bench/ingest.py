@@ -23,7 +23,8 @@ import aiohttp
 from aiohttp import web
 from tests.records import event
 
-from bucketnotify.delivery.ingest import Ingest, IngestTopic, build_app
+from bucketnotify.delivery.ingest import Ingest, build_app
+from bucketnotify.delivery.ingest_tokens import IngestTopic
 from bucketnotify.delivery.queue import QueueLimits, QueueName
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 

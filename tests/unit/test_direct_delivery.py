@@ -21,7 +21,8 @@ from bucketnotify.delivery.direct import ShardGate
 from bucketnotify.delivery.endpoints.base import Delivery
 from bucketnotify.delivery.endpoints.errors import RejectedError, UndeliverableError
 from bucketnotify.delivery.endpoints.testing import MockEndpoint
-from bucketnotify.delivery.ingest import IngestTopic, event_id
+from bucketnotify.delivery.ingest import event_id
+from bucketnotify.delivery.ingest_tokens import IngestTopic
 from bucketnotify.delivery.outcomes import DeliveryPolicy
 from bucketnotify.delivery.ownership import Ownership
 from bucketnotify.delivery.queue import Entry, QueueLimits, QueueName

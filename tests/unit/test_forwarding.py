@@ -16,7 +16,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from bucketnotify.delivery.forwarding import FORWARDED_HEADER, Forwarder, forward_expired
-from bucketnotify.delivery.ingest import Ingest, IngestTopic, build_app, event_id
+from bucketnotify.delivery.ingest import Ingest, build_app, event_id
+from bucketnotify.delivery.ingest_tokens import IngestTopic
 from bucketnotify.delivery.queue import QueueLimits, QueueName
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from bucketnotify.metrics import DeliveryMetrics

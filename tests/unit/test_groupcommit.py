@@ -12,7 +12,8 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from bucketnotify.delivery.groupcommit import MAX_WRITES, Events, GroupCommit
-from bucketnotify.delivery.ingest import Ingest, IngestTopic, build_app, event_id
+from bucketnotify.delivery.ingest import Ingest, build_app, event_id
+from bucketnotify.delivery.ingest_tokens import IngestTopic
 from bucketnotify.delivery.queue import Entry, QueueFull, QueueLimits, QueueName, Reservation
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from tests.records import event

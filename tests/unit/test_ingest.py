@@ -13,7 +13,8 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from bucketnotify.apiserver import ApiClient
-from bucketnotify.delivery.ingest import MAX_BODY_BYTES, Ingest, IngestTopic, build_app, event_id
+from bucketnotify.delivery.ingest import MAX_BODY_BYTES, Ingest, build_app, event_id
+from bucketnotify.delivery.ingest_tokens import IngestTopic
 from bucketnotify.delivery.queue import QueueLimits, QueueName, shard_of
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from bucketnotify.delivery.stores.s3 import S3Store

@@ -15,7 +15,8 @@ from bucketnotify.apiserver import ApiClient
 from bucketnotify.delivery.endpoints.base import Delivery
 from bucketnotify.delivery.endpoints.errors import RejectedError, UndeliverableError
 from bucketnotify.delivery.endpoints.testing import MockEndpoint
-from bucketnotify.delivery.ingest import Ingest, IngestTopic, build_app, event_id
+from bucketnotify.delivery.ingest import Ingest, build_app, event_id
+from bucketnotify.delivery.ingest_tokens import IngestTopic
 from bucketnotify.delivery.outcomes import DeliveryPolicy
 from bucketnotify.delivery.queue import QueueLimits, QueueName
 from bucketnotify.delivery.recording import Recorder, RecordWriter

@@ -36,11 +36,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import hmac
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -49,6 +47,7 @@ from bucketnotify import compact_json
 from bucketnotify.delivery.direct import DirectDelivery
 from bucketnotify.delivery.forwarding import FORWARDED_HEADER, Forwarder, forward_expired
 from bucketnotify.delivery.groupcommit import GroupCommit
+from bucketnotify.delivery.ingest_tokens import IngestTopic
 from bucketnotify.delivery.queue import (
     CommitsTogether,
     Entry,
@@ -67,7 +66,7 @@ from bucketnotify.probes import probes_app
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MAX_BODY_BYTES", "Ingest", "IngestTopic", "build_app", "event_id"]
+__all__ = ["MAX_BODY_BYTES", "Ingest", "build_app", "event_id"]
 
 T = TypeVar("T")
 
@@ -75,35 +74,6 @@ MAX_BODY_BYTES = 4 * 1024 * 1024
 STORE_WARNING_S = 5.0
 """At most one warning this often while the queue store is away: an outage under load
 would otherwise log a line per request."""
-
-
-@dataclass(frozen=True)
-class IngestTopic:
-    """What the ingest needs to know about one persistent Topic."""
-
-    queue: QueueName
-    token: str = field(repr=False)
-    shards: int
-    previous: str | None = field(default=None, repr=False)
-    """The token Secret's ``previous-token``: taken as long as the Secret holds it, for
-    pushes the gateway queued with the old push-endpoint before a rotation."""
-    replaced: str | None = field(default=None, repr=False)
-    """The token ``token`` replaced, taken until ``replaced_until`` (monotonic): the
-    gateway keeps pushing with it until the operator has rewritten its topic."""
-    replaced_until: float = 0.0
-    read_at: float = 0.0
-    """When the Secret was read (monotonic): an unknown token re-reads it at most once a
-    second."""
-
-    def accepts(self, token: str) -> bool:
-        given = token.encode()
-        # Every candidate is compared, so the time taken does not say which one matched.
-        ok = hmac.compare_digest(given, self.token.encode())
-        if self.previous:
-            ok |= hmac.compare_digest(given, self.previous.encode())
-        if self.replaced is not None and time.monotonic() < self.replaced_until:
-            ok |= hmac.compare_digest(given, self.replaced.encode())
-        return ok
 
 
 def event_id(record: Mapping[str, Any]) -> str:

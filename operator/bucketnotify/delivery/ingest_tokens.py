@@ -1,6 +1,6 @@
 """The ingest tokens of the Topics a replica serves: read from each Topic's token Secret,
-kept with the ``IngestTopic`` the ingest checks pushes against, and read again when a push
-brings a token this replica does not hold (``recheck``).
+kept with the ``IngestTopic`` whose ``accepts`` checks each push's token (in constant time),
+and read again when a push brings a token this replica does not hold (``recheck``).
 
 A rotated token is still taken for ``token_overlap_s``: the gateway pushes with it until the
 operator has rewritten the gateway topic. A deleted Secret keeps the token held until the
@@ -10,18 +10,48 @@ operator has made a new one (with hand-off sync a refused push is an event lost)
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from bucketnotify.api.topic import INGEST_TOKEN_KEY, PREVIOUS_TOKEN_KEY, ingest_token_secret
-from bucketnotify.delivery.ingest import IngestTopic
 from bucketnotify.delivery.queue import QueueName
 from bucketnotify.kube import Kube, SecretMissing
 
-__all__ = ["TOKEN_READ_TIMEOUT_S", "TOKEN_RECHECK_S", "IngestTokens", "TopicKey"]
+__all__ = ["TOKEN_READ_TIMEOUT_S", "TOKEN_RECHECK_S", "IngestTokens", "IngestTopic", "TopicKey"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class IngestTopic:
+    """What the ingest needs to know about one persistent Topic."""
+
+    queue: QueueName
+    token: str = field(repr=False)
+    shards: int
+    previous: str | None = field(default=None, repr=False)
+    """The token Secret's ``previous-token``: taken as long as the Secret holds it, for
+    pushes the gateway queued with the old push-endpoint before a rotation."""
+    replaced: str | None = field(default=None, repr=False)
+    """The token ``token`` replaced, taken until ``replaced_until`` (monotonic): the
+    gateway keeps pushing with it until the operator has rewritten its topic."""
+    replaced_until: float = 0.0
+    read_at: float = 0.0
+    """When the Secret was read (monotonic): an unknown token re-reads it at most once a
+    second."""
+
+    def accepts(self, token: str) -> bool:
+        given = token.encode()
+        # Every candidate is compared, so the time taken does not say which one matched.
+        ok = hmac.compare_digest(given, self.token.encode())
+        if self.previous:
+            ok |= hmac.compare_digest(given, self.previous.encode())
+        if self.replaced is not None and time.monotonic() < self.replaced_until:
+            ok |= hmac.compare_digest(given, self.replaced.encode())
+        return ok
+
 
 TopicKey = tuple[str, str]
 

@@ -47,7 +47,8 @@ from bucketnotify.delivery.direct_push import DirectPusher
 from bucketnotify.delivery.endpoints.base import object_of
 from bucketnotify.delivery.events import COMPONENT, TopicEvents
 from bucketnotify.delivery.forwarding import Forwarder
-from bucketnotify.delivery.ingest import Ingest, IngestTopic, build_app
+from bucketnotify.delivery.ingest import Ingest, build_app
+from bucketnotify.delivery.ingest_tokens import IngestTopic
 from bucketnotify.delivery.lifecycle import QueueLifecycle
 from bucketnotify.delivery.ownership import Ownership
 from bucketnotify.delivery.queue import Entry, QueueStore, StoreUnavailable, shard_of

@@ -35,8 +35,7 @@ from bucketnotify.delivery.endpoints.base import Endpoint
 from bucketnotify.delivery.endpoints.errors import ConfigurationError
 from bucketnotify.delivery.endpoints.factory import open_endpoint
 from bucketnotify.delivery.events import TopicEvents
-from bucketnotify.delivery.ingest import IngestTopic
-from bucketnotify.delivery.ingest_tokens import IngestTokens, TopicKey
+from bucketnotify.delivery.ingest_tokens import IngestTokens, IngestTopic, TopicKey
 from bucketnotify.delivery.outcomes import DeliveryPolicy
 from bucketnotify.delivery.queue import QueueLimits, QueueName, QueueStore
 from bucketnotify.delivery.worker import DeliveredCache
