@@ -375,6 +375,7 @@ class OwnsEverything:
 
     address = None
     """Advertises no address: nobody can wake it, so it polls its empty shards."""
+    members = 1
 
     def __init__(self) -> None:
         self.changed = asyncio.Event()

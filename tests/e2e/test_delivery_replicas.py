@@ -22,8 +22,10 @@ from typing import Any
 
 import pytest
 
+from bucketnotify.delivery.leases import LeaseSettings
 from bucketnotify.delivery.ownership import partition_of
 from bucketnotify.delivery.queue import QueueName, shard_of
+from bucketnotify.delivery.shard_loops import HANDOVER_POLL_ROUNDS
 from devstack.servers.recording import RecordingHttpServer
 from tests.delivery import DeliveryCluster, StartCluster, post_events, scrape, sync_topics
 from tests.kubectl import Kubectl
@@ -598,8 +600,10 @@ def test_on_a_shared_store_requests_for_another_replicas_shard_go_directly_throu
         bucket = sync_topics(kubectl, namespace, s3, {topic: (receiver, {})})[topic]
         keys = keys_by_owner(cluster.holders(), QueueName(namespace, topic), bucket, 4)
         assert all(len(keys[r]) == 4 for r in ("replica-a", "replica-b")), keys
-        # Every shard's first round has found it empty: events may go directly.
-        time.sleep(3)
+        # Every shard's loop has started (the replicas read the Topics every 3 s), run
+        # through the hand-over window of a shard just taken and found it empty: events
+        # may go directly.
+        time.sleep(3 + HANDOVER_POLL_ROUNDS * LeaseSettings.renew_interval_s + 2)
         got: list[tuple[str, float]] = []
         for key in keys["replica-b"] + keys["replica-a"]:
             s3.put_object(Bucket=bucket, Key=key, Body=b"x")

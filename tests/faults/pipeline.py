@@ -76,6 +76,8 @@ class Stream:
         self.unacked: dict[str, list[str]] = {b: [] for b in buckets}
         self.written_at: dict[str, tuple[float, float]] = {}
         """Key → when its PUT was sent and when it was answered (time.time())."""
+        self.in_flight: dict[str, str] = {}
+        """Key → its bucket, while its PUT waits for its answer."""
         self._threads = [
             threading.Thread(target=self._write, args=(w,), daemon=True) for w in range(writers)
         ]
@@ -97,6 +99,11 @@ class Stream:
         with self._lock:
             return sum(map(len, self.acked.values()))
 
+    def unanswered(self) -> list[tuple[str, str]]:
+        """(bucket, key) of the writes sent and not yet answered."""
+        with self._lock:
+            return [(bucket, write) for write, bucket in self.in_flight.items()]
+
     def _write(self, writer: int) -> None:
         n = 0
         next_at = time.monotonic()
@@ -106,6 +113,8 @@ class Stream:
             key = f"w{writer}-{written:06d}"
             write = key if self._versions == 1 else write_id(key, version)
             sent = time.time()
+            with self._lock:
+                self.in_flight[write] = bucket
             try:
                 self._s3.put_object(Bucket=bucket, Key=key, Body=b"x" * (BODY + version))
                 ok = True
@@ -114,6 +123,7 @@ class Stream:
             with self._lock:
                 (self.acked if ok else self.unacked)[bucket].append(write)
                 self.written_at[write] = (sent, time.time())
+                del self.in_flight[write]
             n += 1
             next_at += self._interval
             self._stop.wait(max(0.0, next_at - time.monotonic()))

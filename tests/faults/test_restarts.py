@@ -279,11 +279,13 @@ CI run on a busy machine, 0.25 s on a quiet one). Anything delivered again that 
 acknowledged longer before any kill is a defect."""
 
 
+@pytest.mark.parametrize("delivery", ["queued", "direct"])
 def test_replicas_killed_again_and_again_lose_only_what_was_in_flight(
-    kube: LocalService, rgw: LocalService, pipelines: Callable[..., Pipeline]
+    kube: LocalService, rgw: LocalService, pipelines: Callable[..., Pipeline], delivery: str
 ) -> None:
-    """Every few seconds the replica holding the most partitions is killed with SIGKILL and
-    a new one (a new pod: a new name) takes its place behind the balancer.
+    """Every few seconds the replica holding the most partitions (direct: the most shards of
+    the sync Topic) is killed with SIGKILL and a new one (a new pod: a new name) takes its
+    place behind the balancer.
 
     The persistent hand-off (the default) loses nothing: the gateway queues and retries.
     The sync hand-off may lose exactly the writes whose ingest request died with a replica
@@ -293,10 +295,13 @@ def test_replicas_killed_again_and_again_lose_only_what_was_in_flight(
     deliver again only what a killed replica had pushed and not yet recorded: its last
     KILL_WINDOW_S.
 
-    Events are queued (direct delivery off): each kill must find acknowledged events of the
-    victim's partitions still on their way, which a direct push never leaves (its upload is
-    answered once the endpoint has the event)."""
-    pipeline = pipelines(kube, rgw, replicas=3, replica_settings=QUEUED)
+    ``queued`` (direct delivery off): each kill must find acknowledged events of the
+    victim's partitions still on their way. ``direct`` (the default: requests handed to the
+    shard's owner, which pushes before answering) leaves none such, as an upload is
+    answered once the endpoint has its event: each kill must find uploads of the victim's
+    partitions unanswered, held by the victim's push or hand-over."""
+    settings = QUEUED if delivery == "queued" else {}
+    pipeline = pipelines(kube, rgw, replicas=3, replica_settings=settings)
     cluster = pipeline.cluster
     victims: list[str] = []
     kills: list[tuple[float, float]] = []
@@ -310,7 +315,15 @@ def test_replicas_killed_again_and_again_lose_only_what_was_in_flight(
         return partition_of(queue, shard_of(f"{topic}-b", object_of(write), SHARDS), PARTITIONS)
 
     def in_flight_now(held: set[int]) -> list[str]:
-        """Acknowledged writes of the partitions ``held`` whose events have not arrived."""
+        """Acknowledged writes of the partitions ``held`` whose events have not arrived
+        (queued), or sync uploads of them still unanswered (direct: a persistent Topic's
+        upload is answered before its event reaches us)."""
+        if delivery == "direct":
+            return [
+                key
+                for bucket, key in streaming[0].unanswered()
+                if bucket.startswith("sync-") and partition(bucket.removesuffix("-b"), key) in held
+            ]
         found = []
         for bucket, keys in list(streaming[0].acked.items()):
             topic = bucket.removesuffix("-b")
@@ -322,26 +335,46 @@ def test_replicas_killed_again_and_again_lose_only_what_was_in_flight(
             ]
         return found
 
+    def weight(p: int) -> int:
+        """What a partition counts for in choosing the victim. Direct: the sync Topic's
+        shards in it (only sync uploads wait for their push)."""
+        if delivery == "queued":
+            return 1
+        sync = [b.removesuffix("-b") for b in streaming[0].acked if b.startswith("sync-")]
+        queues = [QueueName(pipeline.namespace, topic) for topic in sync]
+        return sum(partition_of(q, s, PARTITIONS) == p for q in queues for s in range(SHARDS))
+
     def kill_repeatedly() -> None:
         for round_ in range(KILLS):
             holders = cluster.holders()
             live = [n for n in cluster.replicas if cluster.replicas[n].process.poll() is None]
-            counts = collections.Counter(h for h in holders.values() if h in live)
+            counts: collections.Counter[str] = collections.Counter()
+            for p, holder in holders.items():
+                if holder in live:
+                    counts[holder] += weight(p)
+            counts = +counts  # direct: a replica without a sync shard has nothing to hit
             assert counts, f"no live replica holds a partition: {holders}"
             victim = counts.most_common(1)[0][0]
             held = {p for p, h in holders.items() if h == victim}
             victims_partitions.append(held)
-            # Killed while events of its partitions are under way, not between two.
-            deadline = time.monotonic() + 5
+            # Killed while events of its partitions are under way, not between two (direct:
+            # a victim with a shard or two of the sync Topic has an upload waiting ~5 % of
+            # the time).
+            deadline = time.monotonic() + 10
             while not in_flight_now(held) and time.monotonic() < deadline:
                 time.sleep(0.01)
+            print(
+                f"round {round_}: victim {victim} ({dict(counts)}),"
+                f" {len(in_flight_now(held))} in flight,"
+                f" {len(streaming[0].unanswered())} unanswered"
+            )
             before = time.time()
             cluster.kill(victim, signal.SIGKILL)  # returns once the process is gone
             kills.append((before, time.time()))
             victims.append(victim)
             time.sleep(2)
             successor = f"{victim.split('-gen')[0]}-gen{round_ + 1}"
-            cluster.replace(victim, successor)
+            cluster.replace(victim, successor, **settings)
             time.sleep(6)
 
     with receiver:
@@ -357,16 +390,27 @@ def test_replicas_killed_again_and_again_lose_only_what_was_in_flight(
     by_handoff = {o.topic.split("-")[0]: o for o in outcomes}
     assert_none_lost([by_handoff["persistent"]])
 
-    # Each kill hit an owner with events in flight: writes the gateway had acknowledged
-    # before the kill, of the victim's partitions, that had not arrived when it died.
+    # Each kill hit an owner with events in flight. Queued: writes the gateway had
+    # acknowledged before the kill, of the victim's partitions, that had not arrived when it
+    # died. Direct: writes of the victim's partitions sent before the kill and answered (or
+    # failed) after it, of the sync Topic (a persistent one's are answered before).
+    def hit(key: str, topic: str, before: float) -> bool:
+        sent, answered = stream.written_at[key]
+        if delivery == "direct":
+            return topic.startswith("sync-") and sent < before < answered
+        return (
+            answered < before
+            and min(target.arrivals[topic].get(key) or [float("inf")]) > before
+            and key in acked[topic]
+        )
+
+    acked = {o.topic: set(stream.acked[f"{o.topic}-b"]) for o in outcomes}
     for (before, _), held in zip(kills, victims_partitions, strict=True):
         in_flight = [
             key
             for outcome in outcomes
-            for key in stream.acked[f"{outcome.topic}-b"]
-            if stream.written_at[key][1] < before
-            and partition(outcome.topic, key) in held
-            and min(target.arrivals[outcome.topic].get(key) or [float("inf")]) > before
+            for key in [*stream.acked[f"{outcome.topic}-b"], *stream.unacked[f"{outcome.topic}-b"]]
+            if partition(outcome.topic, key) in held and hit(key, outcome.topic, before)
         ]
         print(f"kill at {before:.2f}: {len(in_flight)} events of the victim's in flight")
         assert in_flight, f"the kill at {before:.2f} hit a replica with nothing in flight"

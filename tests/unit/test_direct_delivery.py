@@ -23,6 +23,7 @@ from bucketnotify.delivery.endpoints.errors import RejectedError, UndeliverableE
 from bucketnotify.delivery.endpoints.testing import MockEndpoint
 from bucketnotify.delivery.ingest import event_id
 from bucketnotify.delivery.ingest_tokens import IngestTopic
+from bucketnotify.delivery.leases import LeaseSettings
 from bucketnotify.delivery.outcomes import DeliveryPolicy
 from bucketnotify.delivery.ownership import Ownership
 from bucketnotify.delivery.queue import Entry, QueueLimits, QueueName
@@ -41,10 +42,15 @@ URL = f"/v1/topics/ns/t/{TOKEN}"
 
 class CountingStore(LocalDirStore):
     commits = 0
+    lists = 0
 
     async def commit(self, *args: Any, **kwargs: Any) -> list[Entry]:
         self.commits += 1
         return await super().commit(*args, **kwargs)
+
+    async def list(self, *args: Any, **kwargs: Any) -> list[Entry]:
+        self.lists += 1
+        return await super().list(*args, **kwargs)
 
 
 class Alone(OwnsEverything):
@@ -61,6 +67,13 @@ class AmongPeers(Alone):
     shards and tells it of its commits (``delivery.forwarding``)."""
 
     members = 2
+    settings = LeaseSettings(namespace="default", renew_interval_s=0.0)
+    """Its peer learns at once that it holds a shard: no hand-over window."""
+
+
+class JustTookAmongPeers(AmongPeers):
+    settings = LeaseSettings(namespace="default", renew_interval_s=1.0)
+    """Its peer learns that it holds a shard up to a second later."""
 
 
 class PeerUnreachable(AmongPeers):
@@ -431,6 +444,28 @@ async def test_a_replica_among_peers_that_reach_it_pushes_directly(
     assert await replica.post(event("a")) == 200
     assert replica.keys_delivered() == ["a"]
     assert replica.store.commits == 0
+
+
+async def test_a_shard_just_taken_queues_until_its_peers_know_who_holds_it(
+    start: Callable[..., Awaitable[Replica]],
+) -> None:
+    """Its previous holder was killed. Until the peer's Lease round shows the new holder,
+    the peer commits a request it cannot hand over and tells the dead holder, not this one:
+    a1 so committed while this replica's first round found the shard empty must not be
+    overtaken by a2 pushed directly. After the window a round opens the shard again."""
+    replica = await start(ownership=JustTookAmongPeers)
+    await until(lambda: replica.store.lists > 0, 5, "the first round")
+    peer = LocalDirStore(replica.store.root)
+    a1 = event("a", v="a1", sequencer="1")
+    body = json.dumps(a1).encode()
+    reservation = await peer.reserve(QUEUE, 0, 1, len(body), time.time())
+    await peer.commit(reservation, [(event_id(a1), body)], time.time())  # nobody told
+    assert await replica.post(event("a", v="a2", sequencer="2")) == 200
+    await until(lambda: len(replica.endpoint.delivered) == 2, 5, "a1 and a2 delivered")
+    assert replica.versions_delivered() == [("a", "a1"), ("a", "a2")]
+    await emptied(replica)  # the window (2 renew intervals) is over
+    assert await replica.post(event("b")) == 200
+    assert replica.keys_delivered()[-1] == "b"  # directly again, before the answer
 
 
 async def test_a_wake_up_from_a_peer_keeps_later_events_behind_what_it_committed(

@@ -62,7 +62,9 @@ HANDOVER_POLL_ROUNDS = 2
 end), not left to wait for wake-ups, for this many Lease renew intervals: the other
 replicas' view of who holds it is as old as their last Lease round (one renew interval, and
 a round may wait for a hand-back's drain), and what they commit before they see the change
-wakes the previous holder, or nobody."""
+wakes the previous holder, or nobody. For the same reason no direct push goes on such a
+shard before the round at the end: one could overtake an event of its object that another
+replica committed meanwhile (seen with a holder killed under a stream of sync uploads)."""
 
 
 class ShardLoops:
@@ -171,7 +173,11 @@ class ShardLoops:
             if self._topics.get(key) is not runtime or not self._ownership.owns_shard(queue, shard):
                 break
             wake.clear()
-            result = await self.process(runtime, endpoint, shard)
+            # Within the window another replica may still commit to the shard and tell the
+            # previous holder, not this one: no round then opens the shard to direct pushes,
+            # which could overtake such an event of the same object.
+            taking_over = time.monotonic() < awake_until and self._ownership.members > 1
+            result = await self.process(runtime, endpoint, shard, opens_direct=not taking_over)
             await self._delivered.save(runtime, shard, delivered)
             if result is not None and result.listed >= LIST_BATCH and not result.failed:
                 continue  # a backlog: go on at once
@@ -181,6 +187,8 @@ class ShardLoops:
                     await woken(wake, min(left, self._timings.idle_max_s))
                     delay = self._timings.round_interval_s
                     continue
+                if taking_over:
+                    continue  # the window is over: this round may open the shard
                 # Nothing left that it listed, and nothing committed since the listing (that
                 # would have woken it): no polling. A commit, a wake-up, the survey, an
                 # ownership or Topic change or the stop wakes it. (Without an address nobody
@@ -205,12 +213,15 @@ class ShardLoops:
         await self._delivered.save(runtime, shard, delivered, final=True)
 
     async def process(
-        self, runtime: TopicRuntime, endpoint: Endpoint, shard: int
+        self, runtime: TopicRuntime, endpoint: Endpoint, shard: int, opens_direct: bool = True
     ) -> RoundResult | None:
+        """One round; with ``opens_direct``, one that leaves the shard empty lets the ingest
+        push its next event directly (``delivery.direct``)."""
         queue = runtime.queue
         mark = await self._gate.round_starts((queue, shard))
         result = await self._round(runtime, endpoint, shard)
-        self._gate.round_ended((queue, shard), mark, result is not None and _settled(result))
+        left_empty = opens_direct and result is not None and _settled(result)
+        self._gate.round_ended((queue, shard), mark, left_empty)
         return result
 
     async def _round(
