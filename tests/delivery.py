@@ -379,6 +379,11 @@ class OwnsEverything:
 
     def __init__(self) -> None:
         self.changed = asyncio.Event()
+        self._made = time.monotonic()
+
+    def taken_at(self, queue: QueueName, shard: int) -> float:
+        """It took every partition when it was made."""
+        return self._made
 
     def owns_shard(self, queue: QueueName, shard: int) -> bool:
         return True

@@ -121,6 +121,8 @@ class Ownership:
         self.settings = settings
         # partition -> monotonic time of the last successful renewal
         self._held: dict[int, float] = {}
+        # partition -> monotonic time this replica took it (last time)
+        self._taken: dict[int, float] = {}
         # partition -> its renewal still waiting for an answer
         self._renewing: dict[int, asyncio.Task[None]] = {}
         self._task: asyncio.Task[None] | None = None
@@ -157,6 +159,11 @@ class Ownership:
 
     def owned(self) -> set[int]:
         return {p for p in self._held if self.owns(p)}
+
+    def taken_at(self, queue: QueueName, shard: int) -> float:
+        """When this replica last took the shard's partition (monotonic; 0 if never): the
+        other replicas may see an older holder for up to a Lease round after that."""
+        return self._taken.get(partition_of(queue, shard, self.settings.partitions), 0.0)
 
     def owner_address(self, queue: QueueName, shard: int) -> str | None:
         """Where the replica holding the shard listens, when that is another live replica
@@ -352,13 +359,13 @@ class Ownership:
             sent = time.monotonic()
             if lease is None:
                 if await self._create(self._body(name, "partition", self.identity, utc_now())):
-                    self._held[partition] = sent
+                    self._held[partition] = self._taken[partition] = sent
             elif (
                 lease_expired(lease, now)
                 and not settling
                 and await self._write(lease, self.identity, utc_now(), renew=False)
             ):
-                self._held[partition] = sent
+                self._held[partition] = self._taken[partition] = sent
 
     @property
     def _timeout(self) -> float:

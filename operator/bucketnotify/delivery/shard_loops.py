@@ -3,14 +3,14 @@
 A shard whose round left entries behind (a failed push, a retry time not reached) is polled
 again after ``round_interval_s``, backing off to ``idle_max_s`` while its entries all wait
 for a retry; one found empty, or whose round delivered everything it listed, is not polled
-at all (every poll of the S3 store is a LIST request, and hundreds of idle shards would
-keep the gateway busy): it waits to be woken. An ingest commit wakes the shard's task at
-once, on this replica directly and on the replica owning the shard by a wake-up request
-(``delivery.wakeups``). A shard just taken is polled for ``HANDOVER_POLL_ROUNDS`` renew
-intervals first, while the other replicas may still wake its previous holder. The loops
-learn of Topic changes from the Topic table they read (a changed Topic gets fresh loops)
-and of ownership changes from ``Ownership.changed``; a partition handed back, or the stop,
-waits for its rounds to finish their removals.
+at all (every poll of the S3 store is a LIST request, and hundreds of idle shards would keep
+the gateway busy): it waits to be woken. An ingest commit wakes the shard's task at once, on
+this replica directly and on the replica owning the shard by a wake-up request
+(``delivery.wakeups``). A shard whose partition was just taken is polled for
+``HANDOVER_POLL_ROUNDS`` renew intervals from the take, while the other replicas may still
+wake its previous holder. The loops learn of Topic changes from the Topic table they read (a
+changed Topic gets fresh loops) and of ownership changes from ``Ownership.changed``; a
+partition handed back, or the stop, waits for its rounds to finish their removals.
 """
 
 from __future__ import annotations
@@ -166,7 +166,8 @@ class ShardLoops:
         # The other replicas learn that this one holds the shard at their next Lease round:
         # until then their commits wake the previous holder, or nobody. Poll meanwhile.
         awake_until = (
-            time.monotonic() + HANDOVER_POLL_ROUNDS * self._ownership.settings.renew_interval_s
+            self._ownership.taken_at(queue, shard)
+            + HANDOVER_POLL_ROUNDS * self._ownership.settings.renew_interval_s
         )
         await self._delivered.load(runtime, shard, delivered)
         while not self.stopping:
