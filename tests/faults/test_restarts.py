@@ -374,7 +374,7 @@ def test_replicas_killed_again_and_again_lose_only_what_was_in_flight(
             victims.append(victim)
             time.sleep(2)
             successor = f"{victim.split('-gen')[0]}-gen{round_ + 1}"
-            cluster.replace(victim, successor, **settings)
+            cluster.replace(victim, successor)
             time.sleep(6)
 
     with receiver:
