@@ -64,7 +64,7 @@ replicas' view of who holds it is as old as their last Lease round (one renew in
 a round may wait for a hand-back's drain), and what they commit before they see the change
 wakes the previous holder, or nobody. For the same reason no direct push goes on such a
 shard before the round at the end: one could overtake an event of its object that another
-replica committed meanwhile (seen with a holder killed under a stream of sync uploads)."""
+replica committed meanwhile."""
 
 
 class ShardLoops:
