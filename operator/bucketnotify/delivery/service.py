@@ -144,7 +144,10 @@ class DeliveryService:
             save_soon=self.delivered.save_soon,
         )
         self.forwarder = Forwarder(ownership.owner_address, self.metrics) if direct else None
-        self.ingest = Ingest(
+        self.ingest = self._ingest(store, recorder, direct)
+
+    def _ingest(self, store: QueueStore, recorder: Recorder | None, direct: bool) -> Ingest:
+        return Ingest(
             store,
             self.ingest_topics,
             self.table.resolve,
