@@ -305,6 +305,8 @@ def test_replicas_killed_again_and_again_lose_only_what_was_in_flight(
     cluster = pipeline.cluster
     victims: list[str] = []
     kills: list[tuple[float, float]] = []
+    polls: list[float] = []
+    """When each kill's last look for events in flight began."""
     victims_partitions: list[set[int]] = []
     streaming: list[Stream] = []
     receiver = RecordingHttpServer()
@@ -361,13 +363,14 @@ def test_replicas_killed_again_and_again_lose_only_what_was_in_flight(
             # a victim with a shard or two of the sync Topic has an upload waiting ~5 % of
             # the time).
             deadline = time.monotonic() + 10
-            while not in_flight_now(held) and time.monotonic() < deadline:
+            while True:
+                polled = time.time()
+                found = in_flight_now(held)
+                if found or time.monotonic() >= deadline:
+                    break
                 time.sleep(0.01)
-            print(
-                f"round {round_}: victim {victim} ({dict(counts)}),"
-                f" {len(in_flight_now(held))} in flight,"
-                f" {len(streaming[0].unanswered())} unanswered"
-            )
+            polls.append(polled)
+            print(f"round {round_}: victim {victim} ({dict(counts)}), {len(found)} in flight")
             before = time.time()
             cluster.kill(victim, signal.SIGKILL)  # returns once the process is gone
             kills.append((before, time.time()))
@@ -390,27 +393,28 @@ def test_replicas_killed_again_and_again_lose_only_what_was_in_flight(
     by_handoff = {o.topic.split("-")[0]: o for o in outcomes}
     assert_none_lost([by_handoff["persistent"]])
 
-    # Each kill hit an owner with events in flight. Queued: writes the gateway had
-    # acknowledged before the kill, of the victim's partitions, that had not arrived when it
-    # died. Direct: writes of the victim's partitions sent before the kill and answered (or
-    # failed) after it, of the sync Topic (a persistent one's are answered before).
-    def hit(key: str, topic: str, before: float) -> bool:
+    # Each kill hit an owner with events in flight as the last look before it (``polled``,
+    # milliseconds earlier) saw them. Queued: writes the gateway had acknowledged before the
+    # kill, of the victim's partitions, that had not arrived then. Direct: writes of the
+    # victim's partitions sent before the kill and not answered then, of the sync Topic (a
+    # persistent one's are answered before their event reaches us).
+    def hit(key: str, topic: str, polled: float, before: float) -> bool:
         sent, answered = stream.written_at[key]
         if delivery == "direct":
-            return topic.startswith("sync-") and sent < before < answered
+            return topic.startswith("sync-") and sent < before and answered > polled
         return (
             answered < before
-            and min(target.arrivals[topic].get(key) or [float("inf")]) > before
+            and min(target.arrivals[topic].get(key) or [float("inf")]) > polled
             and key in acked[topic]
         )
 
     acked = {o.topic: set(stream.acked[f"{o.topic}-b"]) for o in outcomes}
-    for (before, _), held in zip(kills, victims_partitions, strict=True):
+    for (before, _), polled, held in zip(kills, polls, victims_partitions, strict=True):
         in_flight = [
             key
             for outcome in outcomes
             for key in [*stream.acked[f"{outcome.topic}-b"], *stream.unacked[f"{outcome.topic}-b"]]
-            if partition(outcome.topic, key) in held and hit(key, outcome.topic, before)
+            if partition(outcome.topic, key) in held and hit(key, outcome.topic, polled, before)
         ]
         print(f"kill at {before:.2f}: {len(in_flight)} events of the victim's in flight")
         assert in_flight, f"the kill at {before:.2f} hit a replica with nothing in flight"
