@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from bucketnotify.api.crd import crd, structural
 from bucketnotify.api.crds import ALL, TOPIC
@@ -59,6 +61,35 @@ def test_printer_columns_show_arn_persistence_endpoint_and_readiness() -> None:
     assert columns["ARN"] == ".status.arn"
     assert columns["Persistent"] == ".spec.persistent"
     assert columns["Ready"] == '.status.conditions[?(@.type=="Ready")].status'
+
+
+def installed_crds() -> dict[str, dict[str, Any]]:
+    """The CRDs as the chart and the tests install them (crds/, which `make crds-check`
+    keeps equal to what the models generate)."""
+    root = Path(__file__).resolve().parents[2] / "crds"
+    return {
+        doc["spec"]["names"]["kind"]: doc
+        for doc in (yaml.safe_load(p.read_text()) for p in sorted(root.glob("*.yaml")))
+    }
+
+
+def test_kubectl_names_both_kinds_by_the_category_and_their_short_names() -> None:
+    names = {kind: crd["spec"]["names"] for kind, crd in installed_crds().items()}
+    assert {kind: n["categories"] for kind, n in names.items()} == {
+        "Topic": ["bucketnotify"],
+        "BucketNotification": ["bucketnotify"],
+    }
+    assert names["Topic"]["shortNames"] == ["bntopic"]
+    assert names["BucketNotification"]["shortNames"] == ["bnn", "bucketnotif"]
+
+
+def test_wide_output_of_a_notification_shows_its_topic_arn() -> None:
+    """`kubectl get bnn` shows columns of priority 0; `-o wide` adds those of priority 1."""
+    (version,) = installed_crds()["BucketNotification"]["spec"]["versions"]
+    columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
+    assert columns["Topic ARN"]["jsonPath"] == ".spec.topicARN"
+    assert columns["Topic ARN"]["priority"] == 1
+    assert "priority" not in columns["Bucket"]
 
 
 def test_model_reads_an_object_as_the_api_server_stores_it() -> None:

@@ -364,3 +364,22 @@ async def test_the_recorder_makes_ingested_and_round_records(tmp_path: Path) -> 
             "error": None,
         },
     ]
+
+
+@pytest.mark.parametrize("event_time", ["yesterday", "", 17, None], ids=repr)
+async def test_an_event_time_that_does_not_parse_is_recorded_as_null(
+    tmp_path: Path, event_time: object
+) -> None:
+    """A record is still written for an event whose ``eventTime`` is not a time: the
+    outcome is what counts, and a made-up time would skew the report's latencies."""
+    w = writer(tmp_path, DeliveryMetrics())
+    event = {
+        "eventName": "ObjectCreated:Put",
+        "eventTime": event_time,
+        "s3": {"configurationId": "c", "bucket": {"name": "b"}, "object": {"key": "k"}},
+    }
+    Recorder(w, "r-1").ingested(QUEUE, [(event, "e1")], 11, HOUR_6)
+    assert await w.flush()
+    (record,) = [r for records in files(tmp_path).values() for r in records]
+    assert record["event_time"] is None
+    assert (record["outcome"], record["key"], record["ingest_time"]) == ("ingested", "k", HOUR_6)
