@@ -316,6 +316,50 @@ def _lock_file(root: Path, shard: int) -> Path:
     return root / ".locks" / QUEUE.namespace / QUEUE.topic / f"shard-{shard}.lock"
 
 
+class HeldLock:
+    """A shard's lock held by another open file (a rewrite, a long read, another process).
+
+    The test releases it once the event loop has run beside the waiting call; a thread
+    releases it after ``BACKSTOP_S`` only so that a call blocking the loop on the lock ends
+    the test rather than hanging it. Who released it says whether the loop ran meanwhile:
+    an order, not a duration a busy machine could stretch."""
+
+    BACKSTOP_S = 30.0
+
+    def __init__(self, root: Path, shard: int) -> None:
+        self._fd = os.open(_lock_file(root, shard), os.O_RDWR)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        self._guard = threading.Lock()
+        self.released_by: str | None = None
+        self._backstop = threading.Timer(self.BACKSTOP_S, self.release, ["the backstop"])
+        self._backstop.start()
+
+    def release(self, by: str) -> None:
+        with self._guard:
+            if self.released_by is None:
+                self.released_by = by
+                os.close(self._fd)
+
+    def __enter__(self) -> HeldLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._backstop.cancel()
+        self.release("the end of the test")
+        self._backstop.join()
+
+
+async def _loop_runs_beside(task: asyncio.Task[Any], lock: HeldLock) -> None:
+    """Let the event loop run a few turns while ``task`` waits for ``lock``, then release it
+    from the loop."""
+    for _ in range(10):
+        await asyncio.sleep(0.01)
+    # Released by the backstop before these turns ran: the call blocked the loop on the lock.
+    assert lock.released_by is None, "the event loop waited for the lock"
+    assert not task.done(), "it did not wait for the held lock"
+    lock.release("the event loop")
+
+
 def _sneak_in_batch(root: Path, shard: int, body: bytes) -> None:
     """A batch renamed into place behind the store's back, as a commit does just before
     it counts it."""
@@ -412,20 +456,10 @@ async def test_a_commit_waits_for_a_held_shard_lock_without_holding_up_the_event
     store = LocalDirStore(tmp_path)
     await store.create(QUEUE, 1, QueueLimits())
     reservation = await store.reserve(QUEUE, 0, 1, 1, NOW)
-    holder = os.open(_lock_file(tmp_path, 0), os.O_RDWR)
-    fcntl.flock(holder, fcntl.LOCK_EX)
-    release = threading.Timer(1.0, os.close, [holder])
-    release.start()
-    try:
+    with HeldLock(tmp_path, 0) as lock:
         commit = asyncio.create_task(store.commit(reservation, [("e1", b"1")], NOW))
-        started = time.monotonic()
-        for _ in range(10):
-            await asyncio.sleep(0.01)
-        assert time.monotonic() - started < 0.5, "the event loop waited for the lock"
-        assert not commit.done()
-        entries = await asyncio.wait_for(commit, 10)
-    finally:
-        release.join()
+        await _loop_runs_beside(commit, lock)
+        entries = await asyncio.wait_for(commit, 60)
     assert await store.list(QUEUE, 0) == entries
     assert (await store.stats(QUEUE, NOW)).reservations == 0
 
@@ -507,20 +541,10 @@ async def test_a_remove_waits_for_a_held_shard_lock_without_holding_up_the_event
     await store.create(QUEUE, 1, QueueLimits())
     await put(store, 0, b"a")
     listed = await store.list(QUEUE, 0)
-    holder = os.open(_lock_file(tmp_path, 0), os.O_RDWR)
-    fcntl.flock(holder, fcntl.LOCK_EX)
-    release = threading.Timer(1.0, os.close, [holder])
-    release.start()
-    try:
+    with HeldLock(tmp_path, 0) as lock:
         remove = asyncio.create_task(store.remove(QUEUE, 0, [e.id for e in listed]))
-        started = time.monotonic()
-        for _ in range(10):
-            await asyncio.sleep(0.01)
-        assert time.monotonic() - started < 0.5, "the event loop waited for the lock"
-        assert not remove.done()
-        await asyncio.wait_for(remove, 10)
-    finally:
-        release.join()
+        await _loop_runs_beside(remove, lock)
+        await asyncio.wait_for(remove, 60)
     assert await store.list(QUEUE, 0) == []
     assert (await store.stats(QUEUE, NOW)).shards[0] == ShardStats(0, 0, 0)
 
@@ -552,20 +576,10 @@ async def test_a_list_waits_for_a_held_shard_lock_without_holding_up_the_event_l
     store = LocalDirStore(tmp_path)
     await store.create(QUEUE, 1, QueueLimits())
     entries = await put(store, 0, b"a")
-    holder = os.open(_lock_file(tmp_path, 0), os.O_RDWR)
-    fcntl.flock(holder, fcntl.LOCK_EX)
-    release = threading.Timer(1.0, os.close, [holder])
-    release.start()
-    try:
+    with HeldLock(tmp_path, 0) as lock:
         listing = asyncio.create_task(store.list(QUEUE, 0))
-        started = time.monotonic()
-        for _ in range(10):
-            await asyncio.sleep(0.01)
-        assert time.monotonic() - started < 0.5, "the event loop waited for the lock"
-        assert not listing.done()
-        assert await asyncio.wait_for(listing, 10) == entries
-    finally:
-        release.join()
+        await _loop_runs_beside(listing, lock)
+        assert await asyncio.wait_for(listing, 60) == entries
 
 
 async def test_a_list_of_many_batch_files_reads_them_in_a_thread(
