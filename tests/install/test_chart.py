@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from bucketnotify.cli import DRAIN_MAX_S
 from tests.install.manifests import ALL_OPTIONS, CHART, PREVIOUS_RELEASE, helm, template
 from tests.promql import metric_names, our_series
 
@@ -496,3 +497,34 @@ def test_an_upgrade_reusing_the_previous_releases_values_renders(
         assert rendered.returncode == 0, rendered.stderr
         assert "kind: Deployment" in rendered.stdout
     assert "kind: PrometheusRule" in rendered.stdout and "for: 10m" in rendered.stdout
+
+
+def test_delivery_pods_take_pushes_on_8085_spread_over_nodes_and_stop_in_time(
+    helm_bin: str,
+) -> None:
+    """The defaults README.md states for the delivery service: the ingest Service on 8085
+    (the port the programs listen on), pods kept apart by node where the scheduler can, a
+    preStop pause (the Service stops sending them events first) and 30 s of grace, more
+    than that pause plus the drain, the running rounds and the Leases' hand-back need."""
+    objs = template(helm_bin)
+    delivery = _container(objs, "delivery")
+    pod = delivery["pod"]
+    (service,) = [
+        o for o in objs if o["kind"] == "Service" and o["metadata"]["name"].endswith("-delivery")
+    ]
+    (port,) = service["spec"]["ports"]
+    listening = {p["name"]: p["containerPort"] for p in delivery["ports"]}
+    assert port["port"] == 8085
+    assert listening[port["targetPort"]] == 8085
+    assert _env(objs, "delivery")["BUCKETNOTIFY_DELIVERY_LISTEN_PORT"] == "8085"
+    (preferred,) = pod["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    term = preferred["podAffinityTerm"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"] == service["spec"]["selector"]
+    pause = delivery["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert pause == 5
+    assert pod["terminationGracePeriodSeconds"] == 30
+    # What is left after the pause and the drain is the rounds' and the Leases' time.
+    assert pod["terminationGracePeriodSeconds"] - pause - DRAIN_MAX_S >= 20

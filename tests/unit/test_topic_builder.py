@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bucketnotify.api.topic import TopicSpec
+from bucketnotify.api.topic import TopicSpec, endpoint_topic_name
 from bucketnotify.controller.conditions import set_condition
 from bucketnotify.controller.topic_builder import (
     Credentials,
@@ -245,3 +245,17 @@ def test_amqp_confirms_are_not_left_to_a_gateway_whose_own_amqp_client_aborts() 
         assert persistent["push-endpoint"] == ingest
     unconfirmed = {"amqp": {"url": "amqp://mq", "exchange": "ex", "ackLevel": "none"}}
     assert build({"endpoint": unconfirmed}, release=reef)["amqp-ack-level"] == "none"
+
+
+def test_a_persistent_topics_endpoint_topic_is_endpoint_topic_else_spec_name_else_its_name() -> (
+    None
+):
+    """The routing key or Kafka topic the delivery service sends a persistent Topic's events
+    with: not namespace-qualified, as it names something on the user's own broker."""
+    amqp = {"amqp": {"url": "amqps://rabbit", "exchange": "x"}}
+    base = {"endpoint": amqp, "persistent": True}
+    named = TopicSpec.model_validate({**base, "name": "orders-v2"})
+    routed = TopicSpec.model_validate({**base, "name": "orders-v2", "endpointTopic": "eu.orders"})
+    assert endpoint_topic_name("orders", TopicSpec.model_validate(base)) == "orders"
+    assert endpoint_topic_name("orders", named) == "orders-v2"
+    assert endpoint_topic_name("orders", routed) == "eu.orders"
