@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import asyncio
 
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
@@ -26,7 +26,7 @@ async def test_once_stopping_every_answer_closes_its_connection_and_the_drain_en
         assert after.status == 200 and after.headers["Connection"] == "close"
         server = client.server.runner.server
         assert server is not None
-        started = time.monotonic()
-        # No request for the quiet time: the drain ends without waiting for its bound.
-        await drain.drain(server, max_s=10, quiet_s=0.2)
-        assert time.monotonic() - started < 1
+        # No request for the quiet time: the drain ends without waiting for its bound. That
+        # bound is an hour here, so that ending at all is the proof, on however busy a
+        # machine; the minute is only how long the test waits for it.
+        await asyncio.wait_for(drain.drain(server, max_s=3600, quiet_s=0.2), 60)
