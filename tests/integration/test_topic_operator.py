@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from bucketnotify import leadership
 from bucketnotify.apiserver import lease_path
@@ -539,6 +540,33 @@ def test_unreachable_gateway_shows_on_the_topic_and_recovers(
         proxy.stop()
 
 
+def test_keys_the_gateway_refuses_show_on_the_topic_and_recover_once_fixed(
+    kubectl: Kubectl,
+    namespace: str,
+    operator: Program,
+    rgw: LocalService,
+    gateway: TopicClient,
+) -> None:
+    """A gatewayRef Secret with a wrong secret key: the gateway refuses the signature, the
+    Topic says GatewayAccessDenied (never the key), and the right key makes it Ready."""
+    wrong = "not-the-secret-key-of-this-user"
+    endpoint, access_key = rgw["RGW_ENDPOINT"], rgw["RGW_ACCESS_KEY"]
+    gateway_secret(kubectl, namespace, "gw-keys", endpoint, access_key, wrong)
+    name = f"{namespace}-denied"
+    spec = {
+        "endpoint": {"http": {"url": "http://127.0.0.1:9/d"}},
+        "gatewayRef": {"secretName": "gw-keys"},
+    }
+    kubectl.apply({**topic(name, spec), "metadata": {"name": name, "namespace": namespace}})
+    status = ready(kubectl, namespace, name, status="False")
+    assert status["conditions"][0]["reason"] == "GatewayAccessDenied"
+    assert wrong not in json.dumps(status)
+    kubectl.run("delete", "secret", "gw-keys", "-n", namespace)
+    gateway_secret(kubectl, namespace, "gw-keys", endpoint, access_key, rgw["RGW_SECRET_KEY"])
+    arn = ready(kubectl, namespace, name)["arn"]
+    assert gateway.get(arn) is not None
+
+
 def test_delete_is_bounded_when_the_gateway_is_gone_for_good(
     kubectl: Kubectl,
     namespace: str,
@@ -567,6 +595,22 @@ def test_delete_is_bounded_when_the_gateway_is_gone_for_good(
     gateway.delete(arn)
 
 
+def scraped(port: int) -> dict[str, float]:
+    """The operator's /metrics: each metric's samples summed over their labels (a counter
+    no handler run has touched yet has none: 0)."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == family.name or sample.name == f"{family.name}_total":
+                totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    return {
+        "bucketnotify_reconcile_total": 0.0,
+        "bucketnotify_reconcile_errors_total": 0.0,
+        **totals,
+    }
+
+
 def test_only_the_lease_holder_reconciles_and_a_successor_takes_over(
     kubectl: Kubectl,
     namespace: str,
@@ -578,9 +622,10 @@ def test_only_the_lease_holder_reconciles_and_a_successor_takes_over(
         "renew_deadline_seconds": "3",
         "retry_period_seconds": "1",
     }
-    first = start_operator(**fast)
+    ports = free_port(), free_port()
+    first = start_operator(**fast, metrics_port=str(ports[0]))
     wait_until(first.log, lambda log: "acquired the leader Lease" in log, 30, "a leader")
-    second = start_operator(**fast)
+    second = start_operator(**fast, metrics_port=str(ports[1]))
 
     name = f"{namespace}-one"
     spec = {"endpoint": {"http": {"url": "http://127.0.0.1:9/one"}}}
@@ -589,9 +634,17 @@ def test_only_the_lease_holder_reconciles_and_a_successor_takes_over(
     assert "Handler 'topic_changed' succeeded" in first.log()
     assert "Handler 'topic_changed'" not in second.log()
     assert "acquired the leader Lease" not in second.log()
+    # The follower serves its metrics too, with nothing counted and not leading.
+    leader, follower = (scraped(port) for port in ports)
+    assert leader["bucketnotify_operator_leader"] == 1
+    assert leader["bucketnotify_reconcile_total"] >= 1
+    assert follower["bucketnotify_operator_leader"] == 0
+    assert follower["bucketnotify_reconcile_total"] == 0
+    assert follower["bucketnotify_reconcile_errors_total"] == 0
 
     first.stop()
     wait_until(second.log, lambda log: "acquired the leader Lease" in log, 30, "a successor")
+    assert scraped(ports[1])["bucketnotify_operator_leader"] == 1
     name2 = f"{namespace}-two"
     spec2 = {"endpoint": {"http": {"url": "http://127.0.0.1:9/two"}}}
     kubectl.apply({**topic(name2, spec2), "metadata": {"name": name2, "namespace": namespace}})
