@@ -246,3 +246,9 @@ async def test_a_round_cut_short_by_the_store_counts_its_pushes_once_and_no_drop
     assert {e.event_id for e in parked} == {event_id(event("huge"))}
     assert parking_result is not None and parking_result.delivered == 1
     assert [d.record["s3"]["object"]["key"] for d in parking_endpoint.delivered] == ["huge"]
+    # Handed over, not pushed by the gateway: the parking topic counts it as delivered, not
+    # as triggered (the gateway's events are counted once, by the topic they came to).
+    found = samples(metrics.exposition().decode())
+    on_parking = {"namespace": "ns", "topic": "parking"}
+    assert value(found, "pubsub_event_triggered_total", **on_parking) == 0
+    assert value(found, "pubsub_push_ok_total", **on_parking) == 1
