@@ -543,12 +543,15 @@ def test_unreachable_gateway_shows_on_the_topic_and_recovers(
 def test_keys_the_gateway_refuses_show_on_the_topic_and_recover_once_fixed(
     kubectl: Kubectl,
     namespace: str,
-    operator: Program,
+    start_operator: StartOperator,
     rgw: LocalService,
     gateway: TopicClient,
 ) -> None:
     """A gatewayRef Secret with a wrong secret key: the gateway refuses the signature, the
-    Topic says GatewayAccessDenied (never the key), and the right key makes it Ready."""
+    Topic says GatewayAccessDenied (never the key), counted by that reason, and the right
+    key makes it Ready."""
+    port = free_port()
+    start_operator(metrics_port=str(port))
     wrong = "not-the-secret-key-of-this-user"
     endpoint, access_key = rgw["RGW_ENDPOINT"], rgw["RGW_ACCESS_KEY"]
     gateway_secret(kubectl, namespace, "gw-keys", endpoint, access_key, wrong)
@@ -561,6 +564,15 @@ def test_keys_the_gateway_refuses_show_on_the_topic_and_recover_once_fixed(
     status = ready(kubectl, namespace, name, status="False")
     assert status["conditions"][0]["reason"] == "GatewayAccessDenied"
     assert wrong not in json.dumps(status)
+    errors = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    counted = [
+        s.value
+        for family in text_string_to_metric_families(errors)
+        for s in family.samples
+        if s.name == "bucketnotify_reconcile_errors_total"
+        and s.labels == {"kind": "topic", "reason": "GatewayAccessDenied"}
+    ]
+    assert counted and counted[0] >= 1
     kubectl.run("delete", "secret", "gw-keys", "-n", namespace)
     gateway_secret(kubectl, namespace, "gw-keys", endpoint, access_key, rgw["RGW_SECRET_KEY"])
     arn = ready(kubectl, namespace, name)["arn"]
