@@ -76,8 +76,8 @@ class Stream:
         self.unacked: dict[str, list[str]] = {b: [] for b in buckets}
         self.written_at: dict[str, tuple[float, float]] = {}
         """Key → when its PUT was sent and when it was answered (time.time())."""
-        self.in_flight: dict[str, str] = {}
-        """Key → its bucket, while its PUT waits for its answer."""
+        self.in_flight: dict[str, tuple[str, float]] = {}
+        """Key → its bucket and when it was sent, while its PUT waits for its answer."""
         self._threads = [
             threading.Thread(target=self._write, args=(w,), daemon=True) for w in range(writers)
         ]
@@ -99,10 +99,10 @@ class Stream:
         with self._lock:
             return sum(map(len, self.acked.values()))
 
-    def unanswered(self) -> list[tuple[str, str]]:
-        """(bucket, key) of the writes sent and not yet answered."""
+    def unanswered(self, sent_before: float = float("inf")) -> list[tuple[str, str]]:
+        """(bucket, key) of the writes sent (before ``sent_before``) and not yet answered."""
         with self._lock:
-            return [(bucket, write) for write, bucket in self.in_flight.items()]
+            return [(b, write) for write, (b, sent) in self.in_flight.items() if sent < sent_before]
 
     def _write(self, writer: int) -> None:
         n = 0
@@ -114,7 +114,7 @@ class Stream:
             write = key if self._versions == 1 else write_id(key, version)
             sent = time.time()
             with self._lock:
-                self.in_flight[write] = bucket
+                self.in_flight[write] = (bucket, sent)
             try:
                 self._s3.put_object(Bucket=bucket, Key=key, Body=b"x" * (BODY + version))
                 ok = True
@@ -306,6 +306,8 @@ class Pipeline:
     can cut), if not at ``rgw`` directly."""
     store_url: str | None = None
     """The replicas' queue store, if not a bucket of its own on ``rgw`` (``dir://...``)."""
+    kubeconfigs: dict[str, str] = field(default_factory=dict)
+    """``operator`` / ``delivery``: whose credentials that program uses, if not the admin's."""
     kubectl: Kubectl = field(init=False)
     namespace: str = field(init=False)
     cluster: DeliveryCluster = field(init=False)
@@ -323,7 +325,7 @@ class Pipeline:
             self.kubectl,
             self.namespace,
             {
-                "KUBECONFIG": self.kube["KUBECONFIG_ADMIN"],
+                "KUBECONFIG": self.kubeconfigs.get("delivery", self.kube["KUBECONFIG_ADMIN"]),
                 "BUCKETNOTIFY_DELIVERY_STORE": (
                     self.store_url or f"s3://bnq-{uuid.uuid4().hex[:12]}"
                 ),
@@ -338,15 +340,12 @@ class Pipeline:
             },
         )
         for i in range(self.replicas):
-            # The partitions-owned gauge every second: the apiserver test reads it mid-outage.
-            self.cluster.start(
-                f"replica-{i}", **{"stats_interval_seconds": "1", **self.replica_settings}
-            )
+            self.cluster.start(f"replica-{i}", **self._replica_settings())
         balancer = self.cluster.front()
         self.operator = Program(
             ["operator"],
             {
-                "KUBECONFIG": self.kube["KUBECONFIG_ADMIN"],
+                "KUBECONFIG": self.kubeconfigs.get("operator", self.kube["KUBECONFIG_ADMIN"]),
                 **gateway,
                 "BUCKETNOTIFY_NAMESPACES": json.dumps([self.namespace]),
                 "BUCKETNOTIFY_LEADER_ELECTION_NAMESPACE": self.namespace,
@@ -354,6 +353,15 @@ class Pipeline:
                 "BUCKETNOTIFY_INGEST_URL": balancer.url,
             },
         )
+
+    def replace(self, dead: str, successor: str) -> None:
+        """``successor`` in the place of the replica ``dead`` (a new pod of the same
+        Deployment: the same settings, behind the same balancer)."""
+        self.cluster.replace(dead, successor, **self._replica_settings())
+
+    def _replica_settings(self) -> dict[str, str]:
+        # The partitions-owned gauge every second: the apiserver test reads it mid-outage.
+        return {"stats_interval_seconds": "1", **self.replica_settings}
 
     def topics(self, target: Target, handoffs: tuple[str, ...] = HANDOFFS) -> dict[str, str]:
         """A persistent Topic per hand-off mode, each with a bucket notifying it of PUTs,
@@ -422,17 +430,24 @@ QUIET_S = 15
 """How long a topic that may lose writes gets no new deliveries before it counts as settled."""
 
 
+LAST_LOOK_S = 5
+"""The least a settled stream is watched for stragglers before it is counted."""
+
+
 def settle(
     stream: Stream,
     target: Target,
     buckets: dict[str, str],
     timeout: float,
     may_lose: frozenset[str] = frozenset(),
+    sweep_until: float = 0.0,
 ) -> list[Outcome]:
     """Wait until every acknowledged write of every topic was delivered (or ``timeout``),
-    give stragglers a few seconds to show duplicates, and count. A topic in ``may_lose``
-    also counts as settled once nothing new reached it for ``QUIET_S``: what it lost never
-    comes, and the caller judges the losses."""
+    then go on looking for copies until ``sweep_until`` (``time.time()``: past the last
+    moment the fault could still make something send an event again), ``LAST_LOOK_S`` at
+    least, and count. A topic in ``may_lose`` also counts as settled once nothing new
+    reached it for ``QUIET_S``: what it lost never comes, and the caller judges the
+    losses."""
     deadline = time.monotonic() + timeout
     seen = {t: 0 for t in buckets}
     quiet_since = {t: time.monotonic() for t in buckets}
@@ -447,7 +462,9 @@ def settle(
 
     while time.monotonic() < deadline and not all([settled(t) for t in buckets]):
         time.sleep(1)
-    time.sleep(5)
+    swept = time.time()
+    time.sleep(max(LAST_LOOK_S, sweep_until - swept))
+    print(f"looked for late copies for {time.time() - swept:.1f} s after the stream settled")
     outcomes = []
     for topic, bucket in buckets.items():
         keys = target.keys(topic)
