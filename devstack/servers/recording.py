@@ -49,7 +49,8 @@ class RecordingHttpServer:
     """An HTTP(S) endpoint on 127.0.0.1 (or ``host``) that records every POST.
 
     HTTP/1.1 with keep-alive (a client may reuse its connection); answers ``status`` after
-    ``delay_s`` (both can be changed while it runs) and counts the requests it serves at once.
+    ``delay_s`` (both can be changed while it runs), and with ``hold`` only once that is set,
+    and counts the requests it serves at once.
     With ``ssl_context`` it speaks HTTPS; a client that fails the handshake gets nothing.
     """
 
@@ -61,12 +62,15 @@ class RecordingHttpServer:
         delay_s: float = 0,
         host: str = "127.0.0.1",
         keep_alive: bool = True,
+        hold: threading.Event | None = None,
     ) -> None:
         """``keep_alive``: HTTP/1.1 with persistent connections, else HTTP/1.0 (a connection
-        per request)."""
+        per request). ``hold``: a push is answered only once it is set (a test decides when
+        a push under way ends, rather than a delay a busy machine may outlast)."""
         self.requests: queue.Queue[ReceivedRequest] = queue.Queue()
         self.status = status
         self.delay_s = delay_s
+        self.hold = hold
         self.max_concurrent = 0
         self._concurrent = 0
         lock = threading.Lock()
@@ -86,6 +90,8 @@ class RecordingHttpServer:
                         return  # the client died mid-request (a killed replica): not received
                     if outer.delay_s:
                         time.sleep(outer.delay_s)
+                    if outer.hold is not None:
+                        outer.hold.wait()
                     headers = [(k.lower(), v) for k, v in self.headers.items()]
                     status = outer.status
                     outer._received(

@@ -8,8 +8,10 @@ the test plays the gateway and the operator (it makes the token Secret).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -27,9 +29,6 @@ from tests.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("crds")
 
-ENDPOINT_DELAY_S = 3.0
-"""The endpoint answers this late, so a round is still pushing when the stop comes."""
-
 
 @pytest.fixture()
 def replica_settings() -> dict[str, str]:
@@ -39,7 +38,7 @@ def replica_settings() -> dict[str, str]:
 
 def readyz(port: int) -> tuple[int, dict[str, object]]:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as answer:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=10) as answer:
             return int(answer.status), json.load(answer)
     except urllib.error.HTTPError as exc:
         return int(exc.code), json.loads(exc.read())
@@ -53,7 +52,11 @@ def test_a_stopping_replica_is_unready_at_once_and_its_round_finishes_before_it_
     queues: Path,
 ) -> None:
     program, port = replica
-    with RecordingHttpServer(delay_s=ENDPOINT_DELAY_S) as endpoint:
+    # The endpoint answers only when the test lets it: a round is still pushing when the
+    # stop comes, and for as long as the test looks.
+    answer = threading.Event()
+    with RecordingHttpServer(hold=answer) as endpoint, contextlib.ExitStack() as stack:
+        stack.callback(answer.set)
         apply(
             kubectl,
             namespace,
@@ -77,13 +80,16 @@ def test_a_stopping_replica_is_unready_at_once_and_its_round_finishes_before_it_
         assert readyz(port)[0] == 200
 
         program.process.send_signal(signal.SIGTERM)
+        # At once means while the round's push is still under way (it cannot end before the
+        # endpoint answers), not within a time a busy machine may exceed.
         _, body = wait_until(
-            lambda: readyz(port), lambda answer: answer[0] == 503, 2, "/readyz 503", 0.05
+            lambda: readyz(port), lambda seen: seen[0] == 503, 30, "/readyz 503", 0.05
         )
         assert body["ready"] is False and "stopping" in str(body), body
         assert program.process.poll() is None, "unready before it goes, not gone"
         # It waits for the push under way (the endpoint's answer) and its removal.
-        assert program.process.wait(timeout=ENDPOINT_DELAY_S + 20) == 0, program.log()[-3000:]
+        answer.set()
+        assert program.process.wait(timeout=30) == 0, program.log()[-3000:]
 
         assert sorted(keys_of(endpoint.received())) == keys
 
