@@ -34,13 +34,15 @@ pytestmark = pytest.mark.usefixtures("crds")
 
 OVERLAP = 8
 """Seconds the replica still takes a replaced token (TOKEN_OVERLAP_SECONDS; 600 by default)."""
+REFRESH = 30
+"""Seconds between the replica's reads of the token Secrets (SECRET_REFRESH_SECONDS)."""
 
 
 @pytest.fixture()
 def replica_settings() -> dict[str, str]:
     # The Secrets are read again every 30 s (the default): what this test sees within that
     # comes from the replica reading the Secret when a push brings a token it does not hold.
-    return {"TOKEN_OVERLAP_SECONDS": str(OVERLAP), "SECRET_REFRESH_SECONDS": "30"}
+    return {"TOKEN_OVERLAP_SECONDS": str(OVERLAP), "SECRET_REFRESH_SECONDS": str(REFRESH)}
 
 
 def token_of(kubectl: Kubectl, namespace: str, topic: str) -> str:
@@ -180,21 +182,29 @@ def test_a_rotated_ingest_token_takes_effect_at_once_and_no_event_is_lost(
         # A rotation that keeps the old token as previous-token (for a gateway queue still
         # holding pushes made with it) has it taken again, without waiting for a refresh.
         patch_token_secret(kubectl, namespace, topic, {"previous-token": old})
+        # Within a third of a refresh interval: the push made it read the Secret (a busy
+        # machine's seconds do not close that gap).
         wait_until(
-            lambda: push(port, namespace, topic, old), lambda code: code == 400, 10, "old taken"
+            lambda: push(port, namespace, topic, old),
+            lambda code: code == 400,
+            REFRESH / 3,
+            "old taken",
         )
         assert push(port, namespace, topic, "not-" + new) == 403
-        # Removing previous-token takes effect within SECRET_REFRESH_SECONDS: the replica
-        # holds it, so no push makes it read the Secret; its refresh does.
+        # Removing previous-token takes effect at the next refresh (SECRET_REFRESH_SECONDS): the
+        # replica holds it, so no push makes it read the Secret; its refresh does.
         kubectl.run(
             "patch", "secret", f"{topic}-ingest-token", "-n", namespace, "--type=json",
             "-p", json.dumps([{"op": "remove", "path": "/data/previous-token"}]),
         )  # fmt: skip
-        removed = time.monotonic()
+        # Refused at all within a few refresh intervals tells the refresh from never,
+        # whatever a busy machine adds to one refresh.
         wait_until(
-            lambda: push(port, namespace, topic, old), lambda code: code == 403, 45, "old refused"
+            lambda: push(port, namespace, topic, old),
+            lambda code: code == 403,
+            3 * REFRESH,
+            "old refused after a refresh",
         )
-        assert time.monotonic() - removed <= 30 + 5  # the refresh, plus a round of it
         assert push(port, namespace, topic, new) == 400
 
         # A deleted token Secret is made again by the operator at once (its deletion
