@@ -240,4 +240,15 @@ def configure(
     # only its warnings are worth a line, and only at DEBUG do we want the rest.
     if root.level > logging.DEBUG:
         logging.getLogger("httpx").setLevel(logging.WARNING)
+    # The brokers' drivers log each failed attempt, at ERROR (aiokafka: a wrong SASL password
+    # made 58 lines a few minutes from each replica). The endpoint reports the failure
+    # itself, in the round's line and on the Topic; the drivers' lines are for DEBUG.
+    for driver in ENDPOINT_DRIVERS:
+        logging.getLogger(driver).setLevel(
+            logging.NOTSET if root.level <= logging.DEBUG else logging.CRITICAL
+        )
     return chosen
+
+
+ENDPOINT_DRIVERS = ("aiokafka", "aio_pika", "aiormq")
+"""Loggers of the libraries that push to brokers: silent but for CRITICAL unless at DEBUG."""

@@ -237,3 +237,24 @@ def test_a_retried_kopf_handler_failure_is_a_warning_and_its_last_retry_an_error
     retried, last, permanent = lines(stream)
     assert retried["severity"] == "warning"
     assert last["severity"] == "error" and permanent["severity"] == "error"
+
+
+@pytest.mark.parametrize("driver", logs.ENDPOINT_DRIVERS)
+def test_a_broker_drivers_errors_are_left_to_debug(driver: str) -> None:
+    """A driver's ERROR per failed attempt (aiokafka: "Unable connect ...
+    SaslAuthenticationFailed" over and over) is not a line at INFO: the endpoint says what
+    failed itself. At DEBUG it is there, for whoever digs."""
+    root = logging.getLogger()
+    saved_handlers, saved_level = root.handlers[:], root.level
+    quiet, loud = io.StringIO(), io.StringIO()
+    try:
+        logs.configure("json", "INFO", stream=quiet)
+        logging.getLogger(f"{driver}.conn").error("Unable connect to node with id 1")
+        logs.configure("json", "DEBUG", stream=loud)
+        logging.getLogger(f"{driver}.conn").error("Unable connect to node with id 1")
+    finally:
+        root.handlers[:] = saved_handlers
+        root.setLevel(saved_level)
+        logging.getLogger(driver).setLevel(logging.NOTSET)
+    assert quiet.getvalue() == ""
+    assert [json.loads(line)["severity"] for line in loud.getvalue().splitlines()] == ["error"]

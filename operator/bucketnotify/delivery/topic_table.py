@@ -30,14 +30,14 @@ from typing import Any
 
 from bucketnotify.api.common import GROUP, VERSION
 from bucketnotify.api.topic import TopicSpec, broker_cleartext_refusal, endpoint_topic_name
-from bucketnotify.apiserver import ApiClient, ApiError, object_path
+from bucketnotify.apiserver import ApiClient, ApiError, object_path, transient
 from bucketnotify.delivery.endpoints.base import Endpoint
 from bucketnotify.delivery.endpoints.errors import ConfigurationError
 from bucketnotify.delivery.endpoints.factory import open_endpoint
 from bucketnotify.delivery.events import TopicEvents
 from bucketnotify.delivery.ingest_tokens import IngestTokens, IngestTopic, TopicKey
 from bucketnotify.delivery.outcomes import DeliveryPolicy
-from bucketnotify.delivery.queue import QueueLimits, QueueName, QueueStore
+from bucketnotify.delivery.queue import QueueLimits, QueueName, QueueStore, StoreUnavailable
 from bucketnotify.delivery.worker import DeliveredCache
 from bucketnotify.kube import Kube, SecretMissing
 from bucketnotify.metrics import DeliveryMetrics
@@ -56,7 +56,8 @@ CACHED = {"resourceVersion": "0"}
 etcd: a replica scoped to many namespaces lists each every few seconds, and a Topic newer
 than the cache is looked up by its first event anyway (``resolve``)."""
 UNLISTED_WARN_EVERY_S = 60.0
-"""How often a namespace whose Topics cannot be listed is named in a WARNING."""
+"""How often a namespace whose Topics cannot be listed is named in a WARNING, and a Topic
+that cannot be served for a while (the API server throttling or away) in another."""
 
 
 @dataclass
@@ -126,6 +127,8 @@ class TopicTable:
         # request into an API server call.
         self._misses: dict[TopicKey, float] = {}
         self._unlisted_warned: dict[str, float] = {}
+        self._unserved: dict[TopicKey, tuple[str, float]] = {}
+        """Topics the last refresh could not serve: what was said of each, and when."""
         self._lock = asyncio.Lock()
         self.stored: set[QueueName] = set()
         """Queues the store held at the last sweep (finds queues to drain after a restart)."""
@@ -219,11 +222,14 @@ class TopicTable:
             for topic in listed:
                 meta = topic["metadata"]
                 seen.add((meta["namespace"], meta["name"]))
+                key = (meta["namespace"], meta["name"])
                 try:
                     await self.consider(topic)
-                except Exception:
+                except Exception as exc:
                     # One broken Topic must not keep the others from being served.
-                    log.exception("cannot serve topic %s/%s", meta["namespace"], meta["name"])
+                    self._cannot_serve(key, exc)
+                else:
+                    self._unserved.pop(key, None)
         for key in set(self.topics) - seen:
             if key[0] not in unlisted:
                 await self.retire(key, reason="its Topic was deleted")
@@ -231,6 +237,35 @@ class TopicTable:
         for key in set(self.ingest_topics) - seen:
             if key[0] not in unlisted:
                 self.ingest_topics.pop(key, None)
+
+    def _cannot_serve(self, key: TopicKey, exc: Exception) -> None:
+        """Say why a Topic is not served (its events wait in its queue meanwhile): a failure
+        the next refresh may get over (the API server throttling or away, the queue store
+        away) as a WARNING at most every UNLISTED_WARN_EVERY_S; anything else once, as an
+        ERROR naming what to fix, until it changes. Neither with a traceback: under a
+        throttling API server every Topic fails each refresh, and a traceback per Topic
+        and refresh would bury what matters (it goes to DEBUG, for a defect of ours)."""
+        reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        said, at = self._unserved.get(key, ("", -1e9))
+        now = time.monotonic()
+        if transient(exc) or isinstance(exc, StoreUnavailable):
+            if now - at >= UNLISTED_WARN_EVERY_S:
+                self._unserved[key] = (reason, now)
+                log.warning(
+                    "topic %s/%s cannot be read now: %s (its queue keeps its events; tried"
+                    " again at the next refresh)",
+                    *key,
+                    reason,
+                )
+        elif reason != said:
+            self._unserved[key] = (reason, now)
+            log.error(
+                "topic %s/%s cannot be served: %s; its events wait in its queue until the"
+                " Topic or what it refers to is fixed",
+                *key,
+                reason,
+            )
+        log.debug("topic %s/%s not served", *key, exc_info=exc)
 
     async def consider(self, topic: dict[str, Any]) -> None:
         meta = topic["metadata"]

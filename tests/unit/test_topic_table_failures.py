@@ -1,0 +1,66 @@
+"""A Topic the replica cannot serve is said once and plainly: a failure the next refresh may
+get over (the API server throttling: 429) as a WARNING without traceback, at most once a
+minute per Topic; one that needs a person as one ERROR, without traceback, until it changes.
+A throttling API server fails every Topic at every refresh: a traceback each would bury the
+one line that matters."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import kopf
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from bucketnotify.apiserver import ApiClient
+from bucketnotify.delivery.stores.localdir import LocalDirStore
+from tests.delivery import lone_service
+
+TOPIC = {
+    "apiVersion": "bucketnotify.io/v1alpha1",
+    "kind": "Topic",
+    "metadata": {"namespace": "team-a", "name": "t", "uid": "u1", "generation": 1},
+    "spec": {"persistent": True, "endpoint": {"http": {"url": "http://127.0.0.1:9/"}}},
+}
+
+
+async def test_a_throttled_topic_warns_once_and_a_refused_one_errs_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    answers = [429, 429, 403, 403]
+
+    async def topics(request: web.Request) -> web.Response:
+        return web.json_response({"kind": "TopicList", "items": [TOPIC]})
+
+    async def secret(request: web.Request) -> web.Response:
+        status = answers.pop(0)
+        message = {429: "too many requests, please try again later", 403: "forbidden"}
+        return web.json_response(
+            {"kind": "Status", "code": status, "message": message[status]}, status=status
+        )
+
+    app = web.Application()
+    app.router.add_get("/apis/bucketnotify.io/v1alpha1/topics", topics)
+    app.router.add_get("/api/v1/namespaces/{namespace}/secrets/{name}", secret)
+    async with TestServer(app) as server:
+        info = kopf.ConnectionInfo(server=str(server.make_url("")).rstrip("/"))
+        async with ApiClient(info) as api:
+            service = lone_service(api, LocalDirStore(tmp_path))
+            with caplog.at_level(logging.DEBUG, logger="bucketnotify"):
+                for _ in range(4):
+                    await service.table.refresh()
+            await service.table.aclose()
+    assert answers == [], "every refresh read the token Secret"
+    said = [
+        r
+        for r in caplog.records
+        if r.name == "bucketnotify.delivery.topic_table" and r.levelno >= logging.WARNING
+    ]
+    assert [r.levelno for r in said] == [logging.WARNING, logging.ERROR]
+    assert all(r.exc_info is None for r in said)
+    warning, error = (r.getMessage() for r in said)
+    assert "team-a/t" in warning and "429" in warning and "tried again" in warning
+    assert "team-a/t" in error and "403" in error and "until the Topic" in error
+    assert ("team-a", "t") not in service.table.ingest_topics
