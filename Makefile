@@ -24,12 +24,15 @@ COMPAT_TESTS := \
 	tests/integration/test_topic_names.py::test_a_spec_name_with_a_dot_is_taken_or_refused_as_the_gateways_release_says \
 	tests/integration/test_topic_operator.py::test_each_endpoint_kind_reaches_the_gateway \
 	tests/integration/test_topic_operator.py::test_drift_on_the_gateway_is_repaired \
+	tests/integration/test_topic_operator.py::test_tls_and_sasl_settings_reach_the_gateway \
+	tests/integration/test_topic_operator.py::test_sasl_settings_reach_a_gateway_over_https \
 	tests/integration/test_notification_operator.py::test_notification_is_applied_with_every_filter_and_sends_a_test_event \
 	tests/integration/test_notification_operator.py::test_foreign_configuration_survives_reconcile_and_delete \
 	tests/integration/test_notification_operator.py::test_a_failed_push_of_a_gateway_delivered_topic_does_not_fail_the_put_and_is_gone \
 	tests/e2e/test_events.py::test_every_event_type_arrives_with_the_reference_fields \
 	tests/e2e/test_persistent_delivery.py::test_every_event_type_is_delivered_once_with_the_gateways_fields \
-	tests/e2e/test_persistent_delivery.py::test_events_arrive_once_and_in_order_per_object
+	tests/e2e/test_persistent_delivery.py::test_events_arrive_once_and_in_order_per_object \
+	tests/spark/test_s3a.py::test_records_on_the_gateway
 
 .PHONY: help
 help: ## list the targets

@@ -285,6 +285,30 @@ def test_put_succeeds_beside_a_foreign_entry_whose_topic_is_gone(
     assert client.get(bucket, "orphan") == NotificationConfig("orphan", gone, ())
 
 
+def test_the_gateways_own_answer_to_a_put_naming_a_deleted_topic(
+    rgw: LocalService, s3: Any, bucket: str, topics: Topics, topic_arn: str
+) -> None:
+    """docs/gateway-compatibility.md: every release answers 404 ``NoSuchKey``; 20.2 applies
+    nothing of that PUT, 18.2 and 16.2 the entries before the one naming the deleted topic
+    (why our client re-sends a foreign entry whose topic is gone, above)."""
+    gone = topics.make()
+    topics.client.delete(gone)
+    entries = [
+        {"Id": "before", "TopicArn": topic_arn, "Events": ["s3:ObjectCreated:*"]},
+        {"Id": "orphan", "TopicArn": gone, "Events": ["s3:ObjectCreated:*"]},
+    ]
+    with pytest.raises(s3.exceptions.ClientError) as refused:
+        s3.put_bucket_notification_configuration(
+            Bucket=bucket, NotificationConfiguration={"TopicConfigurations": entries}
+        )
+    assert refused.value.response["Error"]["Code"] == "NoSuchKey"
+    assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 404
+    stored = s3.get_bucket_notification_configuration(Bucket=bucket)
+    ids = sorted(c["Id"] for c in stored.get("TopicConfigurations", []))
+    release = release_of(rgw)
+    assert ids == ([] if (release.major or 0) >= 20 else ["before"]), release
+
+
 def test_put_on_a_missing_topic_is_not_found(client: NotificationClient, bucket: str) -> None:
     arn = f"arn:aws:sns:default::{unique('no-topic')}"
 
@@ -339,7 +363,7 @@ def test_a_missing_bucket_is_not_found(client: NotificationClient, topic_arn: st
 
 
 def test_an_unknown_event_is_refused(
-    client: NotificationClient, bucket: str, topic_arn: str
+    rgw: LocalService, client: NotificationClient, s3: Any, bucket: str, topic_arn: str
 ) -> None:
     config = NotificationConfig("bad-event", topic_arn, ("s3:ObjectCreated:Teleport",))
 
@@ -349,6 +373,27 @@ def test_an_unknown_event_is_refused(
     assert "s3:ObjectCreated:Teleport" in str(caught.value)
     assert caught.value.reason == "GatewayRefused"
     assert client.list(bucket) == []
+
+    # The gateway's own answer (docs/gateway-compatibility.md): 400 InvalidArgument on every
+    # release; a message naming the Id on 20.2, none on 18.2 and 16.2 (so our message names
+    # the event itself, above).
+    with pytest.raises(s3.exceptions.ClientError) as refused:
+        s3.put_bucket_notification_configuration(
+            Bucket=bucket,
+            NotificationConfiguration={
+                "TopicConfigurations": [
+                    {"Id": "bad-event", "TopicArn": topic_arn, "Events": list(config.events)}
+                ]
+            },
+        )
+    error = refused.value.response["Error"]
+    assert error["Code"] == "InvalidArgument"
+    assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 400
+    release = release_of(rgw)
+    if (release.major or 0) >= 20:
+        assert "bad-event" in error.get("Message", ""), error
+    else:
+        assert not error.get("Message"), (release, error)
 
 
 def test_another_user_is_denied(

@@ -7,6 +7,9 @@ persistent queue acts on ``time_to_live`` and ``max_retries`` (20+)."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+
 import botocore.exceptions
 import pytest
 
@@ -15,6 +18,7 @@ from bucketnotify.controller.topic_builder import OWNER
 from bucketnotify.gateway.errors import GatewayForeignTopic
 from bucketnotify.gateway.notifications import NotificationClient, NotificationConfig
 from bucketnotify.gateway.topics import GatewayTopic, TopicClient
+from devstack.gateway import ceph_tool, listed_topic_names
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.operator import DRIFT_INTERVAL_S, StartOperator
@@ -59,6 +63,74 @@ def test_every_event_the_api_offers_is_taken_exactly_where_the_operator_lets_it_
             sns.delete_topic(TopicArn=arn)
     assert refused == release.refused_events(EVENT_TYPES)
     assert taken, "every release takes ObjectCreated and ObjectRemoved"
+
+
+def test_the_abort_multipart_upload_expiration_event_is_taken_as_unknown_where_not_refused(
+    rgw: LocalService,
+) -> None:
+    """``...:Expiration:AbortMultipartUpload``, in Ceph's docs: 20.2 and 18.2 take it and
+    store it as ``s3:UnknownEvent``, 16.2 refuses it. The API does not offer it
+    (``test_notification_crd.py``): on no release would it notify anything."""
+    release = release_of(rgw)
+    s3, sns = s3_client(rgw), sns_client(rgw)
+    bucket = unique("abort-mpu")
+    s3.create_bucket(Bucket=bucket)
+    arn = sns.create_topic(Name=unique("abort-mpu"), Attributes={"push-endpoint": DEAD_ENDPOINT})[
+        "TopicArn"
+    ]
+    config = {
+        "Id": "n",
+        "TopicArn": arn,
+        "Events": ["s3:ObjectLifecycle:Expiration:AbortMultipartUpload"],
+    }
+    try:
+        if (release.major or 0) >= 18:
+            s3.put_bucket_notification_configuration(
+                Bucket=bucket, NotificationConfiguration={"TopicConfigurations": [config]}
+            )
+            stored = s3.get_bucket_notification_configuration(Bucket=bucket)
+            assert [c["Events"] for c in stored["TopicConfigurations"]] == [["s3:UnknownEvent"]]
+        else:
+            with pytest.raises(botocore.exceptions.ClientError) as refused:
+                s3.put_bucket_notification_configuration(
+                    Bucket=bucket, NotificationConfiguration={"TopicConfigurations": [config]}
+                )
+            assert refused.value.response["Error"]["Code"] == "InvalidArgument"
+    finally:
+        s3.delete_bucket(Bucket=bucket)
+        sns.delete_topic(TopicArn=arn)
+
+
+def test_radosgw_admin_lists_topics_in_the_shape_of_its_release(rgw: LocalService) -> None:
+    """``radosgw-admin topic list`` (what ``devstack.gateway.listed_topic_names`` reads): a
+    JSON list of topics on 20.2, ``{"topics": [topic, ...]}`` on 18.2, ``{"topics":
+    [{"topic": topic, "subs": [...]}]}`` on 16.2."""
+    release = release_of(rgw)
+    sns = sns_client(rgw)
+    name = unique("listed")
+    arn = sns.create_topic(Name=name, Attributes={"push-endpoint": DEAD_ENDPOINT})["TopicArn"]
+    try:
+        listed = json.loads(
+            subprocess.run(
+                ceph_tool(rgw, "radosgw-admin", "topic", "list"),
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=True,
+            ).stdout
+        )
+    finally:
+        sns.delete_topic(TopicArn=arn)
+    if (release.major or 0) >= 20:
+        assert isinstance(listed, list)
+        ours = [t for t in listed if t["name"] == name]
+    elif release.major == 18:
+        ours = [t for t in listed["topics"] if t["name"] == name]
+    else:
+        ours = [e["topic"] for e in listed["topics"] if e["topic"]["name"] == name]
+        assert all(isinstance(e["subs"], list) for e in listed["topics"])
+    assert len(ours) == 1, listed
+    assert name in listed_topic_names(json.dumps(listed))
 
 
 def test_events_a_release_lacks_make_the_notification_unsupported_and_the_others_are_written(
