@@ -20,7 +20,14 @@ import pytest
 
 from devstack.servers.recording import RecordingHttpServer
 from devstack.servers.tcpproxy import TcpProxy
-from tests.cluster.pods import Release, Upgrade, describe, describe_all
+from tests.cluster.pods import (
+    Release,
+    Upgrade,
+    describe,
+    describe_all,
+    ready_since,
+    release_pods,
+)
 from tests.cluster.uploads import Uploads, notified_bucket
 from tests.install.manifests import CHART, PREVIOUS_RELEASE, helm
 from tests.kubectl import Kubectl
@@ -250,6 +257,7 @@ def release(
     started = time.monotonic()
     with Uploads(rgw, bucket, "upgrade") as uploads:
         time.sleep(3)
+        began = time.time()
         try:
             helm(
                 helm_bin, "upgrade", name, str(CHART), "-n", namespace,
@@ -259,13 +267,23 @@ def release(
             )  # fmt: skip
         except AssertionError as exc:
             pytest.fail(f"{exc}\n{describe(ckubectl, namespace)}", pytrace=False)
+        last_ready = max(ready_since(p) for p in release_pods(ckubectl, namespace, image))
         time.sleep(3)
     upgraded = time.monotonic() - started
     print(
         f"helm install --wait ({previous}): {installed:.0f} s; helm upgrade --wait with the"
         f" ingest URL: {configured:.0f} s; helm upgrade --wait to {image}: {upgraded:.0f} s"
     )
-    upgrade = Upgrade(previous, image, bucket, uploads.acknowledged)
+    upgrade = Upgrade(
+        previous,
+        image,
+        bucket,
+        uploads.acknowledged,
+        during=uploads.acknowledged_between(began, last_ready),
+        failed=uploads.failed,
+        began=began,
+        last_ready=last_ready,
+    )
     yield Release(name, namespace, ingest_url, values, watched, upgrade)
     print(describe(ckubectl, namespace)[-6000:])
     helm(

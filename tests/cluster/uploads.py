@@ -67,10 +67,13 @@ def notified_bucket(
 
 
 class Uploads:
-    """A thread PUTting ``prefix/00000``, ``prefix/00001``, ... into ``bucket`` every 0.1 s
-    while in its ``with`` block; ``acknowledged`` holds the keys the gateway answered 200."""
+    """``writers`` threads PUTting ``prefix/<writer>-00000``, ``prefix/<writer>-00001``, ...
+    into ``bucket``, each every 0.1 s, while in its ``with`` block; ``acknowledged`` holds
+    the keys the gateway answered 200, ``failed`` those it refused or never answered, and
+    ``times`` when each was sent and answered (``time.time()``; answered: None while it
+    waits)."""
 
-    def __init__(self, rgw: LocalService, bucket: str, prefix: str) -> None:
+    def __init__(self, rgw: LocalService, bucket: str, prefix: str, writers: int = 1) -> None:
         # One attempt: a retried PUT would be a second event of its key (botocore's legacy
         # "max_attempts" counts retries, not attempts).
         self._s3 = s3_client(
@@ -81,25 +84,52 @@ class Uploads:
         )
         self._bucket, self._prefix = bucket, prefix
         self.acknowledged: list[str] = []
+        self.failed: list[str] = []
+        self.times: dict[str, tuple[float, float | None]] = {}
+        self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._write, daemon=True)
+        self._threads = [
+            threading.Thread(target=self._write, args=(w,), daemon=True) for w in range(writers)
+        ]
+        self._single = writers == 1
 
     def __enter__(self) -> Uploads:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join()
+        for thread in self._threads:
+            thread.join()
 
-    def _write(self) -> None:
+    def unanswered(self, sent_before: float) -> list[str]:
+        """The uploads sent before ``sent_before`` that are still waiting for an answer."""
+        with self._lock:
+            return [
+                k
+                for k, (sent, answered) in self.times.items()
+                if answered is None and sent < sent_before
+            ]
+
+    def acknowledged_between(self, began: float, ended: float) -> list[str]:
+        with self._lock:
+            return [k for k in self.acknowledged if began <= (self.times[k][1] or 0) <= ended]
+
+    def _write(self, writer: int) -> None:
         i = 0
         while not self._stop.is_set():
-            key = f"{self._prefix}/{i:05d}"
+            key = f"{self._prefix}/{i:05d}" if self._single else f"{self._prefix}/{writer}-{i:05d}"
+            with self._lock:
+                self.times[key] = (time.time(), None)
             try:
                 self._s3.put_object(Bucket=self._bucket, Key=key, Body=b"x")
-                self.acknowledged.append(key)
+                ok = True
             except Exception as exc:  # a refused write is not acknowledged: not counted
                 print(f"write {key}: {exc}")
+                ok = False
+            with self._lock:
+                self.times[key] = (self.times[key][0], time.time())
+                (self.acknowledged if ok else self.failed).append(key)
             i += 1
             time.sleep(0.1)

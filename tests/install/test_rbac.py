@@ -32,6 +32,7 @@ from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.processes import Program, free_port
 from tests.s3 import connection, s3_client
+from tests.serviceaccounts import token_kubeconfig
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("crds")
@@ -60,40 +61,9 @@ class Release:
 
     def kubeconfig_for(self, service_account: str) -> str:
         """A kubeconfig with a TokenRequest token of ``service_account``: its rights only."""
-        token = self.kubectl.run(
-            "create", "token", service_account, "-n", self.namespace, "--duration=2h"
-        ).stdout.strip()
-        path = self.workdir / f"{service_account}.kubeconfig"
-        path.write_text(
-            json.dumps(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [
-                        {
-                            "name": "local",
-                            "cluster": {
-                                "server": self.kube["KUBE_SERVER"],
-                                "certificate-authority": self.kube["KUBE_CA_CERT"],
-                            },
-                        }
-                    ],
-                    "users": [{"name": service_account, "user": {"token": token}}],
-                    "contexts": [
-                        {
-                            "name": "sa",
-                            "context": {
-                                "cluster": "local",
-                                "user": service_account,
-                                "namespace": self.namespace,
-                            },
-                        }
-                    ],
-                    "current-context": "sa",
-                }
-            )
+        return token_kubeconfig(
+            self.kube, self.kubectl, self.namespace, service_account, self.workdir
         )
-        return str(path)
 
     def env(self, component: str) -> dict[str, str]:
         """The container's environment as the kubelet would build it for a pod of ours."""

@@ -1,0 +1,180 @@
+"""An API server that answers 429 (Too Many Requests) to the operator and the delivery
+replicas, as a busy cluster's API Priority and Fairness does to a workload it holds to a
+small share: everything slows down, nothing is lost, and nothing is logged as an ERROR or
+with a traceback (a 429 is the API server asking to be asked again later, not something a
+person must act on)."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from devstack.servers.recording import RecordingHttpServer
+from tests.faults.pipeline import HttpTarget, Pipeline, Stream, settle
+from tests.kubectl import Kubectl
+from tests.localservices import LocalService
+from tests.serviceaccounts import token_kubeconfig
+
+pytestmark = pytest.mark.timeout(600)
+
+PROGRAMS = ("operator", "delivery")
+PER_SECOND = 8
+STREAM_S = 20
+
+
+def rejected(kubectl: Kubectl, flow_schema: str) -> float:
+    """Requests the API server refused (429) under ``flow_schema``, from its own metrics."""
+    total = 0.0
+    for line in kubectl.run("get", "--raw", "/metrics").stdout.splitlines():
+        if line.startswith("apiserver_flowcontrol_rejected_requests_total{") and (
+            f'flow_schema="{flow_schema}"' in line
+        ):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+@pytest.fixture()
+def throttled(kube: LocalService, kubectl: Kubectl, tmp_path: Path) -> Iterator[dict[str, str]]:
+    """A ServiceAccount per program with every right, each of them held by API Priority and
+    Fairness to one priority level of the smallest share (the API server gives it about 3
+    of its 600 seats) that rejects what does not fit at once. Returns program → kubeconfig
+    (and, under ``<program>-schema``, its FlowSchema's name)."""
+    name = f"throttled-{uuid.uuid4().hex[:8]}"
+    kubectl.run("create", "namespace", name)
+    made: list[tuple[str, str]] = []
+
+    def create(manifest: dict[str, object]) -> None:
+        kubectl.run("apply", "-f", "-", stdin=json.dumps(manifest))
+        made.append((str(manifest["kind"]).lower(), name_of(manifest)))
+
+    create(
+        {
+            "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
+            "kind": "PriorityLevelConfiguration",
+            "metadata": {"name": name},
+            "spec": {
+                "type": "Limited",
+                "limited": {
+                    "nominalConcurrencyShares": 1,
+                    "lendablePercent": 0,
+                    "borrowingLimitPercent": 0,
+                    "limitResponse": {"type": "Reject"},
+                },
+            },
+        }
+    )
+    found: dict[str, str] = {}
+    for program in PROGRAMS:
+        account = f"{program}-sa"
+        kubectl.run("create", "serviceaccount", account, "-n", name)
+        create(
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": f"{name}-{program}"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": "cluster-admin",
+                },
+                "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": name}],
+            }
+        )
+        every = {"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"], "namespaces": ["*"]}
+        create(
+            {
+                "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
+                "kind": "FlowSchema",
+                "metadata": {"name": f"{name}-{program}"},
+                "spec": {
+                    "priorityLevelConfiguration": {"name": name},
+                    # Before every built-in schema but the exempt ones (1 and up).
+                    "matchingPrecedence": 100,
+                    "distinguisherMethod": {"type": "ByUser"},
+                    "rules": [
+                        {
+                            "subjects": [
+                                {
+                                    "kind": "ServiceAccount",
+                                    "serviceAccount": {"name": account, "namespace": name},
+                                }
+                            ],
+                            "resourceRules": [
+                                every,
+                                {
+                                    **{k: every[k] for k in ("verbs", "apiGroups", "resources")},
+                                    "clusterScope": True,
+                                },
+                            ],
+                            "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
+                        }
+                    ],
+                },
+            }
+        )
+        found[program] = token_kubeconfig(kube, kubectl, name, account, tmp_path)
+        found[f"{program}-schema"] = f"{name}-{program}"
+    yield found
+    for kind, object_name in reversed(made):
+        kubectl.run("delete", kind, object_name, "--ignore-not-found")
+    kubectl.run("delete", "namespace", name, "--wait=false")
+
+
+def name_of(manifest: dict[str, object]) -> str:
+    metadata = manifest["metadata"]
+    assert isinstance(metadata, dict)
+    return str(metadata["name"])
+
+
+def troubles(log: str) -> list[str]:
+    """The lines of a program's JSON log at ERROR or above, or carrying a traceback."""
+    found = []
+    for line in log.splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            found.append(line)  # not ours: a library printing on its own, or a crash
+            continue
+        severe = entry.get("severity") in ("error", "critical")
+        if severe or "exc_info" in entry or "Traceback" in line:
+            found.append(line)
+    return found
+
+
+def test_an_apiserver_answering_429_slows_nothing_down_to_a_loss_or_an_error(
+    kube: LocalService, rgw: LocalService, kubectl: Kubectl, throttled: dict[str, str]
+) -> None:
+    """The operator and two replicas start, reconcile two persistent Topics (hand-off sync
+    and persistent) and their BucketNotifications, and deliver a stream of uploads, all
+    under the throttling: the API server refuses some of both programs' requests with 429.
+    Every Topic and BucketNotification gets Ready, every acknowledged upload arrives once,
+    and no log line of the run is an ERROR or holds a traceback."""
+    schemas = {p: throttled[f"{p}-schema"] for p in PROGRAMS}
+    before = {p: rejected(kubectl, schema) for p, schema in schemas.items()}
+    pipeline = Pipeline(kube, rgw, replicas=2, kubeconfigs={p: throttled[p] for p in PROGRAMS})
+    try:
+        with RecordingHttpServer() as receiver:
+            target = HttpTarget(receiver)
+            buckets = pipeline.topics(target)  # every Topic and BucketNotification Ready
+            with Stream(rgw, list(buckets.values()), PER_SECOND) as stream:
+                time.sleep(STREAM_S)
+            outcomes = settle(stream, target, buckets, 240)
+        refused = {p: rejected(kubectl, schema) - before[p] for p, schema in schemas.items()}
+        logs = {"operator": pipeline.operator.log() if pipeline.operator else ""}
+        logs.update({name: r.log() for name, r in pipeline.cluster.replicas.items()})
+    finally:
+        pipeline.close()
+    print(f"answered 429: {refused}")
+    assert all(refused.values()), f"the API server refused none of a program's requests: {refused}"
+    for outcome in outcomes:
+        assert outcome.acked > 0, outcome.line()
+        assert not outcome.lost, outcome.line()
+        assert outcome.duplicates == 0, outcome.line()
+    for program, log in logs.items():
+        bad = troubles(log)
+        assert not bad, f"{program} logged an error or a traceback:\n" + "\n".join(bad[:10])
