@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -15,6 +16,7 @@ import pytest
 from bucketnotify.apiserver import ApiClient
 from bucketnotify.delivery.delivered import DELIVERED_SAVE_S
 from bucketnotify.delivery.endpoints.base import Delivery
+from bucketnotify.delivery.endpoints.errors import RejectedError
 from bucketnotify.delivery.endpoints.testing import MockEndpoint
 from bucketnotify.delivery.ingest import event_id
 from bucketnotify.delivery.ownership import LeaseSettings, Ownership
@@ -22,6 +24,8 @@ from bucketnotify.delivery.queue import Entry, QueueLimits, QueueName
 from bucketnotify.delivery.service import DeliveryService
 from bucketnotify.delivery.shard_loops import HANDOVER_POLL_ROUNDS
 from bucketnotify.delivery.stores.localdir import LocalDirStore
+from bucketnotify.delivery.timings import ServiceTimings
+from bucketnotify.settings import DeliveryServiceSettings
 from tests.delivery import OwnsEverything, one_shard_runtime
 from tests.kubeapi import UNREACHABLE
 from tests.records import event
@@ -186,3 +190,95 @@ async def test_a_shard_just_taken_polls_until_its_peers_know_who_holds_it(
         service.loops.wake_local(queue, 0)
         await asyncio.wait_for(loop, 10)
         await api.close()
+
+
+class TimedStore(LocalDirStore):
+    """Notes when each listing happened and how many entries it returned."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.listings: list[tuple[float, int]] = []
+
+    async def list(self, queue: QueueName, shard: int, max_entries: int = 1024) -> list[Entry]:
+        found = await super().list(queue, shard, max_entries)
+        self.listings.append((time.monotonic(), len(found)))
+        return found
+
+
+async def loop_of(
+    tmp_path: Path, endpoint: MockEndpoint, keys: list[str], timings: ServiceTimings
+) -> tuple[TimedStore, DeliveryService, asyncio.Task[None], ApiClient]:
+    store = TimedStore(tmp_path)
+    api = ApiClient(kopf.ConnectionInfo(server=UNREACHABLE))
+    service = DeliveryService(
+        api=api,
+        store=store,
+        ownership=cast(Ownership, Wakeable()),
+        namespaces=[],
+        timings=timings,
+    )
+    queue = QueueName("ns", "t")
+    await store.create(queue, 1, QueueLimits())
+    records = [event(k) for k in keys]
+    reservation = await store.reserve(queue, 0, len(records), 10_000_000, 0)
+    await store.commit(reservation, [(event_id(r), json.dumps(r).encode()) for r in records], 0)
+    service.topics[("ns", "t")] = one_shard_runtime(queue, endpoint)
+    return store, service, asyncio.create_task(service.loops._shard_loop(("ns", "t"), 0)), api
+
+
+async def stop(service: DeliveryService, loop: asyncio.Task[None], api: ApiClient) -> None:
+    service.loops.stopping = True
+    service.loops.wake_local(QueueName("ns", "t"), 0)
+    await asyncio.wait_for(loop, 10)
+    await api.close()
+
+
+async def test_a_round_lists_up_to_1024_entries_and_a_full_one_is_followed_at_once(
+    tmp_path: Path,
+) -> None:
+    """A backlog of 1,500 is listed 1,024 then 476, the second listing without the poll
+    interval between (the interval is made long here, so waiting for it would show)."""
+    endpoint = MockEndpoint()
+    keys = [f"k{i:04}" for i in range(1500)]
+    store, service, loop, api = await loop_of(
+        tmp_path, endpoint, keys, ServiceTimings(round_interval_s=30, idle_max_s=30)
+    )
+    try:
+
+        async def all_delivered() -> bool:
+            return len(endpoint.delivered) == 1500
+
+        await until(all_delivered, 20, "the backlog delivered, well before a 30 s poll")
+        assert [n for _, n in store.listings[:2]] == [1024, 476]
+        assert len(store.listings) == 2, "the short listing settled the shard: no poll"
+    finally:
+        await stop(service, loop, api)
+
+
+async def test_failing_rounds_back_off_from_the_round_interval_to_idle_poll_max(
+    tmp_path: Path,
+) -> None:
+    """While every push fails the shard is polled again after twice the round interval, then
+    twice that, up to ``IDLE_POLL_MAX_SECONDS`` and no further: eight listings come within
+    seconds (doubling without the cap would space the eighth 25 s from the first), none
+    sooner than the back-off allows."""
+    assert DeliveryServiceSettings().idle_poll_max_seconds == ServiceTimings().idle_max_s == 1.0
+    assert ServiceTimings().round_interval_s == 0.2
+    timings = ServiceTimings(round_interval_s=0.1, idle_max_s=0.5)
+    store, service, loop, api = await loop_of(
+        tmp_path, MockEndpoint.failing(RejectedError("answered 503")), ["a"], timings
+    )
+    try:
+
+        async def eight() -> bool:
+            return len(store.listings) >= 8
+
+        await until(eight, 20, "eight listings of the failing shard")
+        times = [t for t, _ in store.listings[:8]]
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        # Lower bounds only (a busy machine makes gaps longer, never shorter): 0.2, 0.4, then
+        # the cap; the cap itself is what let eight listings come in time.
+        assert gaps[0] >= 0.2 - 0.02 and gaps[1] >= 0.4 - 0.02
+        assert all(g >= 0.5 - 0.02 for g in gaps[2:]), gaps
+    finally:
+        await stop(service, loop, api)
