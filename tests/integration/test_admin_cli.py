@@ -7,6 +7,7 @@ partition Leases are taken by real ``Ownership`` replicas, and what ``topic stat
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import re
@@ -607,3 +608,86 @@ async def test_bad_arguments_are_exit_code_2(cli: Cli) -> None:
         result = await cli(*args)
         assert result.code == 2, args
         assert "usage:" in result.err
+
+
+@pytest.mark.parametrize("queues", ["dir"], indirect=True)
+async def test_the_rights_docs_cli_md_lists_are_enough_for_every_command(
+    kube: LocalService, crds: None, kubectl: Kubectl, namespace: str, queues: Queues, tmp_path: Path
+) -> None:
+    """A user holding exactly what docs/cli.md lists (get/list on topics and
+    bucketnotifications, delete on topics, list on leases in the Lease namespace) runs every
+    command; without the leases right, ``topic stats`` is the one refused."""
+    kubectl.run("create", "serviceaccount", "cli-user", "-n", namespace)
+
+    def rule(group: str, resource: str, *verbs: str) -> dict[str, Any]:
+        return {"apiGroups": [group], "resources": [resource], "verbs": list(verbs)}
+
+    rules = [
+        rule("bucketnotify.io", "topics", "get", "list", "delete"),
+        rule("bucketnotify.io", "bucketnotifications", "get", "list"),
+        rule("coordination.k8s.io", "leases", "list"),
+    ]
+    kubectl.apply(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": "cli-user", "namespace": namespace},
+            "rules": rules,
+        }
+    )
+    kubectl.run(
+        "create", "rolebinding", "cli-user", "-n", namespace, "--role=cli-user",
+        f"--serviceaccount={namespace}:cli-user",
+    )  # fmt: skip
+    token = kubectl.run("create", "token", "cli-user", "-n", namespace).stdout.strip()
+
+    def as_cli_user(kubeconfig: dict[str, Any]) -> None:
+        for user in kubeconfig["users"]:
+            user["user"] = {"token": token}
+
+    path = edited_kubeconfig(kube["KUBECONFIG_ADMIN"], tmp_path / "kubeconfig", as_cli_user)
+    queue = persistent_topic(kubectl, namespace, "orders", shards=2)
+    await queues.store.create(queue, 2, QueueLimits())
+    apply(kubectl, namespace, "Topic", "web", {"endpoint": HTTP})
+    apply(
+        kubectl, namespace, "BucketNotification", "all",
+        {"bucket": "b", "topicRef": {"name": "web"}},
+    )  # fmt: skip
+
+    async def run(*args: str) -> Result:
+        return await run_cli({"KUBECONFIG": path, **queues.env}, *args, "-n", namespace)
+
+    for args in (
+        ("topic", "list"),
+        ("topic", "get", "orders"),
+        ("topic", "stats", "orders"),
+        ("topic", "dump", "orders"),
+        ("notification", "list"),
+        ("notification", "get", "all"),
+        ("topic", "rm", "web"),
+    ):
+        result = await run(*args)
+        assert result.code == 0, (args, result)
+
+    kubectl.apply(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": "cli-user", "namespace": namespace},
+            "rules": rules[:2],
+        }
+    )
+    refused = await wait_refused(run)
+    assert 'cannot list resource "leases"' in refused.err
+
+
+async def wait_refused(run: Callable[..., Awaitable[Result]]) -> Result:
+    """``topic stats`` once the API server's RBAC has taken the narrowed Role (at once,
+    but its authorizer cache may take a moment)."""
+    deadline = time.monotonic() + 30
+    while True:
+        result = await run("topic", "stats", "orders")
+        if result.code != 0 or time.monotonic() > deadline:
+            assert result.code == 1, result
+            return result
+        await asyncio.sleep(0.5)

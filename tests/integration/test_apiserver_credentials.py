@@ -213,3 +213,26 @@ async def test_no_kubeconfig_and_no_pod_is_a_clear_error(
     clean_env.setenv("KUBECONFIG", str(tmp_path / "missing"))
     with pytest.raises(apiserver.ConfigError, match=r"no file of \$KUBECONFIG exists"):
         await apiserver.connect()
+
+
+async def test_without_kubeconfig_outside_a_pod_the_home_kube_config_is_used(
+    kube: LocalService,
+    kubectl: Kubectl,
+    namespace: str,
+    tmp_path: Path,
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    """As kubectl: no $KUBECONFIG and not in a pod, ``~/.kube/config``, its current context's
+    user and namespace."""
+    config = admin_config(kube)
+    token = service_account_token(kubectl, namespace, "home")
+    for user in config["users"]:
+        user["user"] = {"token": token}
+    for context in config["contexts"]:
+        context["context"]["namespace"] = namespace
+    (tmp_path / ".kube").mkdir()
+    (tmp_path / ".kube" / "config").write_text(yaml.safe_dump(config))
+    clean_env.setenv("HOME", str(tmp_path))
+    assert apiserver.current_namespace() == namespace
+    async with await apiserver.connect() as api:
+        assert await username(api) == f"system:serviceaccount:{namespace}:home"

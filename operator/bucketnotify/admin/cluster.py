@@ -102,9 +102,16 @@ class Cluster:
             raise Unreachable(
                 f"the API server answered {exc.status} {exc.reason}: {exc.message}"
             ) from None
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        except TimeoutError:
+            # Its str() is empty: say what timed out, and what sets the wait.
             raise Unreachable(
-                f"cannot reach the API server at {self._api.server}: {exc or type(exc).__name__}"
+                f"cannot reach the API server at {self._api.server}: no answer within"
+                f" {self._timeout:g} s (--request-timeout)"
+            ) from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise Unreachable(
+                f"cannot reach the API server at {self._api.server}:"
+                f" {str(exc) or type(exc).__name__}"
             ) from None
 
     async def list(self, kind: Kind, namespace: str | None) -> list[dict[str, Any]]:
