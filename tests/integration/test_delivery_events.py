@@ -10,14 +10,16 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bucketnotify import event_recorder
 from bucketnotify.apiserver import ApiClient
 from bucketnotify.delivery.events import COMPONENT
 from bucketnotify.delivery.queue import QueueName
@@ -243,6 +245,10 @@ def test_failure_recovery_loss_full_queue_and_missing_secret_are_topic_events_wi
         store = LocalDirStore(tmp_path / "queues")
         narrow = asyncio.run(store.list(QueueName(namespace, "narrow"), 0))
         assert sorted(json.loads(e.body)["s3"]["object"]["key"] for e in narrow) == kept
+        # spec.delivery.shards made each queue: hook of two shards, narrow of one.
+        for topic, shards in (("hook", [0, 1]), ("narrow", [0])):
+            stats = asyncio.run(store.stats(QueueName(namespace, topic), time.time()))
+            assert sorted(stats.shards) == shards, topic
         missing = wait_until(
             lambda: topic_events(kubectl, namespace, "mq"),
             lambda ev: "SecretNotFound" in reasons(ev),
@@ -354,6 +360,85 @@ async def test_a_series_of_occurrences_is_one_event_whose_count_rises(
     assert "hunter2-secret" not in event["message"]
     assert "amqp://***@h" in event["message"] and "(400 failed pushes since" in event["message"]
     assert event["involvedObject"]["uid"] == kubectl.get("topic", "t", namespace)["metadata"]["uid"]
+
+
+class Clock:
+    """The clock of ``bucketnotify.event_recorder`` moved on by the test: its 30 s and 10 min
+    pass at once, while the asyncio loop keeps real time."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def time(self) -> float:
+        return time.time() + self.offset
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.offset
+
+
+async def series_of(
+    kubectl: Kubectl, namespace: str, want: Callable[[list[int]], bool], what: str
+) -> list[int]:
+    """The counts of Topic t's ``EndpointFailing`` Events, oldest first, once ``want``."""
+    deadline = time.monotonic() + 15
+    while True:
+        found = await asyncio.to_thread(topic_events, kubectl, namespace, "t")
+        counts = [
+            e["count"]
+            for e in sorted(found, key=lambda e: e["firstTimestamp"])
+            if e["reason"] == "EndpointFailing"
+        ]
+        if want(counts):
+            return counts
+        assert time.monotonic() < deadline, f"{what}: Events counted {counts}"
+        await asyncio.sleep(0.1)
+
+
+async def test_an_event_is_patched_at_most_every_30_s_and_a_series_ends_after_10_quiet_minutes(
+    api: ApiClient,
+    kubectl: Kubectl,
+    namespace: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """With the recorder's defaults: the first occurrence is written at once; more within
+    30 s are not written (the recorder looks 20 times a second), after 30 s they are; after
+    ten quiet minutes the next occurrence is a new Event. Posting is the background's: a post
+    the API server refuses is logged, after ``record`` has returned."""
+    clock = Clock()
+    monkeypatch.setattr(event_recorder, "time", clock)
+    apply(kubectl, namespace, "Topic", "t", {"endpoint": {"http": {"url": "http://127.0.0.1:9/"}}})
+    recorder = EventRecorder(api, component=COMPONENT, instance="test", flush_interval_s=0.05)
+    topic = ObjectRef("Topic", namespace, "t")
+
+    def fail() -> None:
+        recorder.record(topic, "Warning", "EndpointFailing", "answered 500")
+
+    try:
+        fail()
+        await series_of(kubectl, namespace, lambda c: c == [1], "the first written at once")
+        fail()
+        fail()
+        await asyncio.sleep(1)
+        assert await series_of(kubectl, namespace, bool, "") == [1], "patched within 30 s"
+        clock.offset += 31
+        await series_of(kubectl, namespace, lambda c: c == [3], "patched once 30 s passed")
+
+        clock.offset += 601
+        await asyncio.sleep(0.5)  # the recorder forgets the quiet series meanwhile
+        fail()
+        await series_of(kubectl, namespace, lambda c: c == [3, 1], "a new Event after 10 min")
+
+        nowhere = ObjectRef("Topic", f"{namespace}-gone", "t", uid=str(uuid.uuid4()))
+        with caplog.at_level(logging.WARNING, logger="bucketnotify.event_recorder"):
+            recorder.record(nowhere, "Warning", "EndpointFailing", "answered 500")
+            assert "could not post Event" not in caplog.text, "record() waited for the post"
+            deadline = time.monotonic() + 15
+            while "could not post Event EndpointFailing on Topic" not in caplog.text:
+                assert time.monotonic() < deadline, "the refused post was not logged"
+                await asyncio.sleep(0.1)
+    finally:
+        await recorder.aclose()
 
 
 def test_an_endpoint_that_cannot_be_opened_as_specified_is_endpoint_invalid_until_fixed(
