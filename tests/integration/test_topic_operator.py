@@ -14,6 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bucketnotify import leadership
+from bucketnotify.api.topic import ingest_token_secret
 from bucketnotify.apiserver import lease_path
 from bucketnotify.gateway.errors import GatewayAccessDenied
 from bucketnotify.gateway.topics import GatewayTopic, TopicClient
@@ -718,3 +719,27 @@ async def test_a_leader_whose_operator_fails_ends_with_a_non_zero_status(
         assert ended.value.code == 1
         lease = await api.get(lease_path(namespace, settings.leader_election_lease))
         assert lease["spec"].get("holderIdentity") in ("", None)
+
+
+def test_a_persistent_topics_token_secret_is_owned_by_the_topic(
+    kubectl: Kubectl, namespace: str, start_operator: StartOperator
+) -> None:
+    """The operator makes the ingest token Secret with the Topic as its owner, so deleting
+    the Topic lets Kubernetes' garbage collector take the Secret (this apiserver runs no
+    controller manager: the reference is what is asserted)."""
+    start_operator(ingest_url="http://127.0.0.1:9")  # nothing is pushed here
+    name = f"{namespace}-queued"
+    spec = {"endpoint": {"http": {"url": "http://127.0.0.1:9/q"}}, "persistent": True}
+    kubectl.apply({**topic(name, spec), "metadata": {"name": name, "namespace": namespace}})
+    ready(kubectl, namespace, name)
+    owner = kubectl.get("topic", name, namespace)
+    secret = kubectl.get("secret", ingest_token_secret(name), namespace)
+    assert secret["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": owner["apiVersion"],
+            "kind": "Topic",
+            "name": name,
+            "uid": owner["metadata"]["uid"],
+        }
+    ]
+    assert secret["data"]["token"]
