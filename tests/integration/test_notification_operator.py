@@ -95,6 +95,16 @@ def test_notification_is_applied_with_every_filter_and_sends_a_test_event(
         20,
         "testEventSent",
     )
+    listed = json.loads(kubectl.run("get", "events", "-n", namespace, "-o", "json").stdout)
+    (sent,) = [
+        e
+        for e in listed["items"]
+        if e["involvedObject"].get("kind") == "BucketNotification"
+        and e["involvedObject"]["name"] == "photos"
+        and e["reason"] == "TestEventSent"
+    ]
+    assert sent["type"] == "Normal"
+    assert sent["message"] == "s3:TestEvent sent to the HTTP endpoint of Topic hook"
 
     on_gateway = notifications.get(bucket, "photos")
     assert on_gateway is not None

@@ -147,10 +147,11 @@ def test_failure_once_then_recovered_created_updated_and_no_secret_in_events_or_
 def test_a_test_event_that_cannot_be_sent_warns_and_deletions_are_told(
     kubectl: Kubectl, namespace: str, start_operator: StartOperator, rgw: LocalService
 ) -> None:
-    """TestEventNotSent (Warning) when the Topic's endpoint refuses the s3:TestEvent, the
+    """TestEventNotSent (Warning) when the Topic's endpoint refuses the s3:TestEvent, and
+    for AMQP, Kafka and persistent Topics, which the operator cannot send one to; the
     notification Ready all the same; Deleted (Normal) on each object once the gateway no
     longer has it."""
-    start_operator()
+    start_operator(ingest_url="http://127.0.0.1:9")  # nothing reaches the ingest here
     bucket = f"ev-{namespace}"
     s3_client(rgw).create_bucket(Bucket=bucket)
     # Port 9 (discard) refuses on loopback: the test event cannot be posted.
@@ -174,6 +175,31 @@ def test_a_test_event_that_cannot_be_sent_warns_and_deletions_are_told(
     ]
     assert warning["type"] == "Warning"
     assert warning["message"].startswith("could not connect to http://127.0.0.1:9")
+
+    # The brokers' addresses are never dialled: no object is uploaded.
+    unreachable = {
+        "mq": {"amqp": {"url": "amqp://127.0.0.1:9", "exchange": "x", "ackLevel": "none"}},
+        "log": {"kafka": {"url": "kafka://127.0.0.1:9", "ackLevel": "none"}},
+        "queued": {"http": {"url": "http://127.0.0.1:9/q"}},
+    }
+    for topic, endpoint in unreachable.items():
+        spec = {"endpoint": endpoint, "persistent": topic == "queued"}
+        apply(kubectl, namespace, "Topic", topic, spec)
+        condition(kubectl, namespace, "topic", topic)
+        apply(
+            kubectl, namespace, "BucketNotification", f"to-{topic}",
+            {"bucket": bucket, "topicRef": {"name": topic}},
+        )  # fmt: skip
+    for topic in unreachable:
+        status = condition(kubectl, namespace, "bucketnotification", f"to-{topic}")
+        assert status.get("testEventSent") is False, topic
+        (not_sent,) = [
+            e
+            for e in object_events(kubectl, namespace, "BucketNotification", f"to-{topic}")
+            if e["reason"] == "TestEventNotSent"
+        ]
+        assert not_sent["type"] == "Warning", topic
+        assert not_sent["message"] == "test events reach only non-persistent HTTP topics for now"
 
     kubectl.run("delete", "bucketnotification", "n", "-n", namespace, "--timeout=60s")
     kubectl.run("delete", "topic", "hook", "-n", namespace, "--timeout=60s")
