@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gzip
 import json
 import logging
 import time
@@ -526,11 +527,13 @@ def test_an_endpoint_that_cannot_be_opened_as_specified_is_endpoint_invalid_unti
 
 
 def test_events_past_max_retries_go_to_the_dead_letter_topic_and_are_delivered_there(
-    kubectl: Kubectl, namespace: str, replica: Program, port: int
+    kubectl: Kubectl, namespace: str, replica: Program, port: int, tmp_path: Path
 ) -> None:
     """maxRetries 1 on a failing endpoint with delivery.deadLetterTopic: the dropped events
     are queued on the dead-letter Topic and delivered by it, one EventsDeadLettered
-    (Warning) on the failing Topic and no EventsLost."""
+    (Warning) on the failing Topic and no EventsLost. The delivery records (written beside
+    the queues at the stop) have each event ingested once, on its own Topic: none on the
+    dead-letter Topic, which records them delivered."""
     with (
         RecordingHttpServer(status=500) as failing,
         RecordingHttpServer() as dead_letters,
@@ -591,3 +594,13 @@ def test_events_past_max_retries_go_to_the_dead_letter_topic_and_are_delivered_t
     by_reason = {e["reason"]: e for e in events}
     assert by_reason["EventsDeadLettered"]["type"] == "Warning"
     assert "EventsLost" not in by_reason
+
+    replica.stop()  # writes the buffered records
+    outcomes: dict[str, list[str]] = {"hook": [], "dead": []}
+    for path in sorted((tmp_path / "records" / "v1").rglob("*.jsonl.gz")):
+        for line in gzip.decompress(path.read_bytes()).decode().splitlines():
+            record = json.loads(line)
+            outcomes[record["topic"]].append(record["outcome"])
+    assert sorted(outcomes["hook"]).count("ingested") == 2, outcomes
+    assert outcomes["hook"].count("dead_lettered") == 2, outcomes
+    assert sorted(outcomes["dead"]) == ["delivered", "delivered"], outcomes

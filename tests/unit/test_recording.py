@@ -383,3 +383,25 @@ async def test_an_event_time_that_does_not_parse_is_recorded_as_null(
     (record,) = [r for records in files(tmp_path).values() for r in records]
     assert record["event_time"] is None
     assert (record["outcome"], record["key"], record["ingest_time"]) == ("ingested", "k", HOUR_6)
+
+
+async def test_the_final_write_gives_up_after_10_s_and_logs_how_many_records_it_lost(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A target that never answers (a gateway gone at the stop) holds the stop for the
+    writer's default 10 s, not longer: then one ERROR line names the records not written."""
+
+    class Hung(DirTarget):
+        async def write(self, path: str, body: bytes) -> None:
+            await asyncio.Event().wait()
+
+    w = RecordWriter(Hung(tmp_path), replica="r", metrics=DeliveryMetrics(), flush_interval_s=3600)
+    await w.start()
+    for n in range(3):
+        w.add(rec(n))
+    started = time.monotonic()
+    await asyncio.wait_for(w.aclose(), 30)
+    took = time.monotonic() - started
+    assert 10 <= took < 30, took
+    (error,) = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert error.getMessage().startswith("delivery records: stopping with 3 records not written")
