@@ -63,6 +63,12 @@ def test_records_on_the_gateway(
             secret_key=SecretStr(rgw["RGW_SECRET_KEY"]),
         ),
     )
+    # The keys are on the Hadoop configuration only: SparkConf shows in the Spark UI and
+    # event logs.
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    assert hadoop.get("fs.s3a.secret.key") == rgw["RGW_SECRET_KEY"]
+    spark_conf = spark.sparkContext.getConf().getAll()
+    assert not [k for k, v in spark_conf if rgw["RGW_SECRET_KEY"] in v or "secret.key" in k]
     config = JobConfig(f"s3a://{bucket}/records", f"s3a://{bucket}/out", DAY, DAY)
     result = run(spark, config)
     # Read back from the gateway: the Parquet files, the summary and the report it holds.
