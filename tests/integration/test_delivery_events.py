@@ -13,12 +13,16 @@ import gzip
 import json
 import logging
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
+import yaml
 
 from bucketnotify import event_recorder
 from bucketnotify.apiserver import ApiClient
@@ -27,6 +31,7 @@ from bucketnotify.delivery.queue import QueueName
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from bucketnotify.event_recorder import EventRecorder, ObjectRef
 from devstack.servers.recording import RecordingHttpServer
+from devstack.servers.tcpproxy import TcpProxy
 from tests.delivery import push_records
 from tests.kubeapi import api_client
 from tests.kubectl import Kubectl
@@ -91,6 +96,69 @@ def replica(kube: LocalService, namespace: str, port: int, tmp_path: Path) -> It
     yield program
     program.stop()
     print(f"--- delivery log ---\n{program.log()[-4000:]}")
+
+
+def readiness(port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as refused:
+        return refused.code
+    except OSError:
+        return 0
+
+
+def test_a_replica_stays_ready_and_takes_pushes_through_an_api_server_outage(
+    kube: LocalService, kubectl: Kubectl, namespace: str, port: int, tmp_path: Path
+) -> None:
+    """The replica reaches the API server through a proxy the test cuts for longer than
+    the Lease duration: /readyz answers 200 all along and the ingest still commits (it needs
+    the store, not the API server), though the replica cannot renew its Leases meanwhile."""
+    kubeconfig = yaml.safe_load(Path(kube["KUBECONFIG_ADMIN"]).read_text())
+    server = urlsplit(kubeconfig["clusters"][0]["cluster"]["server"])
+    assert server.hostname is not None and server.port is not None
+    proxy = TcpProxy(server.hostname, server.port)
+    for cluster in kubeconfig["clusters"]:
+        cluster["cluster"]["server"] = f"https://{proxy.host}:{proxy.port}"
+    (tmp_path / "kubeconfig").write_text(yaml.safe_dump(kubeconfig))
+    env = {
+        **replica_env(kube, namespace, port, tmp_path),
+        "KUBECONFIG": str(tmp_path / "kubeconfig"),
+        "BUCKETNOTIFY_DELIVERY_LEASE_DURATION_SECONDS": "4",
+        "BUCKETNOTIFY_DELIVERY_RENEW_DEADLINE_SECONDS": "3",
+        "BUCKETNOTIFY_DELIVERY_RENEW_INTERVAL_SECONDS": "1",
+    }
+    proxy.start()
+    program = Program(["delivery"], env)
+    try:
+        apply(
+            kubectl, namespace, "Topic", "hook",
+            {"endpoint": {"http": {"url": "http://127.0.0.1:9/"}}, "persistent": True},
+        )  # fmt: skip
+        token = token_secret(kubectl, namespace, "hook")
+        wait_until(
+            lambda: push_records(port, namespace, "hook", token, ["before"]),
+            lambda status: status == 200,
+            30,
+            "the ingest to accept events for Topic hook",
+        )
+        assert readiness(port) == 200
+
+        proxy.stop()
+        outage_ends = time.monotonic() + 4 + 3  # past the Lease duration and the deadline
+        answers = []
+        while time.monotonic() < outage_ends:
+            answers.append(readiness(port))
+            time.sleep(0.25)
+        assert set(answers) == {200}, answers
+        assert push_records(port, namespace, "hook", token, ["during"]) == 200
+        assert "renewing the Lease of partition" in program.log(), "the outage was not seen"
+        store = LocalDirStore(tmp_path / "queues")
+        stats = asyncio.run(store.stats(QueueName(namespace, "hook"), time.time()))
+        assert stats.entries == 2, "both pushes wait in the queue (the endpoint refuses)"
+    finally:
+        proxy.stop()
+        program.stop()
 
 
 def test_broker_credentials_without_tls_are_refused_and_the_events_wait(
