@@ -113,6 +113,12 @@ def test_three_replicas_spread_evenly_and_a_killed_owner_loses_nothing(
         30,
         "32 partitions spread 10/11/11 over three replicas",
     )
+    wait_until(
+        lambda: cluster.metric("bucketnotify_lease_partitions_owned"),
+        lambda owned: owned == PARTITIONS,
+        30,
+        "the replicas' bucketnotify_lease_partitions_owned to sum to PARTITIONS",
+    )
     start_operator(ingest_url=balancer.url)
     s3 = s3_client(rgw)
     bucket = f"ko-{uuid.uuid4().hex[:12]}"
@@ -206,6 +212,28 @@ def test_three_replicas_spread_evenly_and_a_killed_owner_loses_nothing(
         lambda h: len(h) == PARTITIONS and spread(h) == [16, 16] and victim not in h.values(),
         30,
         "the survivors share every partition",
+    )
+    assert cluster.metric("bucketnotify_lease_partitions_owned") == PARTITIONS
+
+    def exporting_queue_length() -> set[str]:
+        return {
+            name
+            for name, program in cluster.replicas.items()
+            if program.process.poll() is None
+            and any(
+                sample == "persistent_topic_len" and ("topic", topic) in series
+                for sample, series in scrape(f"http://127.0.0.1:{cluster.ports[name]}/metrics")
+            )
+        }
+
+    # Only the owner of shard 0 exports the queue's gauges (the others drop the series),
+    # once its survey ran (every STATS_INTERVAL_SECONDS, 30 s).
+    shard_0_owner = cluster.holders()[partition_of(QueueName(namespace, topic), 0, PARTITIONS)]
+    wait_until(
+        exporting_queue_length,
+        lambda names: names == {shard_0_owner},
+        90,
+        f"persistent_topic_len of {topic} from {shard_0_owner} alone",
     )
 
 
