@@ -9,11 +9,12 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from aiokafka import AIOKafkaConsumer
 
 from bucketnotify.gateway.release import GatewayRelease, detect_release
 from devstack.servers.recording import HttpReceiver, RecordingHttpServer
 from tests.localservices import LocalService
-from tests.s3 import s3_client, sns_client
+from tests.s3 import release_of, s3_client, sns_client
 from tests.waiting import wait_until
 
 
@@ -137,3 +138,77 @@ def test_the_gateways_own_push_carries_cloudevents_headers_where_its_release_sen
         "ce-source": f"ceph:s3.{record['awsRegion']}.{bucket}",
         "ce-subject": "k",
     }
+
+
+def test_topics_are_found_by_the_last_part_of_the_arn_alone(rgw: LocalService) -> None:
+    """GetTopicAttributes and DeleteTopic ignore the ARN's partition, region and account:
+    an ARN naming another region and account still finds (and deletes) the topic."""
+    sns = sns_client(rgw)
+    name = f"arn-{uuid.uuid4().hex[:8]}"
+    arn = sns.create_topic(Name=name, Attributes={"push-endpoint": "http://127.0.0.1:9/x"})[
+        "TopicArn"
+    ]
+    elsewhere = f"arn:aws:sns:nowhere-1:000000000000:{name}"
+    try:
+        assert elsewhere != arn
+        assert sns.get_topic_attributes(TopicArn=elsewhere)["Attributes"]["TopicArn"] == arn
+        sns.delete_topic(TopicArn=elsewhere)
+        with pytest.raises(sns.exceptions.ClientError) as gone:
+            sns.get_topic_attributes(TopicArn=arn)
+        assert gone.value.response["Error"]["Code"] == "NotFound"
+    finally:
+        sns.delete_topic(TopicArn=arn)
+
+
+async def test_the_gateways_own_kafka_push_reaches_the_broker_except_on_16_2(
+    rgw: LocalService, kafka: LocalService
+) -> None:
+    """Debian's radosgw 16.2 is built without Kafka: a non-persistent Kafka topic is made,
+    but its push never reaches the broker; 18.2 and 20.2 push it."""
+    release = release_of(rgw)
+    s3, sns = s3_client(rgw), sns_client(rgw)
+    suffix = uuid.uuid4().hex[:8]
+    bucket, name = f"kafka-{suffix}", f"kafka-{suffix}"
+    s3.create_bucket(Bucket=bucket)
+    arn = sns.create_topic(
+        Name=name,
+        Attributes={
+            "push-endpoint": f"kafka://{kafka['KAFKA_BOOTSTRAP']}",
+            "kafka-ack-level": "broker",
+        },
+    )["TopicArn"]
+    try:
+        s3.put_bucket_notification_configuration(
+            Bucket=bucket,
+            NotificationConfiguration={
+                "TopicConfigurations": [
+                    {"Id": "k", "TopicArn": arn, "Events": ["s3:ObjectCreated:*"]}
+                ]
+            },
+        )
+        s3.put_object(Bucket=bucket, Key="pushed.txt", Body=b"x")  # pushed within the PUT
+        consumer = AIOKafkaConsumer(
+            name,
+            bootstrap_servers=kafka["KAFKA_BOOTSTRAP"],
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+        )
+        await consumer.start()
+        try:
+            polled = await consumer.getmany(timeout_ms=15_000)
+        finally:
+            await consumer.stop()
+        keys = [
+            json.loads(m.value)["Records"][0]["s3"]["object"]["key"]
+            for messages in polled.values()
+            for m in messages
+            if m.value is not None
+        ]
+        if release.major == 16:
+            assert keys == [], "this 16.2 gateway pushed to Kafka after all"
+        else:
+            assert keys == ["pushed.txt"]
+    finally:
+        s3.delete_object(Bucket=bucket, Key="pushed.txt")
+        s3.delete_bucket(Bucket=bucket)
+        sns.delete_topic(TopicArn=arn)
