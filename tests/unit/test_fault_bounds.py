@@ -34,9 +34,7 @@ def test_every_bound_in_the_docs_is_the_one_the_fault_tests_assert() -> None:
 
 def test_every_bound_the_fault_tests_assert_is_in_the_docs() -> None:
     asserted = {
-        name
-        for name in vars(bounds)
-        if name.isupper() and name not in {"PER_SECOND", "PROGRESS_S"}
+        name for name in vars(bounds) if name.isupper() and name not in {"PER_SECOND", "PROGRESS_S"}
     }
     assert asserted - set(documented_bounds()) == set(), "bounds the docs do not state"
 
