@@ -202,13 +202,17 @@ class PlainFormatter(logging.Formatter):
 
 
 class RetriedAtWarning(logging.Filter):
-    """kopf logs a handler's retried failure ("failed temporarily") at ERROR, though it is
-    an expected wait (a Topic not Ready yet) that its retry handles: a WARNING, as every
-    other transient failure of ours is. Its last retry and its permanent failures stay
-    ERROR: those need a person."""
+    """kopf logs at ERROR what it tries again: a handler's retried failure ("failed
+    temporarily": an expected wait, a Topic not Ready yet) and a request to the API server
+    it sends again ("Request attempt #1/9 failed; will retry": the API server throttling
+    with 429, or away). Both are WARNINGs, as every other transient failure of ours is.
+    Their last attempts ("will exceed", "escalating") and permanent failures stay ERROR:
+    those need a person."""
+
+    RETRIED = (" failed temporarily: ", " failed; will retry: ")
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno == logging.ERROR and " failed temporarily: " in str(record.msg):
+        if record.levelno == logging.ERROR and any(r in str(record.msg) for r in self.RETRIED):
             record.levelno, record.levelname = logging.WARNING, "WARNING"
         return True
 
@@ -229,12 +233,13 @@ def configure(
     handler = _Handler(out)
     handler.setFormatter(JsonFormatter() if chosen == "json" else PlainFormatter())
     handler.addFilter(RedactingFilter())
+    # On the handler, not a logger: kopf logs its requests' retries through the logger of
+    # the object (kopf.objects) or of its client module, and a filter on a logger sees only
+    # the records made by that very logger.
+    handler.addFilter(RetriedAtWarning())
     root = logging.getLogger()
     root.handlers[:] = [h for h in root.handlers if not isinstance(h, _Handler)]
     root.addHandler(handler)
-    kopf_objects = logging.getLogger("kopf.objects")
-    if not any(isinstance(f, RetriedAtWarning) for f in kopf_objects.filters):
-        kopf_objects.addFilter(RetriedAtWarning())
     root.setLevel(level.upper())
     # httpx logs every request URL at INFO, and a webhook URL often carries its own token:
     # only its warnings are worth a line, and only at DEBUG do we want the rest.

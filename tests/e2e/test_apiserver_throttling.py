@@ -6,12 +6,16 @@ person must act on)."""
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import json
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from devstack.servers.recording import RecordingHttpServer
@@ -23,6 +27,10 @@ from tests.serviceaccounts import token_kubeconfig
 pytestmark = pytest.mark.timeout(600)
 
 PROGRAMS = ("operator", "delivery")
+NEIGHBOUR = "neighbour"
+"""Another workload of the same priority level: it keeps the level's few seats busy, as
+the other tenants of a busy cluster do, so that what our programs ask meets a full level."""
+NEIGHBOUR_CLIENTS = 2
 PER_SECOND = 8
 STREAM_S = 20
 
@@ -40,10 +48,11 @@ def rejected(kubectl: Kubectl, flow_schema: str) -> float:
 
 @pytest.fixture()
 def throttled(kube: LocalService, kubectl: Kubectl, tmp_path: Path) -> Iterator[dict[str, str]]:
-    """A ServiceAccount per program with every right, each of them held by API Priority and
-    Fairness to one priority level of the smallest share (the API server gives it about 3
-    of its 600 seats) that rejects what does not fit at once. Returns program → kubeconfig
-    (and, under ``<program>-schema``, its FlowSchema's name)."""
+    """A ServiceAccount per program (and the neighbour) with every right, each of them held
+    by API Priority and Fairness to one priority level of the smallest share (the API
+    server gives it 3 of its 600 seats) that rejects what does not fit at once. Returns
+    program → kubeconfig, ``<program>-schema`` → its FlowSchema's name, and ``neighbour``
+    → the neighbour's token."""
     name = f"throttled-{uuid.uuid4().hex[:8]}"
     kubectl.run("create", "namespace", name)
     made: list[tuple[str, str]] = []
@@ -69,7 +78,7 @@ def throttled(kube: LocalService, kubectl: Kubectl, tmp_path: Path) -> Iterator[
         }
     )
     found: dict[str, str] = {}
-    for program in PROGRAMS:
+    for program in (*PROGRAMS, NEIGHBOUR):
         account = f"{program}-sa"
         kubectl.run("create", "serviceaccount", account, "-n", name)
         create(
@@ -119,10 +128,46 @@ def throttled(kube: LocalService, kubectl: Kubectl, tmp_path: Path) -> Iterator[
         )
         found[program] = token_kubeconfig(kube, kubectl, name, account, tmp_path)
         found[f"{program}-schema"] = f"{name}-{program}"
+    found[NEIGHBOUR] = kubectl.run(
+        "create", "token", f"{NEIGHBOUR}-sa", "-n", name, "--duration=1h"
+    ).stdout.strip()
     yield found
     for kind, object_name in reversed(made):
         kubectl.run("delete", kind, object_name, "--ignore-not-found")
     kubectl.run("delete", "namespace", name, "--wait=false")
+
+
+class Neighbour:
+    """Clients listing every Topic of the cluster back to back with the neighbour's token,
+    while in the ``with`` block: they hold the level's seats much of the time."""
+
+    def __init__(self, kube: LocalService, token: str) -> None:
+        self._client = httpx.Client(
+            base_url=kube["KUBE_SERVER"],
+            verify=kube["KUBE_CA_CERT"],
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=10,
+        )
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._list) for _ in range(NEIGHBOUR_CLIENTS)]
+        self.answers: collections.Counter[int] = collections.Counter()
+
+    def __enter__(self) -> Neighbour:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join()
+        self._client.close()
+
+    def _list(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(httpx.HTTPError):
+                answer = self._client.get("/apis/bucketnotify.io/v1alpha1/topics")
+                self.answers[answer.status_code] += 1
 
 
 def name_of(manifest: dict[str, object]) -> str:
@@ -156,20 +201,21 @@ def test_an_apiserver_answering_429_slows_nothing_down_to_a_loss_or_an_error(
     and no log line of the run is an ERROR or holds a traceback."""
     schemas = {p: throttled[f"{p}-schema"] for p in PROGRAMS}
     before = {p: rejected(kubectl, schema) for p, schema in schemas.items()}
-    pipeline = Pipeline(kube, rgw, replicas=2, kubeconfigs={p: throttled[p] for p in PROGRAMS})
-    try:
-        with RecordingHttpServer() as receiver:
-            target = HttpTarget(receiver)
-            buckets = pipeline.topics(target)  # every Topic and BucketNotification Ready
-            with Stream(rgw, list(buckets.values()), PER_SECOND) as stream:
-                time.sleep(STREAM_S)
-            outcomes = settle(stream, target, buckets, 240)
-        refused = {p: rejected(kubectl, schema) - before[p] for p, schema in schemas.items()}
-        logs = {"operator": pipeline.operator.log() if pipeline.operator else ""}
-        logs.update({name: r.log() for name, r in pipeline.cluster.replicas.items()})
-    finally:
-        pipeline.close()
-    print(f"answered 429: {refused}")
+    with Neighbour(kube, throttled[NEIGHBOUR]) as neighbour:
+        pipeline = Pipeline(kube, rgw, replicas=2, kubeconfigs={p: throttled[p] for p in PROGRAMS})
+        try:
+            with RecordingHttpServer() as receiver:
+                target = HttpTarget(receiver)
+                buckets = pipeline.topics(target)  # every Topic and BucketNotification Ready
+                with Stream(rgw, list(buckets.values()), PER_SECOND) as stream:
+                    time.sleep(STREAM_S)
+                outcomes = settle(stream, target, buckets, 240)
+            refused = {p: rejected(kubectl, s) - before[p] for p, s in schemas.items()}
+            logs = {"operator": pipeline.operator.log() if pipeline.operator else ""}
+            logs.update({name: r.log() for name, r in pipeline.cluster.replicas.items()})
+        finally:
+            pipeline.close()
+    print(f"answered 429: {refused}; the neighbour's answers: {dict(neighbour.answers)}")
     assert all(refused.values()), f"the API server refused none of a program's requests: {refused}"
     for outcome in outcomes:
         assert outcome.acked > 0, outcome.line()

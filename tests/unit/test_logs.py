@@ -258,3 +258,31 @@ def test_a_broker_drivers_errors_are_left_to_debug(driver: str) -> None:
         logging.getLogger(driver).setLevel(logging.NOTSET)
     assert quiet.getvalue() == ""
     assert [json.loads(line)["severity"] for line in loud.getvalue().splitlines()] == ["error"]
+
+
+def test_a_request_kopf_sends_again_is_a_warning_and_its_last_attempt_an_error() -> None:
+    """kopf's own words (kopf/_cogs/clients/api.py) for a request the API server refused
+    with 429 (throttling): tried again is a WARNING, whichever logger kopf used (the
+    object's or its client module's); the attempt it gives up on stays an ERROR."""
+    root = logging.getLogger()
+    saved_handlers, saved_level = root.handlers[:], root.level
+    stream = io.StringIO()
+    what = "PATCH https://127.0.0.1:6443/apis/bucketnotify.io/v1alpha1/namespaces/a/topics/t"
+    refused = "APITooManyRequestsError('Too many requests, please try again later.', status=429)"
+    try:
+        logs.configure("json", "INFO", stream=stream)
+        logging.getLogger("kopf.objects").error(
+            f"Request attempt #1/9 failed; will retry: {what} -> {refused}"
+        )
+        logging.getLogger("kopf._cogs.clients.api").error(
+            f"Request attempt #2/9 failed; will retry: {what} -> {refused}"
+        )
+        logging.getLogger("kopf.objects").error(
+            f"Request attempt #9/9 failed; escalating: {what} -> {refused}"
+        )
+    finally:
+        root.handlers[:] = saved_handlers
+        root.setLevel(saved_level)
+    first, second, last = lines(stream)
+    assert first["severity"] == second["severity"] == "warning"
+    assert last["severity"] == "error"

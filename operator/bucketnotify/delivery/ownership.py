@@ -63,7 +63,14 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from bucketnotify.apiserver import ApiClient, ApiError, lease_path, log_retried, micro_time
+from bucketnotify.apiserver import (
+    ApiClient,
+    ApiError,
+    lease_path,
+    log_retried,
+    micro_time,
+    transient,
+)
 from bucketnotify.delivery.gone_members import GoneMembers
 from bucketnotify.delivery.leases import (
     ADDRESS_ANNOTATION,
@@ -125,6 +132,8 @@ class Ownership:
         self._taken: dict[int, float] = {}
         # partition -> its renewal still waiting for an answer
         self._renewing: dict[int, asyncio.Task[None]] = {}
+        # partition -> why its renewal failed since the last round (said once a round)
+        self._renewals_failed: dict[int, str] = {}
         self._task: asyncio.Task[None] | None = None
         self.changed = asyncio.Event()
         """Set whenever the set of owned partitions changes."""
@@ -182,7 +191,17 @@ class Ownership:
     # --- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> None:
-        await self.tick()
+        """The first round, then the loop. A first round the API server refuses for now
+        (429 from a throttling API server, a 5xx, no connection) is left to the loop's next
+        rounds, as any later round would be: a replica started while the API server is busy
+        waits for it instead of exiting. Any other failure (403: no right to the Leases)
+        ends the start, with what to fix."""
+        try:
+            await self.tick()
+        except Exception as exc:
+            if not transient(exc):
+                raise
+            log_retried(log, "the first lease round failed", exc)
         self._task = asyncio.create_task(self._loop(), name="lease-ownership")
 
     async def stop(self, release: bool = True) -> None:
@@ -251,6 +270,13 @@ class Ownership:
 
     async def tick(self) -> None:
         """Renew what we hold, then take or give partitions towards our fair share."""
+        if self._renewals_failed:
+            failed, self._renewals_failed = self._renewals_failed, {}
+            log.warning(
+                "renewing the Leases of partitions %s failed: %s",
+                sorted(failed),
+                "; ".join(sorted(set(failed.values()))),
+            )
         await self._renew_member(utc_now())
         items, now, settling = await self._look()
         members = [
@@ -380,7 +406,9 @@ class Ownership:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.warning("renewing the Lease of partition %d failed: %s", partition, exc)
+            # Said once per round for all of them (tick): a throttling API server refuses
+            # many renewals of one round, and a line each would bury the rest.
+            self._renewals_failed[partition] = str(exc) or type(exc).__name__
             return
         finally:
             if self._renewing.get(partition) is asyncio.current_task():
