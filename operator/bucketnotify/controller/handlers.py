@@ -22,7 +22,7 @@ import kopf
 
 from bucketnotify.api.common import GROUP, VERSION, NotReconcilable
 from bucketnotify.api.topic import ingest_token_secret
-from bucketnotify.apiserver import ApiError
+from bucketnotify.apiserver import ApiError, transient
 from bucketnotify.controller.conditions import ready_condition
 from bucketnotify.controller.drift_loop import DriftLoop
 from bucketnotify.controller.events import change_events, drift_events
@@ -70,6 +70,11 @@ PENDING = "bucketnotify:pending"
 # that comes back is noticed within a minute even between drift checks.
 RETRY_DELAY_S = 15
 
+API_RETRY_DELAY_S = 5
+"""A handler the API server refused for now (429: throttled; 5xx; no connection) runs
+again this soon, as a wait (kopf's "failed temporarily", a WARNING): without it kopf takes
+the ApiError for a failure, logs it at ERROR with its traceback and waits 60 s."""
+
 
 Handler = TypeVar("Handler", bound=Callable[..., Awaitable[None]])
 
@@ -80,7 +85,8 @@ _not_ready: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 
 def _measured(kind: str, action: str) -> Callable[[Handler], Handler]:
     """Count and time every run of a handler: success, not_ready (it reported a reason
-    with ``_report_not_ready``), retry (kopf.TemporaryError) or error (anything else)."""
+    with ``_report_not_ready``), retry (kopf.TemporaryError, or the API server refusing it
+    for now: ``ApiServerUnavailable``) or error (anything else)."""
 
     def decorate(handler: Handler) -> Handler:
         @functools.wraps(handler)
@@ -98,6 +104,12 @@ def _measured(kind: str, action: str) -> Callable[[Handler], Handler]:
                 result, reason = "retry", _not_ready.get() or "TemporaryError"
                 raise
             except Exception as exc:
+                if transient(exc):
+                    result, reason = "retry", "ApiServerUnavailable"
+                    raise kopf.TemporaryError(
+                        f"the API server did not take a request now: {exc}",
+                        delay=API_RETRY_DELAY_S,
+                    ) from None
                 result, reason = "error", type(exc).__name__
                 raise
             finally:
