@@ -201,3 +201,52 @@ def test_a_deleted_claim_makes_its_notification_not_ready_and_its_id_leaves_the_
         by_hand.delete(bucket, "uploads")
     assert provisioner.ids(bucket) == []
     owner.delete_bucket(Bucket=bucket)
+
+
+def test_a_kept_bucket_that_lets_the_topics_gateway_user_in_loses_the_id_with_its_claim(
+    kubectl: Kubectl,
+    namespace: str,
+    operator: Program,
+    receiver: HttpReceiver,
+    provisioner: Provisioner,
+    rgw: LocalService,
+    owner: Any,
+) -> None:
+    """Reclaim policy Retain, but the owner's bucket policy lets the Topic's gateway user
+    read and change the bucket's notifications: once the claim and its keys are gone, the
+    operator removes the Id itself with that user's keys, and the status lets go of it.
+    (Without such a policy the Id stays: the Retain case of the test above.)"""
+    hook(kubectl, namespace, receiver)
+    provisioner.claim("photos")
+    bucket = provisioner.bind("photos")
+    topic_user = f"arn:aws:iam:::user/{rgw['RGW_USER']}"
+    owner.put_bucket_policy(
+        Bucket=bucket,
+        Policy=json.dumps(
+            {
+                "Version": "2012-10-17",
+                "Statement": [
+                    {
+                        "Effect": "Allow",
+                        "Principal": {"AWS": [topic_user]},
+                        "Action": ["s3:GetBucketNotification", "s3:PutBucketNotification"],
+                        "Resource": [f"arn:aws:s3:::{bucket}"],
+                    }
+                ],
+            }
+        ),
+    )
+    on_claim(kubectl, namespace, "uploads", "photos")
+    condition(kubectl, namespace, "bucketnotification", "uploads")
+    assert provisioner.ids(bucket) == ["uploads"]
+
+    provisioner.delete("photos", bucket, "Retain")
+    status = condition(
+        kubectl, namespace, "bucketnotification", "uploads", "False", "BucketClaimNotFound"
+    )
+    message = status["conditions"][0]["message"]
+    assert f"Id uploads removed from bucket {bucket}" in message, message
+    assert "applied" not in status
+    assert provisioner.ids(bucket) == []
+    kubectl.run("delete", "bucketnotification", "uploads", "-n", namespace, "--timeout=30s")
+    owner.delete_bucket(Bucket=bucket)
