@@ -282,9 +282,10 @@ def test_a_kafka_restart_loses_no_acknowledged_event_and_repeats_none(
 KILLS = 4
 HIT_SEARCH_S = 20
 """How long each round looks for a moment when its victim holds events, freezing it to see."""
-HELD_S = 0.3
-"""How long a frozen replica's sync uploads must stay unanswered to count as held by it:
-every other path answers an upload within tens of milliseconds."""
+HELD_S = 0.6
+"""How long a victim stays frozen before its sync uploads are looked at (direct): one of
+its shards' uploads unanswered for half of that waits on it (its push, or a hand-over to
+it), as every other path answers within tens of milliseconds."""
 
 
 @pytest.mark.parametrize("delivery", ["queued", "direct"])
@@ -309,8 +310,8 @@ def test_replicas_killed_again_and_again_lose_only_what_was_in_flight(
     every replica, successors included): it holds entries of its shards in the queue store,
     committed and not removed. ``direct`` (the default: requests handed to the shard's
     owner, which pushes before answering): it holds sync uploads of its shards, sent before
-    the freeze and still unanswered HELD_S into it. A moment when it holds nothing is let
-    go (SIGCONT) and another tried."""
+    the freeze's first half and still unanswered at its end (HELD_S). A moment when it
+    holds nothing is let go (SIGCONT) and another tried."""
     settings = QUEUED if delivery == "queued" else {}
     pipeline = pipelines(kube, rgw, replicas=3, replica_settings=settings)
     cluster = pipeline.cluster
@@ -359,7 +360,7 @@ def test_replicas_killed_again_and_again_lose_only_what_was_in_flight(
             found = queued_in(held)
         else:
             time.sleep(HELD_S)
-            found = unanswered_in(held, frozen)
+            found = unanswered_in(held, frozen + HELD_S / 2)
         if not found:
             cluster.kill(victim, signal.SIGCONT)
         return found
