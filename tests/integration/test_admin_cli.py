@@ -651,7 +651,7 @@ async def test_the_rights_docs_cli_md_lists_are_enough_for_every_command(
     apply(kubectl, namespace, "Topic", "web", {"endpoint": HTTP})
     apply(
         kubectl, namespace, "BucketNotification", "all",
-        {"bucket": "b", "topicRef": {"name": "web"}},
+        {"bucket": "photos", "topicRef": {"name": "web"}},
     )  # fmt: skip
 
     async def run(*args: str) -> Result:
