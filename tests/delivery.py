@@ -388,6 +388,9 @@ class OwnsEverything:
     def owns_shard(self, queue: QueueName, shard: int) -> bool:
         return True
 
+    def may_remove(self, queue: QueueName, shard: int) -> bool:
+        return True
+
     def owner_address(self, queue: QueueName, shard: int) -> str | None:
         return None
 

@@ -4,18 +4,29 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import itertools
+import json
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
 import pytest
 
 from bucketnotify.apiserver import ApiClient, lease_path
-from bucketnotify.delivery.ownership import LeaseSettings, Ownership
-from bucketnotify.delivery.queue import QueueName
+from bucketnotify.delivery.endpoints.base import Delivery
+from bucketnotify.delivery.endpoints.testing import MockEndpoint
+from bucketnotify.delivery.ingest import event_id
+from bucketnotify.delivery.ownership import LeaseSettings, Ownership, partition_of
+from bucketnotify.delivery.queue import QueueLimits, QueueName
+from bucketnotify.delivery.service import DeliveryService
+from bucketnotify.delivery.stores.localdir import LocalDirStore
+from bucketnotify.delivery.timings import ServiceTimings
+from tests.delivery import one_shard_runtime
 from tests.kubeapi import api_client
 from tests.localservices import LocalService
+from tests.records import event
 
 FAST = dict(partitions=12, lease_duration_s=4, renew_interval_s=1.0, renew_deadline_s=2.5)
 
@@ -274,3 +285,87 @@ async def test_owners_push_directly_only_while_every_member_hands_requests_over(
     silent = Ownership(api, "silent", settings, hands_over=True)
     await settle([first, restarted, silent])
     assert not first.all_hand_over(), "a member without an address cannot be handed requests"
+
+
+async def test_a_partition_handed_to_a_newcomer_waits_for_its_round_to_remove_what_it_pushed(
+    api: ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    """A newcomer joins while the only replica is pushing an event of a partition it is to
+    hand back (the highest goes first). The hand-back waits for that round: it removes the
+    event it pushed, and only then is the Lease released. A round stopped before its
+    removals would leave the event for the newcomer to push a second time."""
+    # Leases far longer than the test's steps: what is judged is the order, and a round
+    # fenced by a slow machine (past the renew deadline) would remove nothing either.
+    settings = LeaseSettings(
+        namespace=namespace,
+        partitions=12,
+        lease_duration_s=60,
+        renew_interval_s=1.0,
+        renew_deadline_s=45,
+    )
+    first = Ownership(api, "first", settings)
+    store = LocalDirStore(tmp_path)
+    service = DeliveryService(
+        api=api,
+        store=store,
+        ownership=first,
+        namespaces=[],
+        # Longer than any step of the test: the round is cut only if the wait never ends.
+        timings=ServiceTimings(drain_timeout_s=60),
+    )
+    await settle([first])
+    assert first.owned() == set(range(12))
+    queue = next(
+        q
+        for i in itertools.count()
+        if partition_of(q := QueueName(namespace, f"t{i}"), 0, settings.partitions) == 11
+    )
+    await store.create(queue, 1, QueueLimits())
+    record = event("photo.jpg")
+    reservation = await store.reserve(queue, 0, 1, 10_000, 0)
+    await store.commit(reservation, [(event_id(record), json.dumps(record).encode())], 0)
+
+    pushing, answer = asyncio.Event(), asyncio.Event()
+
+    async def endpoint_answers_when_told(delivery: Delivery) -> None:
+        pushing.set()
+        await answer.wait()
+
+    endpoint = MockEndpoint(endpoint_answers_when_told)
+    service.topics[(queue.namespace, queue.topic)] = one_shard_runtime(queue, endpoint)
+    handing_back = asyncio.Event()
+    wait_for_rounds = first.before_release
+    assert wait_for_rounds is not None, "the service waits for its rounds at a hand-back"
+
+    async def noted(partition: int) -> None:
+        handing_back.set()
+        await wait_for_rounds(partition)
+
+    first.before_release = noted
+    service.loops.supervise()
+    second = Ownership(api, "second", settings)
+    hand_back: asyncio.Task[None] | None = None
+    try:
+        await asyncio.wait_for(pushing.wait(), 30)
+        await second.tick()  # a member now: the fair share is 6
+        hand_back = asyncio.create_task(first.tick())
+        await asyncio.wait_for(handing_back.wait(), 30)
+        lease = await api.get(lease_path(namespace, f"{settings.group}-partition-11"))
+        assert lease["spec"]["holderIdentity"] == "first", "released before the round ended"
+        assert not hand_back.done()
+
+        answer.set()
+        await asyncio.wait_for(hand_back, 30)
+        assert [d.record["s3"]["object"]["key"] for d in endpoint.delivered] == ["photo.jpg"]
+        assert await store.list(queue, 0) == [], "the round ended without removing the event"
+        lease = await api.get(lease_path(namespace, f"{settings.group}-partition-11"))
+        assert lease["spec"].get("holderIdentity") in ("", None), "not released after the round"
+        await second.tick()
+        assert 11 in second.owned()
+    finally:
+        answer.set()
+        if hand_back is not None:
+            await asyncio.wait_for(hand_back, 30)
+        await service.loops.stop()
+        await second.stop()
+        await first.stop()

@@ -117,8 +117,9 @@ class Ownership:
         hands_over: bool = False,
     ) -> None:
         self.before_release = before_release
-        """Awaited between fencing a partition we hand back and releasing its Lease: the
-        round that was running on it finishes its removals before the next owner starts."""
+        """Awaited while a partition we hand back is no longer owned (no round starts on
+        it) but still held, before its Lease is released: the round that was running on it
+        finishes its removals (``may_remove``) before the next owner starts."""
         self.address = address
         """``host:port`` other replicas reach this one at; None: it takes no wake-ups."""
         self.hands_over = hands_over
@@ -130,6 +131,9 @@ class Ownership:
         self._held: dict[int, float] = {}
         # partition -> monotonic time this replica took it (last time)
         self._taken: dict[int, float] = {}
+        # partitions being handed back: no new round starts on them, and the rounds already
+        # running finish their removals (fenced as ever) before the Lease goes
+        self._releasing: set[int] = set()
         # partition -> its renewal still waiting for an answer
         self._renewing: dict[int, asyncio.Task[None]] = {}
         # partition -> why its renewal failed since the last round (said once a round)
@@ -159,12 +163,22 @@ class Ownership:
     # --- what the worker asks -------------------------------------------------------------
 
     def owns(self, partition: int) -> bool:
-        """True while this replica may process (and remove entries of) ``partition``."""
-        renewed = self._held.get(partition)
-        return renewed is not None and time.monotonic() - renewed < self.settings.renew_deadline_s
+        """True while this replica processes ``partition``: it holds the Lease, renewed
+        within the deadline, and is not handing it back."""
+        return partition not in self._releasing and self._unfenced(partition)
 
     def owns_shard(self, queue: QueueName, shard: int) -> bool:
         return self.owns(partition_of(queue, shard, self.settings.partitions))
+
+    def may_remove(self, queue: QueueName, shard: int) -> bool:
+        """True while a round of the shard may remove entries: as ``owns_shard``, and also
+        while its partition is being handed back, so that the round running then finishes
+        its removals instead of leaving what it pushed to the next owner to push again."""
+        return self._unfenced(partition_of(queue, shard, self.settings.partitions))
+
+    def _unfenced(self, partition: int) -> bool:
+        renewed = self._held.get(partition)
+        return renewed is not None and time.monotonic() - renewed < self.settings.renew_deadline_s
 
     def owned(self) -> set[int]:
         return {p for p in self._held if self.owns(p)}
@@ -365,10 +379,16 @@ class Ownership:
         """Give back what exceeds the fair share (a newcomer joined)."""
         while len(self._held) > share:
             partition = max(self._held)
-            self._held.pop(partition)
             await self._cancel_renewals([partition])
-            if self.before_release is not None:
-                await self.before_release(partition)
+            # Still held while its rounds finish (the renew deadline fences them as ever),
+            # but no longer owned: its loops end after their round and none starts.
+            self._releasing.add(partition)
+            try:
+                if self.before_release is not None:
+                    await self.before_release(partition)
+            finally:
+                self._releasing.discard(partition)
+                self._held.pop(partition, None)
             await self._release(self._partition_name(partition))
 
     async def _take(

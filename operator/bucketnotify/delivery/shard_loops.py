@@ -238,7 +238,7 @@ class ShardLoops:
                     endpoint=self._accounting.metered(endpoint, queue),
                     policy=runtime.policy,
                     delivered=runtime.delivered.setdefault(shard, DeliveredCache()),
-                    still_owned=lambda: self._ownership.owns_shard(queue, shard),
+                    still_owned=lambda: self._ownership.may_remove(queue, shard),
                     now=time.time(),
                     dead_letter=self._dead_letter_sink(runtime),
                 )
