@@ -639,6 +639,11 @@ def test_only_the_lease_holder_reconciles_and_a_successor_takes_over(
     first = start_operator(**fast, metrics_port=str(ports[0]))
     wait_until(first.log, lambda log: "acquired the leader Lease" in log, 30, "a leader")
     second = start_operator(**fast, metrics_port=str(ports[1]))
+    # Up and standing by (its probe server comes before the election): until then it could
+    # neither reconcile nor answer a scrape, and the assertions on it below would say nothing.
+    wait_until(
+        second.log, lambda log: "waiting for the leader Lease" in log, 30, "a standing-by second"
+    )
 
     name = f"{namespace}-one"
     spec = {"endpoint": {"http": {"url": "http://127.0.0.1:9/one"}}}
