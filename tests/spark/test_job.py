@@ -81,7 +81,9 @@ def test_figures_late_records_and_rerun(
     assert sum(w.startswith("bad record file ") for w in warnings) == len(bad_files)
 
     kept = sorted(p.name for p in (out / "hourly" / "date=2026-11-20").iterdir())
-    empty_day = DAY.replace(day=21)
+    # The 21st holds e16 (the day after the range), so the first day without files is the
+    # 22nd; its run reads the 21st as its look-back day, which must not make a partition.
+    empty_day = DAY.replace(day=22)
     none = run(spark, JobConfig(str(records), str(out), empty_day, empty_day))
     assert none.summary["input"]["dates_without_files"] == [str(empty_day)]
     days = sorted(p.name for p in (out / "hourly").iterdir() if p.name.startswith("date="))
