@@ -292,8 +292,9 @@ async def reconcile_topic(
         gateway = await gateways.get(connection)
         repaired: list[str] = []
         held = arn is not None and arn_topic_name(arn) == topic_name
-        # Ceph looks a topic up by the last part of the ARN alone, so a topic not made yet
-        # can be looked for by its name.
+        # Ceph ignores the ARN's region; before 20.2 also its account, and 20.2 matches the
+        # account, which is empty for a user outside an account. So a topic not made yet can
+        # be looked for by its name (docs/gateway-compatibility.md).
         probe = (
             arn if arn is not None and held else f"arn:aws:sns:{connection.region}::{topic_name}"
         )
