@@ -77,6 +77,7 @@ def condition(
     name: str,
     status: str = "True",
     reason: str | None = None,
+    timeout: float = 40,
 ) -> dict[str, Any]:
     """Wait until the object's Ready condition has ``status`` (and ``reason``); its status."""
 
@@ -88,7 +89,7 @@ def condition(
         ready = {c["type"]: c for c in st.get("conditions", [])}.get("Ready", {})
         return ready.get("status") == status and (reason is None or ready.get("reason") == reason)
 
-    return wait_until(observe, done, 40, f"{kind} {name} Ready={status} {reason or ''}")
+    return wait_until(observe, done, timeout, f"{kind} {name} Ready={status} {reason or ''}")
 
 
 def credentials_secret(

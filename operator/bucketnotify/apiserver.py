@@ -20,6 +20,7 @@ import functools
 import json
 import logging
 import os
+import random
 import subprocess
 import time
 from collections.abc import Callable, Mapping
@@ -68,6 +69,15 @@ a handler (or a Lease round) forever."""
 
 RELOAD_RETRY_S = 10.0
 """After a failed re-read of expired credentials, how long the old ones go on being used."""
+
+THROTTLED_RETRIES = 5
+"""How often a request the API server refused with 429 (API Priority and Fairness
+throttling, or storage still initialising: the request was not processed, so sending it
+again is safe, POST included) is sent again before the caller gets the ``ApiError``, as
+client-go does; never past the request's own timeout."""
+THROTTLED_PAUSE_S = 1.0
+"""The longest pause before a throttled request goes again (the API server's Retry-After,
+when shorter; with jitter, so that many callers refused at once do not come back at once)."""
 
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -394,9 +404,12 @@ class ApiClient:
         """The answer's JSON (None when empty); ``ApiError`` for an error status,
         ``aiohttp.ClientError`` or ``TimeoutError`` when the API server is unreachable."""
         data = None if body is None else json.dumps(body)
-        for attempt in (1, 2):
+        timeout = request_timeout or DEFAULT_TIMEOUT_S
+        deadline = time.monotonic() + timeout
+        renewed, throttled = False, 0
+        while True:
             headers = {
-                **await self._headers(renew=attempt == 2),
+                **await self._headers(renew=renewed),
                 "Accept": accept,
                 "Content-Type": content_type,
             }
@@ -406,15 +419,23 @@ class ApiClient:
                 params=params,
                 data=data,
                 headers=headers,
-                timeout=aiohttp.ClientTimeout(total=request_timeout or DEFAULT_TIMEOUT_S),
+                timeout=aiohttp.ClientTimeout(total=max(0.1, deadline - time.monotonic())),
             ) as response:
                 text = await response.text()
-                if response.status == 401 and attempt == 1 and self._reload is not None:
-                    continue  # a rotated or lapsed token: read the credentials again once
-                if response.status >= 400:
-                    raise ApiError(response.status, response.reason or "", text)
-                return json.loads(text) if text else None
-        raise AssertionError("unreachable")  # pragma: no cover
+                status, reason = response.status, response.reason or ""
+                retry_after = response.headers.get("Retry-After")
+            if status == 401 and not renewed and self._reload is not None:
+                renewed = True  # a rotated or lapsed token: read the credentials again once
+                continue
+            if status == 429 and throttled < THROTTLED_RETRIES:
+                pause = _throttled_pause(retry_after)
+                if time.monotonic() + pause < deadline:
+                    throttled += 1
+                    await asyncio.sleep(pause)
+                    continue
+            if status >= 400:
+                raise ApiError(status, reason, text)
+            return json.loads(text) if text else None
 
     async def get(self, path: str, **kwargs: Any) -> Any:
         return await self.request("GET", path, **kwargs)
@@ -430,6 +451,14 @@ class ApiClient:
 
     async def delete(self, path: str, **kwargs: Any) -> Any:
         return await self.request("DELETE", path, **kwargs)
+
+
+def _throttled_pause(retry_after: str | None) -> float:
+    try:
+        asked = float(retry_after) if retry_after else THROTTLED_PAUSE_S
+    except ValueError:
+        asked = THROTTLED_PAUSE_S
+    return min(max(asked, 0.0), THROTTLED_PAUSE_S) * random.uniform(0.5, 1.0)  # noqa: S311 - jitter, no secret
 
 
 TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})

@@ -363,9 +363,11 @@ class Pipeline:
         # The partitions-owned gauge every second: the apiserver test reads it mid-outage.
         return {"stats_interval_seconds": "1", **self.replica_settings}
 
-    def topics(self, target: Target, handoffs: tuple[str, ...] = HANDOFFS) -> dict[str, str]:
+    def topics(
+        self, target: Target, handoffs: tuple[str, ...] = HANDOFFS, ready_within: float = 40
+    ) -> dict[str, str]:
         """A persistent Topic per hand-off mode, each with a bucket notifying it of PUTs,
-        all Ready. Returns topic → bucket."""
+        all Ready (each waited for up to ``ready_within``). Returns topic → bucket."""
         s3 = s3_client(self.rgw)
         buckets = {}
         for handoff in handoffs:
@@ -380,7 +382,7 @@ class Pipeline:
             buckets[topic] = f"{topic}-b"
             s3.create_bucket(Bucket=buckets[topic])
         for topic, bucket in buckets.items():
-            condition(self.kubectl, self.namespace, "topic", topic)
+            condition(self.kubectl, self.namespace, "topic", topic, timeout=ready_within)
             apply(
                 self.kubectl,
                 self.namespace,
@@ -394,7 +396,9 @@ class Pipeline:
                 },
             )
         for topic in buckets:
-            condition(self.kubectl, self.namespace, "bucketnotification", topic)
+            condition(
+                self.kubectl, self.namespace, "bucketnotification", topic, timeout=ready_within
+            )
         return buckets
 
     def close(self) -> None:

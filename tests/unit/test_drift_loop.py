@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from collections.abc import Hashable
 from typing import Any
 
 import kopf
 import pytest
 
+from bucketnotify.apiserver import ApiError
 from bucketnotify.controller.drift_loop import DriftLoop, ObjectLocks
 from bucketnotify.controller.handlers import PENDING, _snapshot
 
@@ -162,3 +164,44 @@ def test_a_snapshot_keeps_what_a_check_needs_and_not_kopfs_bookkeeping() -> None
     # A generation its change handler has not handled yet (no status at all when new).
     for status in ({}, {**TOPIC_STATUS, "observedGeneration": 2}):
         assert _snapshot(body(last_handled, status))[PENDING]
+
+
+class TwoRecords(logging.Handler):
+    """Keeps what the drift loop logs; ``two`` is set once it logged twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+        self.two = asyncio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+        if len(self.records) >= 2:
+            self.two.set()
+
+
+async def test_a_check_the_api_server_throttles_is_a_warning_without_traceback() -> None:
+    """A check refused for now (the handler's kopf.TemporaryError; a 429 itself) is tried
+    again at the next interval: one WARNING line each, no traceback, no ERROR."""
+
+    async def check(key: Hashable) -> None:
+        if key == "waits":
+            raise kopf.TemporaryError("the API server did not take a request now: 429", delay=5)
+        raise ApiError(429, "Too Many Requests", '{"kind":"Status","code":429}')
+
+    logger = logging.getLogger("bucketnotify.controller.drift_loop")
+    handler = TwoRecords()
+    logger.addHandler(handler)
+    task = asyncio.create_task(DriftLoop(INTERVAL, lambda: ["waits", "throttled"], check).run())
+    try:
+        async with asyncio.timeout(30):  # a wait for the first round's two checks
+            await handler.two.wait()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        logger.removeHandler(handler)
+    said = handler.records[:2]
+    assert [r.levelno for r in said] == [logging.WARNING, logging.WARNING]
+    assert all(r.exc_info is None for r in said)
+    assert "drift check of waits not done now" in said[0].getMessage()
+    assert "drift check of throttled failed, trying again later: 429" in said[1].getMessage()

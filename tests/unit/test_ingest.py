@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from bucketnotify.apiserver import ApiClient
+from bucketnotify.apiserver import ApiClient, ApiError
 from bucketnotify.delivery.ingest import MAX_BODY_BYTES, Ingest, build_app, event_id
 from bucketnotify.delivery.ingest_tokens import IngestTopic
 from bucketnotify.delivery.queue import QueueLimits, QueueName, shard_of
@@ -352,3 +352,30 @@ async def test_a_queue_store_that_does_not_answer_gets_503_and_one_warning(
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
     assert SECRET not in caplog.text
     await store.aclose()
+
+
+async def test_a_topic_the_api_server_will_not_tell_about_gets_503_and_one_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A push for a Topic the replica does not know yet, while the API server throttles
+    (429): the lookup is asked again for a while, then the push is answered 503 (which
+    the gateway retries), never 500 with a traceback; one warning, not one per push."""
+    asked: list[float] = []
+
+    async def throttled(namespace: str, name: str) -> IngestTopic | None:
+        asked.append(time.monotonic())
+        raise ApiError(429, "Too Many Requests", '{"kind":"Status","code":429}')
+
+    store = LocalDirStore(tmp_path)
+    ingest = Ingest(store, {}, resolve=throttled)
+    async with TestClient(TestServer(build_app(ingest))) as http:
+        answers = [await http.post(URL, json={"Records": [event(f"k{i}")]}) for i in range(3)]
+        bodies = [await answer.json() for answer in answers]
+    assert [a.status for a in answers] == [503] * 3
+    assert bodies == [{"error": "the topic cannot be looked up now"}] * 3
+    assert len(asked) == 3
+    registry = ingest.metrics.registry
+    assert registry.get_sample_value(REQUESTS, {"code": "500"}) is None
+    warnings = [r for r in caplog.records if "not looked up" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].exc_info is None
+    assert "429" in warnings[0].getMessage()

@@ -6,6 +6,7 @@ one line that matters."""
 
 from __future__ import annotations
 
+import base64
 import logging
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from bucketnotify import apiserver
 from bucketnotify.apiserver import ApiClient
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from tests.delivery import lone_service
@@ -26,16 +28,26 @@ TOPIC = {
 }
 
 
+@pytest.fixture(autouse=True)
+def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client's own pauses before sending a throttled request again, shortened."""
+    monkeypatch.setattr(apiserver, "THROTTLED_PAUSE_S", 0.01)
+
+
 async def test_a_throttled_topic_warns_once_and_a_refused_one_errs_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    answers = [429, 429, 403, 403]
+    # Each refresh's read of the token Secret: refused with 429 until the client gives up
+    # asking again (twice), then refused for good with 403 (twice).
+    phases = [429, 429, 403, 403]
+    reads: list[int] = []
 
     async def topics(request: web.Request) -> web.Response:
         return web.json_response({"kind": "TopicList", "items": [TOPIC]})
 
     async def secret(request: web.Request) -> web.Response:
-        status = answers.pop(0)
+        status = phases[0]
+        reads.append(status)
         message = {429: "too many requests, please try again later", 403: "forbidden"}
         return web.json_response(
             {"kind": "Status", "code": status, "message": message[status]}, status=status
@@ -51,8 +63,11 @@ async def test_a_throttled_topic_warns_once_and_a_refused_one_errs_once(
             with caplog.at_level(logging.DEBUG, logger="bucketnotify"):
                 for _ in range(4):
                     await service.table.refresh()
+                    phases.pop(0)
             await service.table.aclose()
-    assert answers == [], "every refresh read the token Secret"
+    # Each throttled read was sent again by the client itself before the table saw it.
+    assert reads.count(429) == 2 * (1 + apiserver.THROTTLED_RETRIES)
+    assert reads.count(403) == 2
     said = [
         r
         for r in caplog.records
@@ -64,3 +79,40 @@ async def test_a_throttled_topic_warns_once_and_a_refused_one_errs_once(
     assert "team-a/t" in warning and "429" in warning and "tried again" in warning
     assert "team-a/t" in error and "403" in error and "until the Topic" in error
     assert ("team-a", "t") not in service.table.ingest_topics
+
+
+async def test_a_topic_looked_up_while_the_api_server_throttles_is_asked_again(
+    tmp_path: Path,
+) -> None:
+    """The first push of a Topic the replica does not know yet (``resolve``) meets 429s,
+    more than the client itself sends again: the lookup asks again after a short pause
+    instead of failing the push."""
+    answers = [429] * (1 + apiserver.THROTTLED_RETRIES) * 2 + [200]
+    token = "t0ken-0123456789"
+
+    async def topic(request: web.Request) -> web.Response:
+        status = answers.pop(0)
+        if status == 429:
+            return web.json_response({"kind": "Status", "code": 429}, status=429)
+        return web.json_response(TOPIC)
+
+    async def secret(request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "kind": "Secret",
+                "metadata": {"name": "t-ingest-token", "namespace": "team-a", "labels": {}},
+                "data": {"token": base64.b64encode(token.encode()).decode()},
+            }
+        )
+
+    app = web.Application()
+    app.router.add_get("/apis/bucketnotify.io/v1alpha1/namespaces/team-a/topics/t", topic)
+    app.router.add_get("/api/v1/namespaces/{namespace}/secrets/{name}", secret)
+    async with TestServer(app) as server:
+        info = kopf.ConnectionInfo(server=str(server.make_url("")).rstrip("/"))
+        async with ApiClient(info) as api:
+            service = lone_service(api, LocalDirStore(tmp_path))
+            found = await service.table.resolve("team-a", "t")
+            await service.table.aclose()
+    assert answers == []
+    assert found is not None and found.accepts(token)

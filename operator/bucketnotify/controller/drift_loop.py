@@ -17,6 +17,10 @@ import logging
 import weakref
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 
+import kopf
+
+from bucketnotify.apiserver import log_retried
+
 __all__ = ["DriftLoop", "ObjectLocks"]
 
 log = logging.getLogger(__name__)
@@ -95,7 +99,11 @@ class DriftLoop:
             await self._check(key)
         except asyncio.CancelledError:
             raise
-        except Exception:
-            log.exception("drift check of %s failed", key)
+        except kopf.TemporaryError as exc:
+            # A wait (the API server throttling, a Topic not Ready): the next interval
+            # checks again. A traceback each time would bury what needs a person.
+            log.warning("drift check of %s not done now, trying again later: %s", key, exc)
+        except Exception as exc:
+            log_retried(log, f"drift check of {key} failed", exc)
         finally:
             self._slots.release()

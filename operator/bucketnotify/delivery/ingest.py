@@ -17,7 +17,9 @@ owner, to which another replica hands the request: ``delivery.forwarding``); the
   failed write leaves nothing behind, and the next request after space returns goes in;
   or the queue store's gateway does not answer or fails (an S3 store): what was written
   before the failure is delivered once, as the gateway's retry of the request is
-  recognised by the events' identities.
+  recognised by the events' identities; or a Topic the replica does not know yet could
+  not be looked up (the API server throttling or away, after asking again for a few
+  seconds).
 
 Nothing is enqueued for any of them (events of the request delivered directly before the
 failure stay delivered; the gateway's retry of the request is recognised by their
@@ -136,6 +138,8 @@ class Ingest:
         self._groups = GroupCommit(self._write)
         self._store_warned_at = -STORE_WARNING_S
         self._store_refusals = 0
+        self._lookup_warned_at = -STORE_WARNING_S
+        self._lookup_refusals = 0
 
     async def commit(self, queue: QueueName, by_shard: dict[int, list[tuple[str, bytes]]]) -> float:
         """All shards or none, durably, together with concurrent commits of the queue.
@@ -237,13 +241,33 @@ class Ingest:
             self._store_warned_at, self._store_refusals = now, 0
         return web.json_response({"error": "queue store unavailable"}, status=503)
 
+    def _lookup_failed(self, namespace: str, name: str, exc: Exception) -> web.Response:
+        """503 for a Topic the API server would not tell about now (throttling it, away):
+        the gateway retries (hand-off persistent); a traceback per request would bury
+        the one line worth reading."""
+        self._lookup_refusals += 1
+        now = time.monotonic()
+        if now - self._lookup_warned_at >= STORE_WARNING_S:
+            log.warning(
+                "topic %s/%s not looked up, answered 503 (%d such since the last warning): %s",
+                namespace,
+                name,
+                self._lookup_refusals,
+                str(exc) or type(exc).__name__,
+            )
+            self._lookup_warned_at, self._lookup_refusals = now, 0
+        return web.json_response({"error": "the topic cannot be looked up now"}, status=503)
+
     async def _handle(self, request: web.Request, *, forwarded: bool = False) -> web.Response:
         arrived = time.monotonic()
         namespace = request.match_info["namespace"]
         name = request.match_info["topic"]
         topic = self.topics.get((namespace, name))
         if topic is None and self._resolve is not None:
-            topic = await self._resolve(namespace, name)
+            try:
+                topic = await self._resolve(namespace, name)
+            except Exception as exc:
+                return self._lookup_failed(namespace, name, exc)
         if topic is None:
             return web.json_response({"error": "no such persistent topic"}, status=404)
         token = request.match_info["token"]

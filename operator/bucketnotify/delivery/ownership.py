@@ -63,6 +63,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import aiohttp
+
 from bucketnotify.apiserver import (
     ApiClient,
     ApiError,
@@ -520,6 +522,10 @@ class Ownership:
         except ApiError as exc:
             if exc.status != 404:
                 log.warning("could not delete the member Lease %s: %s", name, exc.reason)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            # Stopping while the API server is away: the Lease expires and the others
+            # count this replica out then (gone_members), as for a crashed one.
+            log.warning("could not delete the member Lease %s: %s", name, _why(exc))
 
     async def _release(self, name: str) -> None:
         try:
@@ -533,3 +539,10 @@ class Ownership:
         except ApiError as exc:
             if exc.status not in (404, 409):
                 log.warning("could not release Lease %s: %s", name, exc.reason)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            # The API server away: the Lease expires instead, and its partition is taken then.
+            log.warning("could not release Lease %s: %s", name, _why(exc))
+
+
+def _why(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__

@@ -55,6 +55,10 @@ CACHED = {"resourceVersion": "0"}
 """A refresh's lists are answered from the API server's watch cache, not by a quorum read of
 etcd: a replica scoped to many namespaces lists each every few seconds, and a Topic newer
 than the cache is looked up by its first event anyway (``resolve``)."""
+LOOKUP_PATIENCE_S = 3.0
+"""How long ``resolve`` asks a throttling (429) or failing API server again before it gives
+up: the gateway's push waits for the answer (a sync hand-off's upload too), and a Topic
+looked up a moment later is an event kept rather than refused."""
 UNLISTED_WARN_EVERY_S = 60.0
 """How often a namespace whose Topics cannot be listed is named in a WARNING, and a Topic
 that cannot be served for a while (the API server throttling or away) in another."""
@@ -197,10 +201,7 @@ class TopicTable:
         async with self._lock:
             if key not in self.ingest_topics:
                 try:
-                    topic = await self._api.get(
-                        object_path(GROUP, VERSION, "topics", namespace, name)
-                    )
-                    await self.consider(topic)
+                    await self._look_up(namespace, name)
                 except ApiError as exc:
                     if exc.status != 404:
                         raise
@@ -213,6 +214,22 @@ class TopicTable:
             while len(self._misses) > self.MAX_MISSES:
                 del self._misses[next(iter(self._misses))]
         return found
+
+    async def _look_up(self, namespace: str, name: str) -> None:
+        """Read the Topic and serve it; asked again while the API server refuses for now
+        (``transient``), for at most LOOKUP_PATIENCE_S."""
+        deadline = time.monotonic() + LOOKUP_PATIENCE_S
+        pause = 0.1
+        while True:
+            try:
+                topic = await self._api.get(object_path(GROUP, VERSION, "topics", namespace, name))
+                await self.consider(topic)
+                return
+            except Exception as exc:
+                if not transient(exc) or time.monotonic() + pause > deadline:
+                    raise
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, 1.0)
 
     async def refresh(self) -> None:
         """Bring the Topic table in line with the Topics that exist now."""
