@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -14,7 +15,9 @@ from devstack.services import REPO
 
 __all__ = ["BIN", "Program", "ProgramDied", "cpu_seconds", "free_port", "wait_for_port"]
 
-BIN = REPO / ".venv" / "bin"
+BIN = Path(sys.executable).parent
+"""The venv of the Python running this: the project's commands are installed beside it
+(``.venv/bin`` on the host, the Python 3.13 root's own venv in the compatibility tier)."""
 # What getpass.getuser() reads before it asks the user database.
 USER_NAME_VARIABLES = ("LOGNAME", "USER", "LNAME", "USERNAME")
 _TICKS = os.sysconf("SC_CLK_TCK")

@@ -17,17 +17,24 @@ SERVICE=python
 source "$(dirname "$0")/lib.sh"
 
 SUITE=trixie
-PYTHON_PACKAGES=(python3 python3-venv)
+# make: unit tests read the Makefile's recipes with `make -n` (make report, make demo-down).
+PYTHON_PACKAGES=(python3 python3-venv make)
 ROOT=$BN_CACHE/python-roots/$SUITE
 VENV=/opt/bucketnotify-venv
 # What the venv was made from: a change to any of them makes it again.
 STAMP=$(cat "$BN_REPO/requirements.lock" "$BN_REPO/pyproject.toml" "${BASH_SOURCE[0]}" | sha256sum | cut -c1-16)
 
 root_build() {
-  [[ -f $ROOT/.bucketnotify-python ]] && return 0
+  # Made again when the package list changed (a root made before holds none of the new).
+  [[ -f $ROOT/.bucketnotify-python &&
+    $(cat "$ROOT/.bucketnotify-packages" 2>/dev/null) == "${PYTHON_PACKAGES[*]}" ]] && return 0
   log "building a Debian $SUITE root for its Python in $ROOT (once; a few minutes)"
+  # Unmounted first: a run that died may have left the repository bind-mounted in it.
+  unmount_all "$ROOT"
+  rm -rf --one-file-system "${ROOT:?}"
   debian_root "$ROOT.tmp" "$SUITE" "$SUITE" "${PYTHON_PACKAGES[@]}" ca-certificates
   chroot "$ROOT.tmp" python3 --version >"$ROOT.tmp/.bucketnotify-python"
+  echo "${PYTHON_PACKAGES[*]}" >"$ROOT.tmp/.bucketnotify-packages"
   mv "$ROOT.tmp" "$ROOT"
 }
 
