@@ -11,8 +11,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from devstack.services import REPO
-
 __all__ = ["BIN", "Program", "ProgramDied", "cpu_seconds", "free_port", "wait_for_port"]
 
 BIN = Path(sys.executable).parent
