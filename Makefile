@@ -133,7 +133,7 @@ test: ## lint, crds check, every test against the real services (Ceph 20.2), the
 # under each other). Each test has its own namespace, buckets, topics and replicas, so the
 # lanes never meet; a serial run left half of two cores idle. Their output is printed one
 # after the other.
-LANES := tests/integration+tests/install tests/e2e+tests/spark+tests/unit
+LANES := tests/integration tests/e2e+tests/spark+tests/install+tests/unit
 LANES_LOG ?= $(or $(BN_RUN),/tmp/bucketnotify-local)/lane
 
 .PHONY: lanes-side-by-side
