@@ -1,10 +1,15 @@
-"""Programs run as a ServiceAccount, as in a pod: a kubeconfig holding one of its tokens."""
+"""Kubeconfigs for the programs a test runs: as a ServiceAccount (a token of its own), or
+as the admin through a proxy the test can cut."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import yaml
+
+from devstack.servers.tcpproxy import TcpProxy
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 
@@ -48,3 +53,17 @@ def token_kubeconfig(
         )
     )
     return str(path)
+
+
+def proxied_kubeconfig(kube: LocalService, path: Path) -> TcpProxy:
+    """The admin kubeconfig written to ``path`` with the API server behind a TCP proxy of
+    the test's own (not started): a test cuts or redirects the proxy to take the API server
+    away from the programs using ``path`` and from nobody else."""
+    kubeconfig = yaml.safe_load(Path(kube["KUBECONFIG_ADMIN"]).read_text())
+    server = urlsplit(kubeconfig["clusters"][0]["cluster"]["server"])
+    assert server.hostname is not None and server.port is not None
+    proxy = TcpProxy(server.hostname, server.port)
+    for cluster in kubeconfig["clusters"]:
+        cluster["cluster"]["server"] = f"https://{proxy.host}:{proxy.port}"
+    path.write_text(yaml.safe_dump(kubeconfig))
+    return proxy

@@ -101,71 +101,31 @@ def throttled(kube: LocalService, kubectl: Kubectl, tmp_path: Path) -> Iterator[
                 "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": name}],
             }
         )
-        every = {"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"], "namespaces": ["*"]}
+        every = {"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]}
         create(
-            {
-                "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
-                "kind": "FlowSchema",
-                "metadata": {"name": f"{name}-{program}"},
-                "spec": {
-                    "priorityLevelConfiguration": {"name": name},
-                    # Before every built-in schema but the exempt ones (1 and up).
-                    "matchingPrecedence": 100,
-                    "distinguisherMethod": {"type": "ByUser"},
-                    "rules": [
-                        {
-                            "subjects": [
-                                {
-                                    "kind": "ServiceAccount",
-                                    "serviceAccount": {"name": account, "namespace": name},
-                                }
-                            ],
-                            "resourceRules": [
-                                every,
-                                {
-                                    **{k: every[k] for k in ("verbs", "apiGroups", "resources")},
-                                    "clusterScope": True,
-                                },
-                            ],
-                            "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
-                        }
-                    ],
-                },
-            }
+            flow_schema(
+                f"{name}-{program}",
+                (account, name),
+                level=name,
+                # Before every built-in schema but the exempt ones (1 and up).
+                precedence=100,
+                resource_rules=[{**every, "namespaces": ["*"]}, {**every, "clusterScope": True}],
+                non_resource_rules=[{"verbs": ["*"], "nonResourceURLs": ["*"]}],
+            )
         )
         if program in PROGRAMS:
             # As docs/operator.md asks of a cluster that throttles: the Leases (leader,
             # members, partitions) in the built-in leader-election level, so that a busy
             # level cannot make a leader miss its renewals and stop.
+            leases = {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"]}
             create(
-                {
-                    "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
-                    "kind": "FlowSchema",
-                    "metadata": {"name": f"{name}-{program}-leases"},
-                    "spec": {
-                        "priorityLevelConfiguration": {"name": "leader-election"},
-                        "matchingPrecedence": 90,
-                        "distinguisherMethod": {"type": "ByUser"},
-                        "rules": [
-                            {
-                                "subjects": [
-                                    {
-                                        "kind": "ServiceAccount",
-                                        "serviceAccount": {"name": account, "namespace": name},
-                                    }
-                                ],
-                                "resourceRules": [
-                                    {
-                                        "verbs": ["*"],
-                                        "apiGroups": ["coordination.k8s.io"],
-                                        "resources": ["leases"],
-                                        "namespaces": ["*"],
-                                    }
-                                ],
-                            }
-                        ],
-                    },
-                }
+                flow_schema(
+                    f"{name}-{program}-leases",
+                    (account, name),
+                    level="leader-election",
+                    precedence=90,
+                    resource_rules=[{"verbs": ["*"], **leases, "namespaces": ["*"]}],
+                )
             )
         found[program] = token_kubeconfig(kube, kubectl, name, account, tmp_path)
         found[f"{program}-schema"] = f"{name}-{program}"
@@ -213,6 +173,37 @@ class Neighbour:
             with contextlib.suppress(httpx.HTTPError):
                 answer = self._client.get("/apis/bucketnotify.io/v1alpha1/topics")
                 self.answers[answer.status_code] += 1
+
+
+def flow_schema(
+    name: str,
+    account: tuple[str, str],
+    *,
+    level: str,
+    precedence: int,
+    resource_rules: list[dict[str, object]],
+    non_resource_rules: list[dict[str, object]] | None = None,
+) -> dict[str, object]:
+    """A FlowSchema sending the requests of the ServiceAccount ``account`` (name, namespace)
+    that the rules match to the priority level ``level``, one flow per user."""
+    service_account = {"name": account[0], "namespace": account[1]}
+    rule: dict[str, object] = {
+        "subjects": [{"kind": "ServiceAccount", "serviceAccount": service_account}],
+        "resourceRules": resource_rules,
+    }
+    if non_resource_rules:
+        rule["nonResourceRules"] = non_resource_rules
+    return {
+        "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
+        "kind": "FlowSchema",
+        "metadata": {"name": name},
+        "spec": {
+            "priorityLevelConfiguration": {"name": level},
+            "matchingPrecedence": precedence,
+            "distinguisherMethod": {"type": "ByUser"},
+            "rules": [rule],
+        },
+    }
 
 
 def name_of(manifest: dict[str, object]) -> str:

@@ -19,10 +19,8 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
-import yaml
 
 from bucketnotify import event_recorder
 from bucketnotify.apiserver import ApiClient
@@ -31,13 +29,13 @@ from bucketnotify.delivery.queue import QueueName
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from bucketnotify.event_recorder import EventRecorder, ObjectRef
 from devstack.servers.recording import RecordingHttpServer
-from devstack.servers.tcpproxy import TcpProxy
 from tests.delivery import push_records
 from tests.kubeapi import api_client
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.processes import Program, free_port
 from tests.resources import apply, credentials_secret, token_secret
+from tests.serviceaccounts import proxied_kubeconfig
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("crds")
@@ -114,13 +112,7 @@ def test_a_replica_stays_ready_and_takes_pushes_through_an_api_server_outage(
     """The replica reaches the API server through a proxy the test cuts for longer than
     the Lease duration: /readyz answers 200 all along and the ingest still commits (it needs
     the store, not the API server), though the replica cannot renew its Leases meanwhile."""
-    kubeconfig = yaml.safe_load(Path(kube["KUBECONFIG_ADMIN"]).read_text())
-    server = urlsplit(kubeconfig["clusters"][0]["cluster"]["server"])
-    assert server.hostname is not None and server.port is not None
-    proxy = TcpProxy(server.hostname, server.port)
-    for cluster in kubeconfig["clusters"]:
-        cluster["cluster"]["server"] = f"https://{proxy.host}:{proxy.port}"
-    (tmp_path / "kubeconfig").write_text(yaml.safe_dump(kubeconfig))
+    proxy = proxied_kubeconfig(kube, tmp_path / "kubeconfig")
     env = {
         **replica_env(kube, namespace, port, tmp_path),
         "KUBECONFIG": str(tmp_path / "kubeconfig"),

@@ -10,16 +10,14 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import httpx
 import pytest
-import yaml
 
-from devstack.servers.tcpproxy import TcpProxy
 from tests.localservices import LocalService
 from tests.operator import StartOperator
 from tests.processes import free_port
+from tests.serviceaccounts import proxied_kubeconfig
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("crds")
@@ -71,13 +69,7 @@ def test_a_stopping_operator_answers_503_on_readyz_until_it_exits(
     """The operator reaches the API server through a proxy. Once it leads, the test points
     the proxy at a server that never answers: the Lease hand-back that SIGTERM starts then
     waits for its timeout, a stop that lasts, and /readyz must say 503 all through it."""
-    kubeconfig = yaml.safe_load(Path(kube["KUBECONFIG_ADMIN"]).read_text())
-    server = urlsplit(kubeconfig["clusters"][0]["cluster"]["server"])
-    assert server.hostname is not None and server.port is not None
-    proxy = TcpProxy(server.hostname, server.port)
-    for cluster in kubeconfig["clusters"]:
-        cluster["cluster"]["server"] = f"https://{proxy.host}:{proxy.port}"
-    (tmp_path / "kubeconfig").write_text(yaml.safe_dump(kubeconfig))
+    proxy = proxied_kubeconfig(kube, tmp_path / "kubeconfig")
     port = free_port()
     proxy.start()
     try:
