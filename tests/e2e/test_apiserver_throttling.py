@@ -6,14 +6,17 @@ person must act on)."""
 
 from __future__ import annotations
 
-import collections
+import base64
 import contextlib
 import json
+import ssl
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -23,20 +26,24 @@ from tests.faults.pipeline import HttpTarget, Pipeline, Stream, settle
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.serviceaccounts import token_kubeconfig
+from tests.tls import CertificateAuthority, ServerCertificate, issue_server_certificate, make_ca
 
 pytestmark = pytest.mark.timeout(600)
 
 PROGRAMS = ("operator", "delivery")
 NEIGHBOUR = "neighbour"
-"""Another workload of the same priority level: in bursts it keeps the level's few seats
-busy, as the other tenants of a busy cluster do, so that what our programs ask meets a
-full level (429) about as often as a burst lasts, and gets through between them. Busy all
-the time, it starved the operator's leader Lease on a loaded machine: a cluster that
-never lets a workload through is not what this test is about."""
-NEIGHBOUR_CLIENTS = 3
-BURST_S, PERIOD_S = 0.5, 1.37
-"""A period no renew interval is a multiple of: with 1 s, every Lease round of a replica
-(3 s apart) fell in a burst, every time."""
+"""Another workload of the same priority level. At moments the test chooses it fills every
+seat of the level with requests an admission webhook of the test's own holds open: while
+they are held, the API server answers each request of our programs 429. A neighbour sending
+in bursts hit them only by chance (a CI run saw no 429 reach the operator, whose requests
+come in a few short runs), so the moments are chosen instead: the first jail lasts from the
+Topics' apply until both programs have been refused, the later ones come and go through
+the stream as the other tenants of a busy cluster do."""
+FIRST_JAIL_MAX_S = 45
+"""The operator is refused at its first patch and each replica at its next Topic table
+refresh (3 s): far sooner. Bounded below kopf's own retries of a request (54 s), so that a
+jail the programs never meet ends with the check's message, not with kopf giving up."""
+JAIL_S, OPEN_S = 1.5, 3.2
 PER_SECOND = 8
 STREAM_S = 20
 READY_WITHIN_S = 240
@@ -58,8 +65,9 @@ def throttled(kube: LocalService, kubectl: Kubectl, tmp_path: Path) -> Iterator[
     """A ServiceAccount per program (and the neighbour) with every right, each of them held
     by API Priority and Fairness to one priority level of the smallest share (the API
     server gives it 3 of its 600 seats) that rejects what does not fit at once. Returns
-    program → kubeconfig, ``<program>-schema`` → its FlowSchema's name, and ``neighbour``
-    → the neighbour's token."""
+    program → kubeconfig, ``<program>-schema`` → its FlowSchema's name, ``neighbour`` →
+    the neighbour's token, ``namespace``, ``level`` (the priority level) and ``dir`` (for
+    the neighbour's files)."""
     name = f"throttled-{uuid.uuid4().hex[:8]}"
     kubectl.run("create", "namespace", name)
     made: list[tuple[str, str]] = []
@@ -132,47 +140,199 @@ def throttled(kube: LocalService, kubectl: Kubectl, tmp_path: Path) -> Iterator[
     found[NEIGHBOUR] = kubectl.run(
         "create", "token", f"{NEIGHBOUR}-sa", "-n", name, "--duration=1h"
     ).stdout.strip()
+    found.update(namespace=name, level=name, dir=str(tmp_path))
     yield found
     for kind, object_name in reversed(made):
         kubectl.run("delete", kind, object_name, "--ignore-not-found")
     kubectl.run("delete", "namespace", name, "--wait=false")
 
 
-class Neighbour:
-    """Clients listing every Topic of the cluster back to back with the neighbour's token
-    for BURST_S of every PERIOD_S, while in the ``with`` block."""
+class HeldAdmission:
+    """An HTTPS admission webhook that holds each review it is sent until ``release``, or
+    for HOLD_S at most (the API server gives up on a webhook after its timeout, 30 s), and
+    then allows it. A request held here holds its seat of its priority level."""
 
-    def __init__(self, kube: LocalService, token: str) -> None:
+    HOLD_S = 25.0
+
+    def __init__(self, certificate: ServerCertificate) -> None:
+        self._open = threading.Event()
+        self._lock = threading.Lock()
+        self.held = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with outer._lock:
+                    outer.held += 1
+                try:
+                    outer._open.wait(outer.HOLD_S)
+                finally:
+                    with outer._lock:
+                        outer.held -= 1
+                answer = json.dumps(
+                    {
+                        "apiVersion": "admission.k8s.io/v1",
+                        "kind": "AdmissionReview",
+                        "response": {"uid": review["request"]["uid"], "allowed": True},
+                    }
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._server.socket = certificate.server_context().wrap_socket(
+            self._server.socket, server_side=True
+        )
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self._server.server_address[1]}/hold"
+
+    def hold(self) -> None:
+        self._open.clear()
+
+    def release(self) -> None:
+        self._open.set()
+
+    def close(self) -> None:
+        self.release()
+        self._server.shutdown()
+        self._server.server_close()
+
+
+class Jail:
+    """The neighbour: while ``filled``, clients with the neighbour's token create labelled
+    ConfigMaps that ``HeldAdmission`` holds, until as many are held as the level has seats.
+    A request of our programs then finds the level full: 429, every time."""
+
+    def __init__(self, kube: LocalService, kubectl: Kubectl, throttled: dict[str, str]) -> None:
+        self._kubectl = kubectl
+        self._namespace = throttled["namespace"]
+        self.seats = seats_of(kubectl, throttled["level"])
+        ca = make_ca(Path(throttled["dir"]) / "jail-ca", "jail-ca")
+        self._admission = HeldAdmission(
+            issue_server_certificate(ca, Path(throttled["dir"]) / "jail", "webhook")
+        )
+        self._webhook = f"{self._namespace}-jail"
+        kubectl.apply(held_configmaps(self._webhook, self._namespace, self._admission.url, ca))
         self._client = httpx.Client(
             base_url=kube["KUBE_SERVER"],
-            verify=kube["KUBE_CA_CERT"],
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=10,
+            verify=ssl.create_default_context(cafile=kube["KUBE_CA_CERT"]),
+            headers={"Authorization": f"Bearer {throttled[NEIGHBOUR]}"},
+            timeout=HeldAdmission.HOLD_S + 15,
         )
+        self._filling = threading.Event()
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._list) for _ in range(NEIGHBOUR_CLIENTS)]
-        self.answers: collections.Counter[int] = collections.Counter()
-
-    def __enter__(self) -> Neighbour:
+        # One client more than the seats: while the level is full, it is the one refused.
+        self._threads = [
+            threading.Thread(target=self._occupy, daemon=True) for _ in range(self.seats + 1)
+        ]
         for thread in self._threads:
             thread.start()
-        return self
+        self.jails = 0
 
-    def __exit__(self, *exc: object) -> None:
+    def close(self) -> None:
         self._stop.set()
+        self._filling.set()
+        self._admission.close()
         for thread in self._threads:
             thread.join()
         self._client.close()
+        self._kubectl.run("delete", "validatingwebhookconfiguration", self._webhook, check=False)
 
-    def _list(self) -> None:
+    @contextlib.contextmanager
+    def filled(self) -> Iterator[None]:
+        """Every seat of the level held by the neighbour while in the block."""
+        self._admission.hold()
+        self._filling.set()
+        # The API server takes up a new webhook configuration within a moment: until
+        # then the neighbour's creations pass at once, and it sends the next.
+        deadline = time.monotonic() + 30
+        while self._admission.held < self.seats:
+            assert time.monotonic() < deadline, (
+                f"the neighbour holds {self._admission.held} of the level's {self.seats} seats"
+            )
+            time.sleep(0.05)
+        self.jails += 1
+        try:
+            yield
+        finally:
+            self._filling.clear()
+            self._admission.release()
+
+    def _occupy(self) -> None:
+        path = f"/api/v1/namespaces/{self._namespace}/configmaps"
+        body = {"metadata": {"generateName": "held-", "labels": {JAIL_LABEL: "true"}}}
         while not self._stop.is_set():
-            pause = PERIOD_S - time.monotonic() % PERIOD_S
-            if pause < PERIOD_S - BURST_S:
-                self._stop.wait(pause)
+            if not self._filling.wait(0.5) or self._stop.is_set():
                 continue
-            with contextlib.suppress(httpx.HTTPError):
-                answer = self._client.get("/apis/bucketnotify.io/v1alpha1/topics")
-                self.answers[answer.status_code] += 1
+            try:
+                answer = self._client.post(path, json=body)
+            except httpx.HTTPError:
+                continue
+            if answer.status_code == 429:
+                self._stop.wait(0.05)  # the level is full: by us, as meant
+
+
+JAIL_LABEL = "bucketnotify.test/held"
+
+
+def held_configmaps(
+    name: str, namespace: str, url: str, ca: CertificateAuthority
+) -> dict[str, Any]:
+    """A webhook configuration sending the creation of the neighbour's labelled ConfigMaps
+    in ``namespace`` (and nothing else) to ``url``."""
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [
+            {
+                "name": "hold.throttling.bucketnotify.test",
+                "admissionReviewVersions": ["v1"],
+                "sideEffects": "None",
+                "failurePolicy": "Ignore",
+                "timeoutSeconds": 30,
+                "clientConfig": {
+                    "url": url,
+                    "caBundle": base64.b64encode(ca.cert.read_bytes()).decode(),
+                },
+                "rules": [
+                    {
+                        "operations": ["CREATE"],
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "resources": ["configmaps"],
+                        "scope": "Namespaced",
+                    }
+                ],
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                "objectSelector": {"matchLabels": {JAIL_LABEL: "true"}},
+            }
+        ],
+    }
+
+
+def seats_of(kubectl: Kubectl, level: str) -> int:
+    """The seats the API server gives the priority level ``level``, from its metrics."""
+    for line in kubectl.run("get", "--raw", "/metrics").stdout.splitlines():
+        if line.startswith("apiserver_flowcontrol_nominal_limit_seats{") and (
+            f'priority_level="{level}"' in line
+        ):
+            return int(float(line.rsplit(" ", 1)[1]))
+    raise AssertionError(f"the API server reports no seats for the priority level {level}")
 
 
 def flow_schema(
@@ -227,6 +387,40 @@ def troubles(log: str) -> list[str]:
     return found
 
 
+class Weather:
+    """The neighbour's jails in a thread of their own: the first from ``start`` until
+    ``refused_enough()`` (or FIRST_JAIL_MAX_S), then JAIL_S in every JAIL_S + OPEN_S."""
+
+    def __init__(self, jail: Jail, refused_enough: Callable[[], bool]) -> None:
+        self._jail = jail
+        self._refused_enough = refused_enough
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.failure: BaseException | None = None
+
+    def __enter__(self) -> Weather:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        try:
+            with self._jail.filled():
+                deadline = time.monotonic() + FIRST_JAIL_MAX_S
+                while time.monotonic() < deadline and not self._stop.is_set():
+                    if self._refused_enough():
+                        break
+                    self._stop.wait(0.5)
+            while not self._stop.wait(OPEN_S):
+                with self._jail.filled():
+                    self._stop.wait(JAIL_S)
+        except BaseException as exc:  # seen by the test, not lost in a thread
+            self.failure = exc
+
+
 def test_an_apiserver_answering_429_slows_nothing_down_to_a_loss_or_an_error(
     kube: LocalService, rgw: LocalService, kubectl: Kubectl, throttled: dict[str, str]
 ) -> None:
@@ -237,24 +431,36 @@ def test_an_apiserver_answering_429_slows_nothing_down_to_a_loss_or_an_error(
     and no log line of the run is an ERROR or holds a traceback."""
     schemas = {p: throttled[f"{p}-schema"] for p in PROGRAMS}
     before = {p: rejected(kubectl, schema) for p, schema in schemas.items()}
-    with Neighbour(kube, throttled[NEIGHBOUR]) as neighbour:
-        pipeline = Pipeline(kube, rgw, replicas=2, kubeconfigs={p: throttled[p] for p in PROGRAMS})
-        try:
-            with RecordingHttpServer() as receiver:
-                target = HttpTarget(receiver)
-                # Every Topic and BucketNotification Ready: slower than unthrottled (kopf
-                # backs off after each 429), so waited for longer; Ready is what counts.
-                buckets = pipeline.topics(target, ready_within=READY_WITHIN_S)
-                with Stream(rgw, list(buckets.values()), PER_SECOND) as stream:
-                    time.sleep(STREAM_S)
-                outcomes = settle(stream, target, buckets, 240)
-            refused = {p: rejected(kubectl, s) - before[p] for p, s in schemas.items()}
-            logs = {"operator": pipeline.operator.log() if pipeline.operator else ""}
-            logs.update({name: r.log() for name, r in pipeline.cluster.replicas.items()})
-        finally:
-            pipeline.close()
-    print(f"answered 429: {refused}; the neighbour's answers: {dict(neighbour.answers)}")
-    assert all(refused.values()), f"the API server refused none of a program's requests: {refused}"
+
+    def refused() -> dict[str, float]:
+        return {p: rejected(kubectl, s) - before[p] for p, s in schemas.items()}
+
+    jail = Jail(kube, kubectl, throttled)
+    pipeline = Pipeline(kube, rgw, replicas=2, kubeconfigs={p: throttled[p] for p in PROGRAMS})
+    try:
+        with (
+            RecordingHttpServer() as receiver,
+            Weather(jail, lambda: all(refused().values())) as weather,
+        ):
+            target = HttpTarget(receiver)
+            # Every Topic and BucketNotification Ready: slower than unthrottled (the first
+            # jail holds their status back, kopf backs off after each 429), so waited for
+            # longer; Ready is what counts.
+            buckets = pipeline.topics(target, ready_within=READY_WITHIN_S)
+            with Stream(rgw, list(buckets.values()), PER_SECOND) as stream:
+                time.sleep(STREAM_S)
+            outcomes = settle(stream, target, buckets, 240)
+        answered_429 = refused()
+        logs = {"operator": pipeline.operator.log() if pipeline.operator else ""}
+        logs.update({name: r.log() for name, r in pipeline.cluster.replicas.items()})
+    finally:
+        pipeline.close()
+        jail.close()
+    print(f"answered 429: {answered_429}; the neighbour filled the level {jail.jails} times")
+    assert weather.failure is None, f"the neighbour could not fill the level: {weather.failure}"
+    assert all(answered_429.values()), (
+        f"the API server refused none of a program's requests: {answered_429}"
+    )
     for outcome in outcomes:
         assert outcome.acked > 0, outcome.line()
         assert not outcome.lost, outcome.line()
