@@ -66,8 +66,8 @@ from bench.workload import (
     percentiles,
     s3_client,
 )
-from bucketnotify.delivery.ownership import LeaseSettings
-from bucketnotify.delivery.shard_loops import HANDOVER_POLL_ROUNDS
+from bucketnotify.delivery.peers.ownership import LeaseSettings
+from bucketnotify.delivery.rounds.shard_loops import HANDOVER_POLL_ROUNDS
 from devstack import services
 from devstack.gateway import gateway_settings
 from devstack.programs import Program, cpu_seconds, free_port, wait_for_port

@@ -52,8 +52,9 @@ from bench.delivery import (
 from bench.delivery import Options as DeliveryOptions
 from bench.guarded import guarded
 from bench.workload import Collector, object_body, percentiles
-from bucketnotify.delivery.ownership import partition_of
-from bucketnotify.delivery.queue import QueueName, shard_of
+from bucketnotify.delivery.model.event import shard_of
+from bucketnotify.delivery.model.queue import QueueName
+from bucketnotify.delivery.peers.ownership import partition_of
 from devstack import services
 from devstack.servers.arrivals import Receiver
 from devstack.services import REPO, Service

@@ -23,10 +23,10 @@ import aiohttp
 from aiohttp import web
 from tests.records import event
 
-from bucketnotify.delivery.ingest import Ingest, build_app
-from bucketnotify.delivery.ingest_tokens import IngestTopic
-from bucketnotify.delivery.queue import QueueLimits, QueueName
+from bucketnotify.delivery.ingest.handler import Ingest, build_app
+from bucketnotify.delivery.model.queue import QueueLimits, QueueName
 from bucketnotify.delivery.stores.localdir import LocalDirStore
+from bucketnotify.delivery.topics.ingest_tokens import IngestTopic
 
 QUEUE = QueueName("bench", "ingest")
 TOKEN = "bench-token"  # noqa: S105 - the ingest token of a throwaway queue

@@ -50,7 +50,7 @@ def wait_lease_held(kubectl: Kubectl, namespace: str, name: str, timeout: float)
 
 
 def partition_holders(kubectl: Kubectl, namespace: str) -> Counter[str]:
-    """How many partition Leases each delivery replica holds (see delivery/ownership.py)."""
+    """How many partition Leases each delivery replica holds (see delivery/peers/ownership.py)."""
     out = kubectl.run(
         "get", "leases", "-n", namespace, "-l", "bucketnotify.io/lease-role=partition", "-o", "json"
     ).stdout
@@ -73,7 +73,7 @@ def wait_even_ownership(
     Replicas hand partitions over on their renewal ticks; measuring while they still move
     would measure the hand-over, not delivery. So would measuring right after the last
     move: the other replicas learn of it only at their next tick, and a replica polls the
-    shards it has just taken for a while (``delivery.shard_loops.HANDOVER_POLL_ROUNDS``).
+    shards it has just taken for a while (``delivery.rounds.shard_loops.HANDOVER_POLL_ROUNDS``).
     """
     deadline = time.monotonic() + timeout
     even_since: float | None = None

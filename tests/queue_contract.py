@@ -19,7 +19,7 @@ from typing import Protocol
 
 import pytest
 
-from bucketnotify.delivery.queue import (
+from bucketnotify.delivery.model.queue import (
     Entry,
     QueueFull,
     QueueLimits,

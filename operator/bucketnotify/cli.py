@@ -35,10 +35,10 @@ from bucketnotify.controller import handlers
 from bucketnotify.controller.drift_loop import ObjectLocks
 from bucketnotify.controller.handlers import WATCHED_RESOURCES
 from bucketnotify.controller.notifications import BucketLocks
-from bucketnotify.delivery.draining import ConnectionDrain
-from bucketnotify.delivery.ownership import LeaseSettings, Ownership
-from bucketnotify.delivery.record_targets import records_target_for
-from bucketnotify.delivery.recording import Recorder, RecordWriter
+from bucketnotify.delivery.ingest.draining import ConnectionDrain
+from bucketnotify.delivery.peers.ownership import LeaseSettings, Ownership
+from bucketnotify.delivery.recorded.delivery_records import Recorder, RecordWriter
+from bucketnotify.delivery.recorded.record_targets import records_target_for
 from bucketnotify.delivery.service import DeliveryService, ServiceTimings
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from bucketnotify.delivery.stores.open import StoreConfigError
@@ -61,7 +61,7 @@ log = logging.getLogger("bucketnotify")
 DRAIN_MAX_S = 2.0
 DRAIN_QUIET_S = 0.5
 """A stopping replica's listener stays open while requests still come on kept-alive
-connections, each answered with ``Connection: close`` (``delivery.draining``): at most
+connections, each answered with ``Connection: close`` (``delivery.ingest.draining``): at most
 DRAIN_MAX_S, and no longer than DRAIN_QUIET_S after the last request."""
 
 API_CONNECTIONS = 24

@@ -3,7 +3,7 @@ ConfigMaps, ObjectBucketClaims, our objects and their annotations.
 
 An adapter over ``apiserver``. The other callers of the API server each own one concern:
 ``leadership`` (the operator's leader Lease), ``event_recorder`` (Events),
-``delivery.ownership`` (partition and member Leases), ``delivery.topic_table`` (the Topics
+``delivery.peers.ownership`` (partition and member Leases), ``delivery.topics.table`` (the Topics
 and token Secrets a replica serves) and ``admin.cluster`` (the admin CLI's reads).
 """
 

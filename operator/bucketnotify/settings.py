@@ -117,7 +117,7 @@ class DeliveryServiceSettings(BaseSettings):
     """The replicas' Deployment (in ``lease_namespace``): every ownership Lease names it as
     its owner, so deleting it (``helm uninstall``) deletes them. Unset: the Leases stay."""
     partitions: int = Field(default=32, ge=1, le=1024)
-    """Ownership units (see delivery/ownership.py)."""
+    """Ownership units (see delivery/peers/ownership.py)."""
     lease_duration_seconds: int = Field(default=12, ge=2)
     """A dead replica's Leases expire this long after its last renewal; the survivors take
     them at their next renewal, so failover takes at most lease duration + renew interval

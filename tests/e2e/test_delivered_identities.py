@@ -16,7 +16,7 @@ import urllib.request
 
 import pytest
 
-from bucketnotify.delivery.queue import QueueName
+from bucketnotify.delivery.model.queue import QueueName
 from devstack.servers.recording import RecordingHttpServer
 from tests.delivery import DeliveryCluster, StartCluster
 from tests.kubectl import Kubectl

@@ -21,9 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from bucketnotify.delivery.ownership import partition_of
-from bucketnotify.delivery.queue import QueueName
-from bucketnotify.delivery.worker import FENCE_WINDOW
+from bucketnotify.delivery.model.queue import QueueName
+from bucketnotify.delivery.peers.ownership import partition_of
+from bucketnotify.delivery.rounds.worker import FENCE_WINDOW
 from devstack.servers.recording import RecordingHttpServer
 from tests.delivery import StartCluster, post_events
 from tests.kubectl import Kubectl

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from bucketnotify.delivery.queue import QueueName
+from bucketnotify.delivery.model.queue import QueueName
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from bucketnotify.records import FIELDS, partition_of
 from devstack.servers.recording import RecordingHttpServer

@@ -22,10 +22,11 @@ from typing import Any
 
 import pytest
 
-from bucketnotify.delivery.leases import LeaseSettings
-from bucketnotify.delivery.ownership import partition_of
-from bucketnotify.delivery.queue import QueueName, shard_of
-from bucketnotify.delivery.shard_loops import HANDOVER_POLL_ROUNDS
+from bucketnotify.delivery.model.event import shard_of
+from bucketnotify.delivery.model.queue import QueueName
+from bucketnotify.delivery.peers.leases import LeaseSettings
+from bucketnotify.delivery.peers.ownership import partition_of
+from bucketnotify.delivery.rounds.shard_loops import HANDOVER_POLL_ROUNDS
 from devstack.servers.recording import RecordingHttpServer
 from tests.delivery import DeliveryCluster, StartCluster, post_events, scrape, sync_topics
 from tests.kubectl import Kubectl
@@ -246,7 +247,7 @@ def test_three_replicas_spread_evenly_and_a_killed_owner_loses_nothing(
 
 CRASHING_WRITER = """
 import asyncio, os, signal, time
-from bucketnotify.delivery.queue import QueueName
+from bucketnotify.delivery.model.queue import QueueName
 from bucketnotify.delivery.stores.s3 import S3Store
 from bucketnotify.gateway.connection import GatewayConnection
 

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bucketnotify.delivery.queue import QueueName
+from bucketnotify.delivery.model.queue import QueueName
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from devstack.servers.recording import RecordingHttpServer
 from tests.delivery import StartCluster, scrape

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from bucketnotify.delivery.queue import QueueName
+from bucketnotify.delivery.model.queue import QueueName
 from devstack.servers.recording import RecordingHttpServer
 from tests.delivery import queued_keys
 from tests.kubectl import Kubectl

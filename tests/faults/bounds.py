@@ -5,7 +5,7 @@ has found a defect or a doc that promised too much, never a bound to widen."""
 
 from __future__ import annotations
 
-from bucketnotify.delivery.worker import PROGRESS_S
+from bucketnotify.delivery.rounds.worker import PROGRESS_S
 from bucketnotify.settings import DeliveryServiceSettings
 
 PER_SECOND = 16

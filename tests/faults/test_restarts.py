@@ -21,8 +21,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from bucketnotify.delivery.ownership import partition_of
-from bucketnotify.delivery.queue import QueueName, QueueStore, shard_of
+from bucketnotify.delivery.model.event import shard_of
+from bucketnotify.delivery.model.queue import QueueName, QueueStore
+from bucketnotify.delivery.peers.ownership import partition_of
 from devstack.servers.recording import RecordingHttpServer
 from devstack.servers.tcpproxy import TcpProxy
 from tests.delivery import on_store

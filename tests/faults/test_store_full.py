@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bucketnotify.delivery.queue import QueueName
+from bucketnotify.delivery.model.queue import QueueName
 from devstack.programs import free_port
 from devstack.servers.recording import RecordingHttpServer
 from tests.delivery import push_records, queued_keys, wait_ready

@@ -22,8 +22,8 @@ import pytest
 import yaml
 
 from bucketnotify.apiserver import ApiClient, lease_path, micro_time
-from bucketnotify.delivery.ownership import LeaseSettings, Ownership, partition_of
-from bucketnotify.delivery.queue import Entry, QueueLimits, QueueName, QueueStore
+from bucketnotify.delivery.model.queue import Entry, QueueLimits, QueueName, QueueStore
+from bucketnotify.delivery.peers.ownership import LeaseSettings, Ownership, partition_of
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from bucketnotify.delivery.stores.s3 import S3Store
 from devstack.gateway import gateway_settings

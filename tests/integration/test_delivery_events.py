@@ -24,8 +24,8 @@ import pytest
 
 from bucketnotify import event_recorder
 from bucketnotify.apiserver import ApiClient
-from bucketnotify.delivery.events import COMPONENT
-from bucketnotify.delivery.queue import QueueName
+from bucketnotify.delivery.model.queue import QueueName
+from bucketnotify.delivery.recorded.kube_events import COMPONENT
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from bucketnotify.event_recorder import EventRecorder, ObjectRef
 from devstack.servers.recording import RecordingHttpServer
@@ -377,7 +377,7 @@ def test_failure_recovery_loss_full_queue_and_missing_secret_are_topic_events_wi
     records = [json.loads(line) for line in logged.splitlines() if line.strip()]
     assert all({"timestamp", "severity", "logger", "message"} <= set(r) for r in records)
     assert any(
-        r["logger"] == "bucketnotify.delivery.topic_table" and "serving topic" in r["message"]
+        r["logger"] == "bucketnotify.delivery.topics.table" and "serving topic" in r["message"]
         for r in records
     )
     assert any(r["severity"] == "debug" for r in records), "DEBUG records were written"

@@ -11,7 +11,7 @@ from typing import Any, cast
 import pytest
 
 from bucketnotify.apiserver import ApiError
-from bucketnotify.delivery.ownership import Ownership
+from bucketnotify.delivery.peers.ownership import Ownership
 from bucketnotify.delivery.service import DeliveryService
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from bucketnotify.metrics import DeliveryMetrics
@@ -92,7 +92,7 @@ async def test_a_namespace_that_cannot_be_listed_keeps_its_topics_and_the_others
                 {"endpoint": {"http": {"url": "http://127.0.0.1:9/"}}, "persistent": True},
             )  # fmt: skip
             token_secret(kubectl, namespace, "later")
-            with caplog.at_level(logging.WARNING, logger="bucketnotify.delivery.topic_table"):
+            with caplog.at_level(logging.WARNING, logger="bucketnotify.delivery.topics.table"):
                 for _ in range(50):  # RBAC takes a moment to see the deletion
                     await service.refresh()
                     if (namespace, "later") in service.ingest_topics and caplog.records:

@@ -30,7 +30,7 @@ from bucketnotify.delivery.endpoints import (
     PushOutcome,
     open_endpoint,
 )
-from bucketnotify.delivery.endpoints.base import event_body
+from bucketnotify.delivery.model.push import event_body
 from devstack.programs import free_port
 from devstack.servers.tcpproxy import TcpProxy
 from tests.localservices import LocalService

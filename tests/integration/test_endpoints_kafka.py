@@ -29,8 +29,8 @@ from bucketnotify.delivery.endpoints import (
     PushOutcome,
     open_endpoint,
 )
-from bucketnotify.delivery.endpoints.base import event_body
 from bucketnotify.delivery.endpoints.kafka import KafkaPusher
+from bucketnotify.delivery.model.push import event_body
 from tests.localservices import LocalService
 from tests.ownservices import OwnService, own_service
 from tests.processes import free_port

@@ -15,14 +15,14 @@ from uuid import uuid4
 import pytest
 
 from bucketnotify.apiserver import ApiClient, lease_path
-from bucketnotify.delivery.endpoints.base import Delivery
 from bucketnotify.delivery.endpoints.testing import MockEndpoint
-from bucketnotify.delivery.ingest import event_id
-from bucketnotify.delivery.ownership import LeaseSettings, Ownership, partition_of
-from bucketnotify.delivery.queue import QueueLimits, QueueName
+from bucketnotify.delivery.model.event import event_id
+from bucketnotify.delivery.model.push import Delivery
+from bucketnotify.delivery.model.queue import QueueLimits, QueueName
+from bucketnotify.delivery.model.timings import ServiceTimings
+from bucketnotify.delivery.peers.ownership import LeaseSettings, Ownership, partition_of
 from bucketnotify.delivery.service import DeliveryService
 from bucketnotify.delivery.stores.localdir import LocalDirStore
-from bucketnotify.delivery.timings import ServiceTimings
 from tests.delivery import one_shard_runtime
 from tests.kubeapi import api_client
 from tests.localservices import LocalService

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from bucketnotify.delivery.record_targets import S3Target
-from bucketnotify.delivery.recording import RecordWriter
+from bucketnotify.delivery.recorded.delivery_records import RecordWriter
+from bucketnotify.delivery.recorded.record_targets import S3Target
 from bucketnotify.gateway.errors import GatewayAccessDenied
 from bucketnotify.metrics import DeliveryMetrics
 from bucketnotify.records import DeliveryRecord, Outcome

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from bucketnotify.delivery.queue import (
+from bucketnotify.delivery.model.queue import (
     Entry,
     QueueFull,
     QueueLimits,

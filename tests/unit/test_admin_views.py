@@ -6,8 +6,8 @@ import datetime as dt
 
 from bucketnotify.admin.output import table
 from bucketnotify.admin.views import age, dump_entry, notification_row, stats_document, stats_rows
-from bucketnotify.delivery.ownership import LeaseHolder, LeaseSettings, partition_of
-from bucketnotify.delivery.queue import Entry, QueueName, QueueStats, ShardStats
+from bucketnotify.delivery.model.queue import Entry, QueueName, QueueStats, ShardStats
+from bucketnotify.delivery.peers.ownership import LeaseHolder, LeaseSettings, partition_of
 
 NOW = dt.datetime(2024, 5, 1, 12, 0, 0, tzinfo=dt.UTC)
 

@@ -17,20 +17,20 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from bucketnotify.apiserver import ApiClient
-from bucketnotify.delivery.direct import ShardGate
-from bucketnotify.delivery.endpoints.base import Delivery
 from bucketnotify.delivery.endpoints.errors import RejectedError, UndeliverableError
 from bucketnotify.delivery.endpoints.testing import MockEndpoint
-from bucketnotify.delivery.ingest import event_id
-from bucketnotify.delivery.ingest_tokens import IngestTopic
-from bucketnotify.delivery.leases import LeaseSettings
-from bucketnotify.delivery.outcomes import DeliveryPolicy
-from bucketnotify.delivery.ownership import Ownership
-from bucketnotify.delivery.queue import Entry, QueueLimits, QueueName
-from bucketnotify.delivery.record_targets import DirTarget
-from bucketnotify.delivery.recording import Recorder, RecordWriter
+from bucketnotify.delivery.model.event import event_id
+from bucketnotify.delivery.model.outcomes import DeliveryPolicy
+from bucketnotify.delivery.model.push import Delivery
+from bucketnotify.delivery.model.queue import Entry, QueueLimits, QueueName
+from bucketnotify.delivery.peers.leases import LeaseSettings
+from bucketnotify.delivery.peers.ownership import Ownership
+from bucketnotify.delivery.recorded.delivery_records import Recorder, RecordWriter
+from bucketnotify.delivery.recorded.record_targets import DirTarget
+from bucketnotify.delivery.rounds.direct import ShardGate
 from bucketnotify.delivery.service import DeliveryService
 from bucketnotify.delivery.stores.localdir import LocalDirStore
+from bucketnotify.delivery.topics.ingest_tokens import IngestTopic
 from tests.delivery import OwnsEverything, one_shard_runtime
 from tests.kubeapi import UNREACHABLE
 from tests.records import event
@@ -64,7 +64,7 @@ class Alone(OwnsEverything):
 
 class AmongPeers(Alone):
     """One of two replicas that reach each other: the other hands it requests for its
-    shards and tells it of its commits (``delivery.forwarding``)."""
+    shards and tells it of its commits (``delivery.peers.forwarding``)."""
 
     members = 2
     settings = LeaseSettings(namespace="default", renew_interval_s=0.0)

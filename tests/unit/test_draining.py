@@ -7,7 +7,7 @@ import asyncio
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from bucketnotify.delivery.draining import ConnectionDrain
+from bucketnotify.delivery.ingest.draining import ConnectionDrain
 
 
 async def test_once_stopping_every_answer_closes_its_connection_and_the_drain_ends() -> None:

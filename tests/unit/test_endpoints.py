@@ -30,12 +30,13 @@ from bucketnotify.delivery.endpoints import (
     open_endpoint,
 )
 from bucketnotify.delivery.endpoints.amqp import AmqpPusher, parse_amqp_url
-from bucketnotify.delivery.endpoints.base import BaseEndpoint, event_body, outcome_of
+from bucketnotify.delivery.endpoints.base import BaseEndpoint, outcome_of
 from bucketnotify.delivery.endpoints.errors import RequestNotFormed, redact
 from bucketnotify.delivery.endpoints.http import HttpPusher, cloud_event_headers, post_body
 from bucketnotify.delivery.endpoints.kafka import KafkaPusher, bootstrap_servers, message_key
 from bucketnotify.delivery.endpoints.testing import MockEndpoint
-from bucketnotify.delivery.ingest import _records
+from bucketnotify.delivery.ingest.handler import _records
+from bucketnotify.delivery.model.push import event_body
 from tests.records import s3_record
 
 

@@ -16,11 +16,12 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from bucketnotify.delivery.forwarding import FORWARDED_HEADER, Forwarder, forward_expired
-from bucketnotify.delivery.ingest import Ingest, build_app, event_id
-from bucketnotify.delivery.ingest_tokens import IngestTopic
-from bucketnotify.delivery.queue import QueueLimits, QueueName
+from bucketnotify.delivery.ingest.handler import Ingest, build_app
+from bucketnotify.delivery.model.event import event_id
+from bucketnotify.delivery.model.queue import QueueLimits, QueueName
+from bucketnotify.delivery.peers.forwarding import FORWARDED_HEADER, Forwarder, forward_expired
 from bucketnotify.delivery.stores.localdir import LocalDirStore
+from bucketnotify.delivery.topics.ingest_tokens import IngestTopic
 from bucketnotify.metrics import DeliveryMetrics
 from devstack.programs import free_port
 from tests.records import event

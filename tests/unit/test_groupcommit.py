@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from bucketnotify.delivery.groupcommit import MAX_WRITES, Events, GroupCommit
-from bucketnotify.delivery.ingest import Ingest, build_app, event_id
-from bucketnotify.delivery.ingest_tokens import IngestTopic
-from bucketnotify.delivery.queue import Entry, QueueFull, QueueLimits, QueueName, Reservation
+from bucketnotify.delivery.ingest.groupcommit import MAX_WRITES, Events, GroupCommit
+from bucketnotify.delivery.ingest.handler import Ingest, build_app
+from bucketnotify.delivery.model.event import event_id
+from bucketnotify.delivery.model.queue import Entry, QueueFull, QueueLimits, QueueName, Reservation
 from bucketnotify.delivery.stores.localdir import LocalDirStore
+from bucketnotify.delivery.topics.ingest_tokens import IngestTopic
 from tests.records import event
 
 QUEUE = QueueName("team-a", "orders")

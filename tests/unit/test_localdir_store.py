@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from bucketnotify.delivery.queue import (
+from bucketnotify.delivery.model.queue import (
     QueueFull,
     QueueLimits,
     QueueName,

@@ -1,5 +1,5 @@
-"""The log lines a round's lost events get (``delivery.accounting.log_lost``, what the shard
-rounds and the direct pushes both call): one WARNING per lost event naming its bucket and
+"""The log lines a round's lost events get (``delivery.recorded.accounting.log_lost``, what
+the shard rounds and the direct pushes both call): one WARNING per lost event naming its bucket and
 key, at most ten per round and then one line with the rest's count, and the key escaped
 so that a key holding a newline stays on its line."""
 
@@ -9,9 +9,9 @@ import logging
 
 import pytest
 
-from bucketnotify.delivery.accounting import log_lost
-from bucketnotify.delivery.outcomes import EventOutcome, RoundResult
-from bucketnotify.delivery.queue import Entry, QueueName
+from bucketnotify.delivery.model.outcomes import EventOutcome, RoundResult
+from bucketnotify.delivery.model.queue import Entry, QueueName
+from bucketnotify.delivery.recorded.accounting import log_lost
 from bucketnotify.records import Outcome
 
 QUEUE = QueueName("ns", "orders")
@@ -24,7 +24,7 @@ def lost(key: str, outcome: Outcome = Outcome.EXPIRED) -> EventOutcome:
 
 
 def lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.name == "bucketnotify.delivery.accounting"]
+    return [r for r in caplog.records if r.name == "bucketnotify.delivery.recorded.accounting"]
 
 
 def test_each_lost_event_is_one_warning_naming_bucket_and_escaped_key(

@@ -12,15 +12,16 @@ import kopf
 from aiohttp.test_utils import TestClient, TestServer
 
 from bucketnotify.apiserver import ApiClient
-from bucketnotify.delivery.endpoints.base import Delivery
 from bucketnotify.delivery.endpoints.errors import RejectedError, UndeliverableError
 from bucketnotify.delivery.endpoints.testing import MockEndpoint
-from bucketnotify.delivery.ingest import Ingest, build_app, event_id
-from bucketnotify.delivery.ingest_tokens import IngestTopic
-from bucketnotify.delivery.outcomes import DeliveryPolicy
-from bucketnotify.delivery.queue import QueueLimits, QueueName
-from bucketnotify.delivery.recording import Recorder, RecordWriter
+from bucketnotify.delivery.ingest.handler import Ingest, build_app
+from bucketnotify.delivery.model.event import event_id
+from bucketnotify.delivery.model.outcomes import DeliveryPolicy
+from bucketnotify.delivery.model.push import Delivery
+from bucketnotify.delivery.model.queue import QueueLimits, QueueName
+from bucketnotify.delivery.recorded.delivery_records import Recorder, RecordWriter
 from bucketnotify.delivery.stores.localdir import LocalDirStore
+from bucketnotify.delivery.topics.ingest_tokens import IngestTopic
 from bucketnotify.gateway.errors import GatewayServerError
 from bucketnotify.metrics import DeliveryMetrics, OperatorMetrics
 from tests.delivery import Samples, lone_service, one_shard_runtime, samples

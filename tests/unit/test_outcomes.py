@@ -1,11 +1,10 @@
-"""What becomes of an event (``delivery.outcomes``), the one decision the shard rounds and
+"""What becomes of an event (``delivery.model.outcomes``), the one decision the shard rounds and
 the direct pushes share: delivered, tried again, refused for good, expired, dropped to the
 dead-letter topic or lost, or kept queued when the dead-letter topic refuses."""
 
 from __future__ import annotations
 
-from bucketnotify.delivery.endpoints.base import PushOutcome
-from bucketnotify.delivery.outcomes import (
+from bucketnotify.delivery.model.outcomes import (
     DeliveryPolicy,
     EventOutcome,
     dropped,
@@ -13,7 +12,8 @@ from bucketnotify.delivery.outcomes import (
     judge,
     not_dropped,
 )
-from bucketnotify.delivery.queue import Entry
+from bucketnotify.delivery.model.push import PushOutcome
+from bucketnotify.delivery.model.queue import Entry
 from bucketnotify.records import Outcome
 
 

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from bucketnotify.delivery.leases import LeaseSettings
-from bucketnotify.delivery.ownership import Ownership
+from bucketnotify.delivery.peers.leases import LeaseSettings
+from bucketnotify.delivery.peers.ownership import Ownership
 from tests.kubeapi import unreachable_api
 
 
@@ -24,7 +24,7 @@ async def test_stopping_while_the_api_server_is_away_warns_and_ends(
         with caplog.at_level(logging.WARNING):
             await ownership.stop()
     assert ownership.owned() == set()
-    said = [r for r in caplog.records if r.name == "bucketnotify.delivery.ownership"]
+    said = [r for r in caplog.records if r.name == "bucketnotify.delivery.peers.ownership"]
     assert len(said) == 3  # two partition Leases and the member Lease
     assert all(r.levelno == logging.WARNING and r.exc_info is None for r in said)
     assert "could not release Lease bucketnotify-delivery-partition-3" in said[0].getMessage()

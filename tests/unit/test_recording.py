@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 
-from bucketnotify.delivery.outcomes import EventOutcome, RoundResult
-from bucketnotify.delivery.queue import Entry, QueueName, shard_of
-from bucketnotify.delivery.record_targets import DirTarget, S3Target, records_target_for
-from bucketnotify.delivery.recording import Recorder, RecordWriter, batch_path
+from bucketnotify.delivery.model.event import shard_of
+from bucketnotify.delivery.model.outcomes import EventOutcome, RoundResult
+from bucketnotify.delivery.model.queue import Entry, QueueName
+from bucketnotify.delivery.recorded.delivery_records import Recorder, RecordWriter, batch_path
+from bucketnotify.delivery.recorded.record_targets import DirTarget, S3Target, records_target_for
 from bucketnotify.delivery.stores.open import StoreConfigError
 from bucketnotify.metrics import DeliveryMetrics
 from bucketnotify.records import FIELDS, DeliveryRecord, Outcome

@@ -14,17 +14,17 @@ import kopf
 import pytest
 
 from bucketnotify.apiserver import ApiClient
-from bucketnotify.delivery.delivered import DELIVERED_SAVE_S
-from bucketnotify.delivery.endpoints.base import Delivery
 from bucketnotify.delivery.endpoints.errors import RejectedError
 from bucketnotify.delivery.endpoints.testing import MockEndpoint
-from bucketnotify.delivery.ingest import event_id
-from bucketnotify.delivery.ownership import LeaseSettings, Ownership
-from bucketnotify.delivery.queue import Entry, QueueLimits, QueueName
+from bucketnotify.delivery.model.event import event_id
+from bucketnotify.delivery.model.push import Delivery
+from bucketnotify.delivery.model.queue import Entry, QueueLimits, QueueName
+from bucketnotify.delivery.model.timings import ServiceTimings
+from bucketnotify.delivery.peers.ownership import LeaseSettings, Ownership
+from bucketnotify.delivery.rounds.delivered import DELIVERED_SAVE_S
+from bucketnotify.delivery.rounds.shard_loops import HANDOVER_POLL_ROUNDS
 from bucketnotify.delivery.service import DeliveryService
-from bucketnotify.delivery.shard_loops import HANDOVER_POLL_ROUNDS
 from bucketnotify.delivery.stores.localdir import LocalDirStore
-from bucketnotify.delivery.timings import ServiceTimings
 from bucketnotify.settings import DeliveryServiceSettings
 from tests.delivery import OwnsEverything, one_shard_runtime
 from tests.kubeapi import UNREACHABLE

@@ -6,7 +6,7 @@ import errno
 
 import pytest
 
-from bucketnotify.delivery.queue import StoreFull, StoreRefused, StoreUnavailable
+from bucketnotify.delivery.model.queue import StoreFull, StoreRefused, StoreUnavailable
 from bucketnotify.delivery.stores._errors import mapped, raises_store_errors
 from bucketnotify.gateway.errors import (
     GatewayAccessDenied,

@@ -71,7 +71,7 @@ async def test_a_throttled_topic_warns_once_and_a_refused_one_errs_once(
     said = [
         r
         for r in caplog.records
-        if r.name == "bucketnotify.delivery.topic_table" and r.levelno >= logging.WARNING
+        if r.name == "bucketnotify.delivery.topics.table" and r.levelno >= logging.WARNING
     ]
     assert [r.levelno for r in said] == [logging.WARNING, logging.ERROR]
     assert all(r.exc_info is None for r in said)

@@ -9,8 +9,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from bucketnotify.delivery.queue import QueueName
-from bucketnotify.delivery.wakeups import MAX_WAKE_SHARDS, WakeUps, parse_wake
+from bucketnotify.delivery.model.queue import QueueName
+from bucketnotify.delivery.peers.wakeups import MAX_WAKE_SHARDS, WakeUps, parse_wake
 from bucketnotify.metrics import DeliveryMetrics
 from bucketnotify.settings import DeliveryServiceSettings
 from devstack.programs import free_port

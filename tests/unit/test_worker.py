@@ -11,13 +11,14 @@ from typing import Any
 
 import pytest
 
-from bucketnotify.delivery.endpoints.base import Delivery
 from bucketnotify.delivery.endpoints.errors import RejectedError, UndeliverableError
 from bucketnotify.delivery.endpoints.testing import MockEndpoint
-from bucketnotify.delivery.outcomes import DeliveryPolicy
-from bucketnotify.delivery.queue import Entry, QueueLimits, QueueName
+from bucketnotify.delivery.model.delivered_ids import DeliveredCache
+from bucketnotify.delivery.model.outcomes import DeliveryPolicy
+from bucketnotify.delivery.model.push import Delivery
+from bucketnotify.delivery.model.queue import Entry, QueueLimits, QueueName
+from bucketnotify.delivery.rounds.worker import PROGRESS_S, DeadLetterSink, process_shard
 from bucketnotify.delivery.stores.localdir import LocalDirStore
-from bucketnotify.delivery.worker import PROGRESS_S, DeadLetterSink, DeliveredCache, process_shard
 from tests.records import event
 
 QUEUE = QueueName("ns", "topic")

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from bucketnotify.delivery.endpoints.base import Delivery
 from bucketnotify.delivery.endpoints.testing import MockEndpoint
-from bucketnotify.delivery.outcomes import DeliveryPolicy
-from bucketnotify.delivery.queue import QueueLimits, QueueName
+from bucketnotify.delivery.model.delivered_ids import DeliveredCache
+from bucketnotify.delivery.model.outcomes import DeliveryPolicy
+from bucketnotify.delivery.model.push import Delivery
+from bucketnotify.delivery.model.queue import QueueLimits, QueueName
+from bucketnotify.delivery.rounds.worker import FENCE_WINDOW, process_shard
 from bucketnotify.delivery.stores.localdir import LocalDirStore
-from bucketnotify.delivery.worker import FENCE_WINDOW, DeliveredCache, process_shard
 from tests.records import event
 
 QUEUE = QueueName("ns", "topic")

@@ -21,8 +21,7 @@ from pydantic_settings import BaseSettings, SettingsError
 from bucketnotify.admin.errors import AdminError, NotFound, Unreachable
 from bucketnotify.api.common import GROUP, VERSION
 from bucketnotify.apiserver import ApiClient, ApiError, ConfigError, object_path
-from bucketnotify.delivery.ownership import LeaseHolder, LeaseSettings, partition_holders
-from bucketnotify.delivery.queue import (
+from bucketnotify.delivery.model.queue import (
     Entry,
     QueueName,
     QueueNotFound,
@@ -32,6 +31,7 @@ from bucketnotify.delivery.queue import (
     StoreRefused,
     StoreUnavailable,
 )
+from bucketnotify.delivery.peers.ownership import LeaseHolder, LeaseSettings, partition_holders
 from bucketnotify.delivery.stores.open import StoreConfigError, store_for
 from bucketnotify.kube import connect, current_namespace
 from bucketnotify.settings import DeliveryServiceSettings, OperatorSettings

@@ -47,7 +47,7 @@ from bucketnotify.admin.views import (
     stats_rows,
     topic_row,
 )
-from bucketnotify.delivery.queue import QueueName
+from bucketnotify.delivery.model.queue import QueueName
 
 __all__ = ["COMMANDS", "EPILOG", "register", "run"]
 

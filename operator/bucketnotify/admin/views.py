@@ -11,13 +11,13 @@ import datetime as dt
 import json
 from typing import Any
 
-from bucketnotify.delivery.ownership import (
+from bucketnotify.delivery.model.queue import Entry, QueueName, QueueStats
+from bucketnotify.delivery.peers.ownership import (
     LeaseHolder,
     LeaseSettings,
     partition_lease_name,
     partition_of,
 )
-from bucketnotify.delivery.queue import Entry, QueueName, QueueStats
 
 __all__ = [
     "NOTIFICATION_COLUMNS",

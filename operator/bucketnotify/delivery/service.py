@@ -1,30 +1,20 @@
 """The delivery service process: ingest, queue processing and Lease ownership together.
 
-The parts, each in its own module, wired here:
+The rooms (``bucketnotify.delivery`` lists them in the order an event passes them) are
+built and wired here, and nowhere else: the Topic table (``topics``), the ingest
+(``ingest``), the shard loops and direct pushes (``rounds``), the Leases and the other
+replicas (``peers``), and what is counted, recorded and announced (``recorded``).
 
-- ``delivery.topic_table``: the Topics served, their queues and endpoints (and
-  ``delivery.ingest_tokens``, the tokens the ingest checks);
-- ``delivery.ingest``: the gateway's pushes committed to the queues;
-- ``delivery.shard_loops``: a task per owned shard, running its rounds (``delivery.worker``,
-  whose events' outcomes ``delivery.outcomes`` decides);
-- ``delivery.lifecycle``: the queues' sweeps and surveys;
-- ``delivery.direct`` and ``delivery.direct_push``: an event for an empty shard pushed
-  before the ingest answers; ``delivery.forwarding``: a request for another replica's
-  shard handed to that owner;
-- ``delivery.delivered``: the delivered identities kept for a shard's next owner;
-- ``delivery.accounting``: every round and direct push counted, recorded, announced, logged;
-- ``delivery.ownership``: the Leases that say which replica runs which shard.
-
-Lost wake-ups (``delivery.shard_loops`` says how shards are woken) are caught by the survey:
-every ``stats_interval_s`` the owner of a queue's shard 0 looks at the whole queue (one LIST
+Lost wake-ups (``delivery.rounds.shard_loops`` says how shards are woken) are caught by the
+survey: every ``stats_interval_s`` the owner of a queue's shard 0 looks at the whole queue (one LIST
 on the S3 store) and wakes every shard holding entries; every ``OWN_SURVEY_EVERY`` surveys
 each replica also looks at the queues where it owns other shards, in case its peers cannot
 reach it. So an event waits for its owner no longer than a wake-up takes, at worst
 ``stats_interval_s``, and ``OWN_SURVEY_EVERY`` times that when the replicas cannot reach
 each other.
 
-Metrics, delivery records and Kubernetes Events: see ``delivery.accounting``; a queue's
-length and size come from the survey every ``stats_interval_s`` and are exported only by the
+Metrics, delivery records and Kubernetes Events: see ``delivery.recorded.accounting``; a
+queue's length and size come from the survey every ``stats_interval_s`` and are exported only by the
 owner of its shard 0, so a sum over replicas counts each queue once.
 """
 
@@ -40,24 +30,24 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from bucketnotify.apiserver import ApiClient, log_retried
-from bucketnotify.delivery.accounting import Accounting
-from bucketnotify.delivery.delivered import DeliveredIds
-from bucketnotify.delivery.direct import ShardGate
-from bucketnotify.delivery.direct_push import DirectPusher
-from bucketnotify.delivery.endpoints.base import object_of
-from bucketnotify.delivery.events import COMPONENT, TopicEvents
-from bucketnotify.delivery.forwarding import Forwarder
-from bucketnotify.delivery.ingest import Ingest, build_app
-from bucketnotify.delivery.ingest_tokens import IngestTopic
-from bucketnotify.delivery.lifecycle import QueueLifecycle
-from bucketnotify.delivery.ownership import Ownership
-from bucketnotify.delivery.queue import Entry, QueueStore, StoreUnavailable, shard_of
-from bucketnotify.delivery.recording import Recorder
-from bucketnotify.delivery.shard_loops import ShardLoops
-from bucketnotify.delivery.timings import ServiceTimings
-from bucketnotify.delivery.topic_table import TopicRuntime, TopicTable
-from bucketnotify.delivery.wakeups import WAKE_PATH, WakeUps, parse_wake
-from bucketnotify.delivery.worker import DeadLetterSink
+from bucketnotify.delivery.ingest.handler import Ingest, build_app
+from bucketnotify.delivery.model.event import event_shard
+from bucketnotify.delivery.model.queue import Entry, QueueStore, StoreUnavailable
+from bucketnotify.delivery.model.timings import ServiceTimings
+from bucketnotify.delivery.peers.forwarding import Forwarder
+from bucketnotify.delivery.peers.ownership import Ownership
+from bucketnotify.delivery.peers.wakeups import WAKE_PATH, WakeUps, parse_wake
+from bucketnotify.delivery.recorded.accounting import Accounting
+from bucketnotify.delivery.recorded.delivery_records import Recorder
+from bucketnotify.delivery.recorded.kube_events import COMPONENT, TopicEvents
+from bucketnotify.delivery.rounds.delivered import DeliveredIds
+from bucketnotify.delivery.rounds.direct import ShardGate
+from bucketnotify.delivery.rounds.direct_push import DirectPusher
+from bucketnotify.delivery.rounds.shard_loops import ShardLoops
+from bucketnotify.delivery.rounds.worker import DeadLetterSink
+from bucketnotify.delivery.topics.ingest_tokens import IngestTopic
+from bucketnotify.delivery.topics.lifecycle import QueueLifecycle
+from bucketnotify.delivery.topics.table import TopicRuntime, TopicTable
 from bucketnotify.event_recorder import EventRecorder
 from bucketnotify.metrics import DeliveryMetrics
 
@@ -90,7 +80,7 @@ class DeliveryService:
         self.events = events or TopicEvents(
             EventRecorder(api, component=COMPONENT, instance=ownership.identity)
         )
-        """Kubernetes Events on the Topics (delivery.events)."""
+        """Kubernetes Events on the Topics (delivery.recorded.kube_events)."""
         self.accounting = Accounting(self.metrics, self.events, recorder)
         self.table = TopicTable(
             api=api,
@@ -182,7 +172,7 @@ class DeliveryService:
         return app
 
     async def _on_wake(self, request: web.Request) -> web.Response:
-        """Another replica committed to shards this one may own (``delivery.wakeups``)."""
+        """Another replica committed to shards this one may own (``delivery.peers.wakeups``)."""
         try:
             shards = parse_wake(await request.json())
         except ValueError:
@@ -229,7 +219,7 @@ class DeliveryService:
                 raise LookupError(f"{key[0]}/{key[1]} is not a persistent Topic")
             by_shard: dict[int, list[tuple[str, bytes]]] = {}
             for entry in entries:
-                shard = shard_of(*object_of(json.loads(entry.body)), target.shards)
+                shard = event_shard(json.loads(entry.body), target.shards)
                 by_shard.setdefault(shard, []).append((entry.event_id, entry.body))
             await self.ingest.commit(target.queue, by_shard)
 

@@ -11,11 +11,9 @@ May import ``bucketnotify.api``; nothing from the controller or the delivery wor
 
 from bucketnotify.delivery.endpoints.base import (
     Credentials,
-    Delivery,
     Endpoint,
     EndpointSettings,
     InFlightLimit,
-    PushOutcome,
 )
 from bucketnotify.delivery.endpoints.errors import (
     AuthenticationError,
@@ -29,6 +27,7 @@ from bucketnotify.delivery.endpoints.errors import (
     UndeliverableError,
 )
 from bucketnotify.delivery.endpoints.factory import open_endpoint
+from bucketnotify.delivery.model.push import Delivery, PushOutcome
 
 __all__ = [
     "AuthenticationError",

@@ -23,62 +23,25 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, NamedTuple, Protocol, Self
 
-from bucketnotify import compact_json
 from bucketnotify.delivery.endpoints.errors import (
     EndpointError,
     PushTimeout,
     RequestNotFormed,
     redact,
 )
+from bucketnotify.delivery.model.event import object_of
+from bucketnotify.delivery.model.push import Delivery, PushOutcome
 
 __all__ = [
     "BaseEndpoint",
     "Credentials",
-    "Delivery",
     "Endpoint",
     "EndpointSettings",
     "InFlightLimit",
-    "PushOutcome",
-    "event_body",
-    "object_of",
     "outcome_of",
 ]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Delivery:
-    """One event to push."""
-
-    id: str
-    """The queue entry id; outcomes refer to it."""
-    record: dict[str, Any]
-    """One S3 event record; pushed as ``{"Records": [record]}``, like the gateway does."""
-    queued: bytes | None = None
-    """The record as queued (the ingest's compact UTF-8 JSON of it): when given, the push
-    wraps these bytes instead of encoding ``record`` again (docs/performance-notes.md)."""
-
-    @property
-    def body(self) -> bytes:
-        """What every endpoint kind carries: ``{"Records":[record]}``, compact UTF-8."""
-        if self.queued is None:
-            return event_body(self.record)
-        return b'{"Records":[' + self.queued + b"]}"
-
-
-@dataclass(frozen=True)
-class PushOutcome:
-    """What became of one delivery."""
-
-    id: str
-    """The ``Delivery.id`` this outcome is for."""
-    ok: bool
-    """The endpoint acknowledged the event at the topic's ack level."""
-    retryable: bool
-    """False only when retrying cannot help (e.g. the message is too large)."""
-    error: str | None = None
-    """Why it failed, short; never contains credentials. None when ``ok``."""
 
 
 class Endpoint(Protocol):
@@ -168,20 +131,6 @@ class Credentials(NamedTuple):
 
     def __repr__(self) -> str:
         return f"Credentials(username={self.username!r}, password='***')"
-
-
-def event_body(record: dict[str, Any]) -> bytes:
-    """The JSON every endpoint kind carries: ``{"Records":[record]}``, compact UTF-8."""
-    return compact_json.dumps({"Records": [record]})
-
-
-def object_of(record: dict[str, Any]) -> tuple[str, str]:
-    """(bucket, key) of an event record; empty strings where the record has none."""
-    s3 = record.get("s3") or {}
-    return (
-        str((s3.get("bucket") or {}).get("name", "")),
-        str((s3.get("object") or {}).get("key", "")),
-    )
 
 
 def outcome_of(

@@ -22,8 +22,9 @@ import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 
-from bucketnotify.delivery.endpoints.base import Delivery, PushOutcome, outcome_of
+from bucketnotify.delivery.endpoints.base import outcome_of
 from bucketnotify.delivery.endpoints.errors import EndpointError
+from bucketnotify.delivery.model.push import Delivery, PushOutcome
 
 __all__ = ["Handler", "MockEndpoint"]
 

@@ -1,4 +1,4 @@
-"""Queue stores: the ``QueueStore`` contract of ``delivery.queue`` kept on durable storage.
+"""Queue stores: the ``QueueStore`` contract of ``delivery.model.queue`` kept on durable storage.
 
 - ``LocalDirStore``: a local directory; the embedded store of a single replica, and tests'.
 - ``S3Store``: a bucket on the gateway itself; the cluster default, shared by all replicas.

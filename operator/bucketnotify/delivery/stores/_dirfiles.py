@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from bucketnotify.delivery.queue import QueueName
+from bucketnotify.delivery.model.queue import QueueName
 from bucketnotify.delivery.stores._format import check_queue_name
 from bucketnotify.delivery.stores._ring import write_all_blocking
 

@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Callable, Hashable
 from pathlib import Path
 
-from bucketnotify.delivery.queue import (
+from bucketnotify.delivery.model.queue import (
     QueueLimits,
     QueueName,
     QueueNotFound,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from bucketnotify.delivery.queue import Entry, QueueName, Reservation
+from bucketnotify.delivery.model.queue import Entry, QueueName, Reservation
 from bucketnotify.delivery.stores._dirfiles import (
     TooManyFiles,
     deleted_queue,

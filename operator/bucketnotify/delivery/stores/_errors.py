@@ -14,7 +14,7 @@ import functools
 from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar
 
-from bucketnotify.delivery.queue import StoreFull, StoreRefused, StoreUnavailable
+from bucketnotify.delivery.model.queue import StoreFull, StoreRefused, StoreUnavailable
 from bucketnotify.gateway.errors import GatewayError, GatewayServerError, GatewayUnreachable
 
 __all__ = ["STORE_METHODS", "mapped", "raises_store_errors"]

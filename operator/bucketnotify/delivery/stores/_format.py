@@ -35,7 +35,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 
 from bucketnotify import compact_json
-from bucketnotify.delivery.queue import (
+from bucketnotify.delivery.model.queue import (
     Entry,
     QueueFull,
     QueueLimits,

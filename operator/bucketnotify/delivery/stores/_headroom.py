@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
-from bucketnotify.delivery.queue import QueueLimits, QueueName, Reservation
+from bucketnotify.delivery.model.queue import QueueLimits, QueueName, Reservation
 from bucketnotify.delivery.stores._format import new_reservation
 
 __all__ = ["Headroom", "Headrooms"]

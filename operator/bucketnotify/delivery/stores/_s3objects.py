@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from bucketnotify.delivery.queue import QueueName, Reservation
+from bucketnotify.delivery.model.queue import QueueName, Reservation
 from bucketnotify.delivery.stores._format import COVER_SUFFIX, check_queue_name, reservation_name
 from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.gateway.objects import ObjectClient

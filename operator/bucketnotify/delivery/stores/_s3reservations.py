@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from bucketnotify.delivery.queue import (
+from bucketnotify.delivery.model.queue import (
     QueueFull,
     QueueLimits,
     QueueName,

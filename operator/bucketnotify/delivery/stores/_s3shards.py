@@ -12,7 +12,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bucketnotify.delivery.queue import Entry, QueueName
+from bucketnotify.delivery.model.queue import Entry, QueueName
 from bucketnotify.delivery.stores._format import (
     Batch,
     BatchName,

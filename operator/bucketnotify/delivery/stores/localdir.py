@@ -81,7 +81,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import cast
 
-from bucketnotify.delivery.queue import (
+from bucketnotify.delivery.model.queue import (
     Entry,
     QueueLimits,
     QueueName,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bucketnotify.delivery.queue import QueueStore
+from bucketnotify.delivery.model.queue import QueueStore
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from bucketnotify.delivery.stores.s3 import S3Store
 from bucketnotify.gateway.connection import GatewayConnection

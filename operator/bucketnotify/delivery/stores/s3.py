@@ -105,7 +105,7 @@ from typing import TYPE_CHECKING
 
 from botocore.exceptions import ClientError
 
-from bucketnotify.delivery.queue import (
+from bucketnotify.delivery.model.queue import (
     Entry,
     QueueLimits,
     QueueName,

@@ -26,12 +26,13 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
-from itertools import islice
 from typing import Any
 
 from bucketnotify import compact_json
-from bucketnotify.delivery.endpoints.base import Delivery, Endpoint, PushOutcome, object_of
-from bucketnotify.delivery.outcomes import (
+from bucketnotify.delivery.endpoints.base import Endpoint
+from bucketnotify.delivery.model.delivered_ids import DeliveredCache
+from bucketnotify.delivery.model.event import object_of
+from bucketnotify.delivery.model.outcomes import (
     DeliveryPolicy,
     EventOutcome,
     RoundResult,
@@ -40,12 +41,12 @@ from bucketnotify.delivery.outcomes import (
     judge,
     not_dropped,
 )
-from bucketnotify.delivery.queue import Entry, QueueName, QueueStore
+from bucketnotify.delivery.model.push import Delivery, PushOutcome
+from bucketnotify.delivery.model.queue import Entry, QueueName, QueueStore
 from bucketnotify.records import Outcome
 
 __all__ = [
     "DeadLetterSink",
-    "DeliveredCache",
     "RoundCutShort",
     "process_shard",
 ]
@@ -79,33 +80,6 @@ class RoundCutShort(Exception):
         super().__init__(str(cause))
         self.result = result
         self.cause = cause
-
-
-class DeliveredCache:
-    """Event identities recently delivered from one shard (bounded, oldest forgotten)."""
-
-    def __init__(self, size: int = 100_000) -> None:
-        self._ids: OrderedDict[str, None] = OrderedDict()
-        self._size = size
-        self.added = 0
-        """Identities added so far: a saver compares it with what it saved."""
-        self.unremoved: set[str] = set()
-        """Queue entries (ids, not event identities) a round cut short delivered and
-        counted: the next round removes them without a push, as no duplicate."""
-
-    def __contains__(self, event_id: object) -> bool:
-        return event_id in self._ids
-
-    def add(self, event_id: str) -> None:
-        self._ids[event_id] = None
-        self._ids.move_to_end(event_id)
-        self.added += 1
-        while len(self._ids) > self._size:
-            self._ids.popitem(last=False)
-
-    def recent(self, count: int) -> list[str]:
-        """The ``count`` identities added last, oldest first."""
-        return list(islice(reversed(self._ids), count))[::-1]
 
 
 async def process_shard(

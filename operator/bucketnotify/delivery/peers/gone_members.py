@@ -9,7 +9,7 @@ import logging
 import aiohttp
 
 from bucketnotify.apiserver import ApiClient, ApiError, lease_path
-from bucketnotify.delivery.leases import (
+from bucketnotify.delivery.peers.leases import (
     ROLE_LABEL,
     Lease,
     LeaseSettings,
@@ -21,7 +21,7 @@ from bucketnotify.delivery.leases import (
 __all__ = ["GoneMembers"]
 
 # The ownership's logger: these lines came from there before they had a module.
-log = logging.getLogger("bucketnotify.delivery.ownership")
+log = logging.getLogger("bucketnotify.delivery.peers.ownership")
 
 
 class GoneMembers:

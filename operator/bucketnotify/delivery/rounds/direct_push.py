@@ -1,6 +1,6 @@
-"""The direct pushes of ``delivery.direct``: an event for an empty shard pushed by the ingest
-itself, judged as a round would judge it (``delivery.outcomes``) and counted where the rounds
-count theirs (``delivery.accounting``). A push that failed leaves the event to be queued;
+"""The direct pushes of ``delivery.rounds.direct``: an event for an empty shard pushed by the ingest
+itself, judged as a round would judge it (``delivery.model.outcomes``) and counted where the rounds
+count theirs (``delivery.recorded.accounting``). A push that failed leaves the event to be queued;
 ``queued`` then counts that push as the event's first attempt.
 """
 
@@ -12,19 +12,20 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from bucketnotify.delivery.accounting import Accounting
-from bucketnotify.delivery.direct import ShardGate
-from bucketnotify.delivery.endpoints.base import Delivery
-from bucketnotify.delivery.outcomes import (
+from bucketnotify.delivery.model.delivered_ids import DeliveredCache
+from bucketnotify.delivery.model.outcomes import (
     EventOutcome,
     RoundResult,
     dropped,
     judge,
     not_dropped,
 )
-from bucketnotify.delivery.queue import Entry, QueueName, QueueStore
-from bucketnotify.delivery.topic_table import TopicKey, TopicRuntime
-from bucketnotify.delivery.worker import LIST_BATCH, DeadLetterSink, DeliveredCache
+from bucketnotify.delivery.model.push import Delivery
+from bucketnotify.delivery.model.queue import Entry, QueueName, QueueStore
+from bucketnotify.delivery.recorded.accounting import Accounting
+from bucketnotify.delivery.rounds.direct import ShardGate
+from bucketnotify.delivery.rounds.worker import LIST_BATCH, DeadLetterSink
+from bucketnotify.delivery.topics.table import TopicKey, TopicRuntime
 from bucketnotify.records import Outcome
 
 __all__ = ["DirectPusher"]

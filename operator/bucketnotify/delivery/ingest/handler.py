@@ -2,8 +2,8 @@
 
 ``POST /v1/topics/<namespace>/<topic>/<token>`` with the gateway's ``{"Records": [...]}``.
 The answer is 2xx only after every record is durably committed to the Topic's queue, or
-delivered to its endpoint (``delivery.direct``: an event for an empty shard, by the shard's
-owner, to which another replica hands the request: ``delivery.forwarding``); the gateway
+delivered to its endpoint (``delivery.rounds.direct``: an event for an empty shard, by the shard's
+owner, to which another replica hands the request: ``delivery.peers.forwarding``); the gateway
 (or, for hand-off ``sync``, the S3 client) sees any other answer as a failure:
 
 - 400 the body is not the gateway's JSON; 413 it is larger than ``max_body_bytes``;
@@ -37,7 +37,6 @@ answered only once they are durable.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
@@ -46,11 +45,9 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from bucketnotify import compact_json
-from bucketnotify.delivery.direct import DirectDelivery
-from bucketnotify.delivery.forwarding import FORWARDED_HEADER, Forwarder, forward_expired
-from bucketnotify.delivery.groupcommit import GroupCommit
-from bucketnotify.delivery.ingest_tokens import IngestTopic
-from bucketnotify.delivery.queue import (
+from bucketnotify.delivery.ingest.groupcommit import GroupCommit
+from bucketnotify.delivery.model.event import event_id, shard_of
+from bucketnotify.delivery.model.queue import (
     CommitsTogether,
     Entry,
     QueueFull,
@@ -60,15 +57,17 @@ from bucketnotify.delivery.queue import (
     StoreFull,
     StoreRefused,
     StoreUnavailable,
-    shard_of,
 )
-from bucketnotify.delivery.recording import Recorder
+from bucketnotify.delivery.peers.forwarding import FORWARDED_HEADER, Forwarder, forward_expired
+from bucketnotify.delivery.recorded.delivery_records import Recorder
+from bucketnotify.delivery.rounds.direct import DirectDelivery
+from bucketnotify.delivery.topics.ingest_tokens import IngestTopic
 from bucketnotify.metrics import DeliveryMetrics
 from bucketnotify.probes import probes_app
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MAX_BODY_BYTES", "Ingest", "build_app", "event_id"]
+__all__ = ["MAX_BODY_BYTES", "Ingest", "build_app"]
 
 T = TypeVar("T")
 
@@ -76,20 +75,6 @@ MAX_BODY_BYTES = 4 * 1024 * 1024
 STORE_WARNING_S = 5.0
 """At most one warning this often while the queue store is away: an outage under load
 would otherwise log a line per request."""
-
-
-def event_id(record: Mapping[str, Any]) -> str:
-    """The identity of an event: the gateway sends some events twice, with equal fields."""
-    s3 = record.get("s3") or {}
-    parts = [
-        str((record.get("responseElements") or {}).get("x-amz-request-id", "")),
-        str((s3.get("bucket") or {}).get("name", "")),
-        str((s3.get("object") or {}).get("key", "")),
-        str(s3.get("configurationId", "")),
-        str(record.get("eventName", "")),
-        str((s3.get("object") or {}).get("sequencer", "")),
-    ]
-    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
 
 
 Resolver = Callable[[str, str], Awaitable[IngestTopic | None]]
@@ -128,10 +113,10 @@ class Ingest:
         """Asked about a known Topic whose token does not match: the token Secret may have
         changed since it was read."""
         self._direct = direct
-        """Pushes an event for an empty shard before answering (``delivery.direct``)."""
+        """Pushes an event for an empty shard before answering (``delivery.rounds.direct``)."""
         self._forwarder = forwarder
         """Hands a request for a shard another replica owns to that owner
-        (``delivery.forwarding``)."""
+        (``delivery.peers.forwarding``)."""
         self._tell_owners = tell_owners
         """Awaited after a commit, before the answer: tells the owners of the shards
         (other replicas) that they hold entries now."""

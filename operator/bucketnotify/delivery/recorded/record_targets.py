@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from botocore.exceptions import ClientError
 
-from bucketnotify.delivery.recording import RecordTarget
+from bucketnotify.delivery.recorded.delivery_records import RecordTarget
 from bucketnotify.delivery.stores.open import StoreConfigError, gateway_connection
 from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.gateway.errors import mapped_errors

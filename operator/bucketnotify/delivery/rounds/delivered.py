@@ -3,7 +3,7 @@ shard's next owner: what the gateway sends again after a shard moved (or after a
 died) is then recognised as a duplicate and removed, not pushed again.
 
 A busy shard saves them every ``DELIVERED_SAVE_S``; an idle one before it goes to sleep,
-and a shard whose events go directly (``delivery.direct``, its loop asleep) within
+and a shard whose events go directly (``delivery.rounds.direct``, its loop asleep) within
 ``DELIVERED_SAVE_S`` of its last direct delivery. Reading or saving them is a hint: when
 it fails, duplicates are possible, never losses.
 """
@@ -15,9 +15,9 @@ import contextlib
 import logging
 import time
 
-from bucketnotify.delivery.queue import QueueName, QueueStore
-from bucketnotify.delivery.topic_table import TopicRuntime
-from bucketnotify.delivery.worker import DeliveredCache
+from bucketnotify.delivery.model.delivered_ids import DeliveredCache
+from bucketnotify.delivery.model.queue import QueueName, QueueStore
+from bucketnotify.delivery.topics.table import TopicRuntime
 
 __all__ = ["DELIVERED_KEPT", "DELIVERED_SAVE_S", "DeliveredIds", "woken"]
 

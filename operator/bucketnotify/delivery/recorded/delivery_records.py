@@ -34,8 +34,9 @@ from types import TracebackType
 from typing import Any, Protocol, Self
 
 from bucketnotify import compact_json
-from bucketnotify.delivery.outcomes import RoundResult
-from bucketnotify.delivery.queue import QueueName, shard_of
+from bucketnotify.delivery.model.event import shard_of
+from bucketnotify.delivery.model.outcomes import RoundResult
+from bucketnotify.delivery.model.queue import QueueName
 from bucketnotify.metrics import DeliveryMetrics
 from bucketnotify.records import FIELDS, SCHEMA_VERSION, DeliveryRecord, Outcome, partition_of
 

@@ -1,9 +1,10 @@
 """What a round or a direct push did, made visible: counted (``bucketnotify.metrics``),
-recorded (``delivery.recording``), announced as Kubernetes Events (``delivery.events``) and
+recorded (``delivery_records``), announced as Kubernetes Events (``kube_events``) and
 logged, with one WARNING per event lost.
 
-The rounds (the shard loops of ``delivery.service``) and the direct pushes
-(``delivery.direct_push``) both report here, so a push counts the same whichever path made it.
+The rounds (``delivery.rounds.shard_loops``) and the direct pushes
+(``delivery.rounds.direct_push``) both report here, so a push counts the same whichever
+path made it.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Self
 
-from bucketnotify.delivery.endpoints.base import Delivery, Endpoint, PushOutcome, object_of
-from bucketnotify.delivery.events import TopicEvents
-from bucketnotify.delivery.outcomes import RoundResult
-from bucketnotify.delivery.queue import QueueName
-from bucketnotify.delivery.recording import Recorder
+from bucketnotify.delivery.endpoints.base import Endpoint
+from bucketnotify.delivery.model.event import object_of
+from bucketnotify.delivery.model.outcomes import RoundResult
+from bucketnotify.delivery.model.push import Delivery, PushOutcome
+from bucketnotify.delivery.model.queue import QueueName
+from bucketnotify.delivery.recorded.delivery_records import Recorder
+from bucketnotify.delivery.recorded.kube_events import TopicEvents
 from bucketnotify.metrics import DeliveryMetrics
 from bucketnotify.records import Outcome
 

@@ -12,7 +12,7 @@ the background (``send``), and the wake-ups for one replica that arrive while a 
 it is under way go together in the next request. With it, the ingest waits for its
 wake-up (``tell``, at most ``TELL_TIMEOUT_S``) before it answers: the owner then marks the
 shard not empty, and pushes no later event of its objects directly ahead of the committed
-ones (``delivery.direct``).
+ones (``delivery.rounds.direct``).
 
 A wake-up sent to the previous holder of a shard that has just moved is made up for by the
 new holder, which polls the shard for a while after taking it. One lost otherwise (the
@@ -36,7 +36,7 @@ from typing import Any
 
 import aiohttp
 
-from bucketnotify.delivery.queue import QueueName
+from bucketnotify.delivery.model.queue import QueueName
 from bucketnotify.metrics import DeliveryMetrics
 
 __all__ = ["MAX_WAKE_SHARDS", "WakeUps", "parse_wake"]
@@ -108,7 +108,7 @@ class WakeUps:
         """Tell the shards' owner now, and return once it has the news (or could not be
         reached): a replica that committed to a shard another owns does so before the
         gateway gets its answer, so that the owner pushes no later event of an object
-        directly ahead of the committed one (``delivery.direct``). Even to an owner whose
+        directly ahead of the committed one (``delivery.rounds.direct``). Even to an owner whose
         hand-over just failed: a slow owner is not a gone one."""
         by_address: dict[str, list[Shard]] = {}
         for shard in shards:

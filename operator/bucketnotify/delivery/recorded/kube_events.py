@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from bucketnotify.delivery.outcomes import RoundResult
-from bucketnotify.delivery.queue import QueueName
+from bucketnotify.delivery.model.outcomes import RoundResult
+from bucketnotify.delivery.model.queue import QueueName
 from bucketnotify.event_recorder import EventRecorder, ObjectRef
 
 __all__ = ["COMPONENT", "TopicEvents"]

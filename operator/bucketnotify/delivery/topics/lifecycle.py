@@ -21,9 +21,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from bucketnotify.delivery.ownership import Ownership
-from bucketnotify.delivery.queue import QueueName, QueueStore
-from bucketnotify.delivery.topic_table import TopicTable
+from bucketnotify.delivery.model.queue import QueueName, QueueStore
+from bucketnotify.delivery.peers.ownership import Ownership
+from bucketnotify.delivery.topics.table import TopicTable
 from bucketnotify.kube import Kube
 from bucketnotify.metrics import DeliveryMetrics
 

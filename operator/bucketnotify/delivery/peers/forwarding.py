@@ -4,7 +4,7 @@ Replicas sharing a store (``s3://``) receive every Topic's requests, through the
 whichever replica owns the shard. Committing such an event costs the store a PUT of its
 batch, and the owner a LIST to find it, a GET to read it and a DELETE once delivered: four
 gateway requests per event besides the upload, where the gateway's own paths need none. The
-owner, though, can push an event for an empty shard itself (``delivery.direct``) and
+owner, though, can push an event for an empty shard itself (``delivery.rounds.direct``) and
 queue nothing. So a replica that gets a request whose one shard another live replica owns
 sends the request on to it, as it came (the Topic's token in the path, the body as is), and
 answers the gateway with the owner's 200. Any other outcome (no answer within
@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 import aiohttp
 from aiohttp import web
 
-from bucketnotify.delivery.queue import QueueName
+from bucketnotify.delivery.model.queue import QueueName
 from bucketnotify.metrics import DeliveryMetrics
 
 __all__ = ["FORWARDED_HEADER", "FORWARD_TIMEOUT_S", "Forwarder", "forward_expired"]

@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from bucketnotify.delivery.endpoints.base import PushOutcome
-from bucketnotify.delivery.queue import Entry
+from bucketnotify.delivery.model.push import PushOutcome
+from bucketnotify.delivery.model.queue import Entry
 from bucketnotify.records import Outcome
 
 __all__ = [

@@ -28,7 +28,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from bucketnotify.delivery.queue import QueueFull, QueueName
+from bucketnotify.delivery.model.queue import QueueFull, QueueName
 
 __all__ = ["Events", "GroupCommit"]
 

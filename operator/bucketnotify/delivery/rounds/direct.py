@@ -5,7 +5,7 @@ The queued path writes every event durably, lists it back, pushes it and removes
 CPU; on the ``s3://`` store four gateway requests per event. Yet while the endpoint keeps
 up, a shard is empty nearly all the time, and the event the ingest holds is the only one of
 its shard. So when this replica owns the shard (other replicas hand it the requests for its
-shards, ``delivery.forwarding``, and tell it before answering when they committed to one
+shards, ``delivery.peers.forwarding``, and tell it before answering when they committed to one
 instead), the ingest pushes the event itself and answers the gateway once the endpoint has
 acknowledged it; only when
 the push fails is the event committed to the queue, still within the same request, and the
@@ -40,7 +40,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from bucketnotify.delivery.queue import QueueName
+from bucketnotify.delivery.model.queue import QueueName
 
 __all__ = ["WAIT_BUDGET_S", "DirectDelivery", "ShardGate"]
 

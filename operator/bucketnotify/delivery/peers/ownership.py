@@ -39,8 +39,8 @@ partitions one lease duration later than it otherwise would.
 Peers: a replica started with an ``address`` (where its ingest listens, e.g. the pod IP and
 port) puts it on its member Lease. Each round's LIST of the Leases then tells every replica
 who holds each partition and where that holder listens (``owner_address``), so an ingest
-can hand a request to the owner of its shard (``delivery.forwarding``), or tell that owner
-at once when it committed to the shard itself (the wake-ups of ``delivery.wakeups``); and
+can hand a request to the owner of its shard (``delivery.peers.forwarding``), or tell that owner
+at once when it committed to the shard itself (the wake-ups of ``delivery.peers.wakeups``); and
 whether every member does so (``all_hand_over``), which owners need before they push
 directly beside other replicas. What it says is as old as the last round (``renew_interval``): after
 a hand-over a wake-up may go to the previous holder, or to nobody, which is why the new
@@ -73,8 +73,9 @@ from bucketnotify.apiserver import (
     micro_time,
     transient,
 )
-from bucketnotify.delivery.gone_members import GoneMembers
-from bucketnotify.delivery.leases import (
+from bucketnotify.delivery.model.queue import QueueName
+from bucketnotify.delivery.peers.gone_members import GoneMembers
+from bucketnotify.delivery.peers.leases import (
     ADDRESS_ANNOTATION,
     GROUP_LABEL,
     HANDS_OVER_ANNOTATION,
@@ -92,7 +93,6 @@ from bucketnotify.delivery.leases import (
     partition_of,
     utc_now,
 )
-from bucketnotify.delivery.queue import QueueName
 
 __all__ = [
     "LeaseHolder",

@@ -1,6 +1,6 @@
 """The Topic table of a delivery replica: which persistent Topics it serves, each with its
 queue, endpoint and policy (``TopicRuntime``), and the ingest's view of them
-(``IngestTopic``, with the tokens of ``delivery.ingest_tokens``).
+(``IngestTopic``, with the tokens of ``delivery.topics.ingest_tokens``).
 
 Topics are listed every ``refresh_interval_s`` (a watch would react faster; a list every few
 seconds is enough for Topics, which change rarely), and looked up at once when the gateway
@@ -34,11 +34,11 @@ from bucketnotify.apiserver import ApiClient, ApiError, object_path, transient
 from bucketnotify.delivery.endpoints.base import Endpoint
 from bucketnotify.delivery.endpoints.errors import ConfigurationError
 from bucketnotify.delivery.endpoints.factory import open_endpoint
-from bucketnotify.delivery.events import TopicEvents
-from bucketnotify.delivery.ingest_tokens import IngestTokens, IngestTopic, TopicKey
-from bucketnotify.delivery.outcomes import DeliveryPolicy
-from bucketnotify.delivery.queue import QueueLimits, QueueName, QueueStore, StoreUnavailable
-from bucketnotify.delivery.worker import DeliveredCache
+from bucketnotify.delivery.model.delivered_ids import DeliveredCache
+from bucketnotify.delivery.model.outcomes import DeliveryPolicy
+from bucketnotify.delivery.model.queue import QueueLimits, QueueName, QueueStore, StoreUnavailable
+from bucketnotify.delivery.recorded.kube_events import TopicEvents
+from bucketnotify.delivery.topics.ingest_tokens import IngestTokens, IngestTopic, TopicKey
 from bucketnotify.kube import Kube, SecretMissing
 from bucketnotify.metrics import DeliveryMetrics
 

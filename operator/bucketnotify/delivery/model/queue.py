@@ -11,7 +11,6 @@ commit order, ``remove`` what the endpoint acknowledged, ``update`` what must be
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -31,7 +30,6 @@ __all__ = [
     "StoreFull",
     "StoreRefused",
     "StoreUnavailable",
-    "shard_of",
 ]
 
 
@@ -44,12 +42,6 @@ class QueueName:
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.topic}"
-
-
-def shard_of(bucket: str, key: str, shards: int) -> int:
-    """The shard of an object's events: stable across processes and releases (not hash())."""
-    digest = hashlib.blake2b(f"{bucket}:{key}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % shards
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The Lease objects of queue ownership: their names, labels and annotations, their
 settings, how a holder and an expiry are read from one, and who holds each partition
-(for ``delivery.ownership``, which takes and renews them, and for people looking on)."""
+(for ``delivery.peers.ownership``, which takes and renews them, and for people looking on)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bucketnotify.apiserver import ApiClient, lease_path
-from bucketnotify.delivery.queue import QueueName
+from bucketnotify.delivery.model.queue import QueueName
 
 __all__ = [
     "ADDRESS_ANNOTATION",
@@ -38,7 +38,7 @@ ADDRESS_ANNOTATION = "bucketnotify.io/address"
 HANDS_OVER_ANNOTATION = "bucketnotify.io/hands-over"
 """On a member Lease, ``"true"``: the replica hands requests for other replicas' shards to
 their owner, and tells the owner before answering when it commits to one instead
-(``delivery.forwarding``). Owners push directly only while every member says so: a replica
+(``delivery.peers.forwarding``). Owners push directly only while every member says so: a replica
 without it (direct delivery off, or a release before it) commits to their shards untold."""
 
 

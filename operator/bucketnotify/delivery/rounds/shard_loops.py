@@ -6,7 +6,7 @@ for a retry; one found empty, or whose round delivered everything it listed, is 
 at all (every poll of the S3 store is a LIST request, and hundreds of idle shards would keep
 the gateway busy): it waits to be woken. An ingest commit wakes the shard's task at once, on
 this replica directly and on the replica owning the shard by a wake-up request
-(``delivery.wakeups``). A shard whose partition was just taken is polled for
+(``delivery.peers.wakeups``). A shard whose partition was just taken is polled for
 ``HANDOVER_POLL_ROUNDS`` renew intervals from the take, while the other replicas may still
 wake its previous holder. The loops learn of Topic changes from the Topic table they read (a
 changed Topic gets fresh loops) and of ownership changes from ``Ownership.changed``; a
@@ -20,29 +20,29 @@ import logging
 import time
 from collections.abc import Callable
 
-from bucketnotify.delivery.accounting import Accounting
-from bucketnotify.delivery.delivered import DeliveredIds, woken
-from bucketnotify.delivery.direct import ShardGate
 from bucketnotify.delivery.endpoints.base import Endpoint
-from bucketnotify.delivery.outcomes import RoundResult
-from bucketnotify.delivery.ownership import Ownership, partition_of
-from bucketnotify.delivery.queue import (
+from bucketnotify.delivery.model.delivered_ids import DeliveredCache
+from bucketnotify.delivery.model.outcomes import RoundResult
+from bucketnotify.delivery.model.queue import (
     QueueName,
     QueueStore,
     StoreFull,
     StoreRefused,
     StoreUnavailable,
 )
-from bucketnotify.delivery.timings import ServiceTimings
-from bucketnotify.delivery.topic_table import TopicKey, TopicRuntime
-from bucketnotify.delivery.wakeups import WakeUps
-from bucketnotify.delivery.worker import (
+from bucketnotify.delivery.model.timings import ServiceTimings
+from bucketnotify.delivery.peers.ownership import Ownership, partition_of
+from bucketnotify.delivery.peers.wakeups import WakeUps
+from bucketnotify.delivery.recorded.accounting import Accounting
+from bucketnotify.delivery.rounds.delivered import DeliveredIds, woken
+from bucketnotify.delivery.rounds.direct import ShardGate
+from bucketnotify.delivery.rounds.worker import (
     LIST_BATCH,
     DeadLetterSink,
-    DeliveredCache,
     RoundCutShort,
     process_shard,
 )
+from bucketnotify.delivery.topics.table import TopicKey, TopicRuntime
 
 __all__ = ["HANDOVER_POLL_ROUNDS", "ShardLoops"]
 
@@ -98,7 +98,7 @@ class ShardLoops:
         """Set at the stop: no loop starts, running ones end after their round."""
 
     def allowed(self, queue: QueueName, shard: int) -> bool:
-        """Whether the ingest may push an event of the shard directly (``delivery.direct``):
+        """Whether the ingest may push an event of the shard directly (``delivery.rounds.direct``):
         its loop runs here, and no other replica commits to it untold."""
         # Another replica commits to the shard only when it cannot hand the request here
         # (``forwarding``), and tells this owner before the gateway has its answer, so no
@@ -217,7 +217,7 @@ class ShardLoops:
         self, runtime: TopicRuntime, endpoint: Endpoint, shard: int, opens_direct: bool = True
     ) -> RoundResult | None:
         """One round; with ``opens_direct``, one that leaves the shard empty lets the ingest
-        push its next event directly (``delivery.direct``)."""
+        push its next event directly (``delivery.rounds.direct``)."""
         queue = runtime.queue
         mark = await self._gate.round_starts((queue, shard))
         result = await self._round(runtime, endpoint, shard)

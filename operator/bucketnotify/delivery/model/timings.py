@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bucketnotify.delivery.queue import QueueLimits
+from bucketnotify.delivery.model.queue import QueueLimits
 
 __all__ = ["ServiceTimings"]
 
