@@ -23,8 +23,9 @@ import aiohttp
 from aiohttp import web
 from tests.records import event
 
-from bucketnotify.delivery.ingest.handler import Ingest, build_app
+from bucketnotify.delivery.ingest.handler import Ingest
 from bucketnotify.delivery.model.queue import QueueLimits, QueueName
+from bucketnotify.delivery.service import build_app
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from bucketnotify.delivery.topics.ingest_tokens import IngestTopic
 

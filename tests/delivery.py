@@ -369,7 +369,9 @@ class OwnsEverything:
     """An Ownership stand-in for a replica alone: every shard is its own."""
 
     identity = "replica-0"
-    before_release = None
+    holder = None
+    writers = 0
+    """Unknown: every reserve scans, as a store told nothing does."""
     settings = LeaseSettings(namespace="default")
     joined = True
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from aiohttp import web
 
-from bucketnotify.api.common import CARef, NotReconcilable, parse_model
+from bucketnotify.api.common import NotReconcilable, parse_model
 from bucketnotify.api.notification import BucketNotificationSpec
 from bucketnotify.api.topic import TopicSpec
 from bucketnotify.gateway.key_regex import regex_problem
@@ -89,22 +89,10 @@ async def _review_topic(namespace: str, raw: dict[str, Any], exists: Exists) -> 
     wanted: list[tuple[str, str, str]] = []
     if spec.gateway_ref is not None:
         wanted.append(("Secret", spec.gateway_ref.secret_name, "spec.gatewayRef"))
-    endpoint = spec.endpoint
-    ca: CARef | None = None
-    if endpoint.http is not None:
-        ca = endpoint.http.ca_ref
-    elif endpoint.amqp is not None:
-        ca = endpoint.amqp.ca_ref
-        if endpoint.amqp.credentials_ref is not None:
-            name = endpoint.amqp.credentials_ref.secret_name
-            wanted.append(("Secret", name, "spec.endpoint.amqp.credentialsRef"))
-    elif endpoint.kafka is not None:
-        ca = endpoint.kafka.ca_ref
-        if endpoint.kafka.sasl is not None:
-            name = endpoint.kafka.sasl.credentials_ref.secret_name
-            wanted.append(("Secret", name, "spec.endpoint.kafka.sasl.credentialsRef"))
-    if ca is not None:
-        wanted.append((ca.kind, ca.name, f"spec.endpoint.{endpoint.kind}.caRef"))
+    if (credentials := spec.endpoint.credentials_ref()) is not None:
+        wanted.append(("Secret", credentials[0].secret_name, credentials[1]))
+    if (ca := spec.endpoint.ca_ref()) is not None:
+        wanted.append((ca[0].kind, ca[0].name, ca[1]))
     if spec.delivery is not None and spec.delivery.dead_letter_topic:
         wanted.append(("Topic", spec.delivery.dead_letter_topic, "spec.delivery.deadLetterTopic"))
     return Verdict(True, warnings=await _missing(namespace, wanted, exists))

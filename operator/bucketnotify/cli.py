@@ -8,7 +8,6 @@ import dataclasses
 import logging
 import os
 import signal
-import socket
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -17,7 +16,6 @@ import aiohttp
 import kopf
 import shtab
 import uvloop
-from aiohttp import web
 
 from bucketnotify import __version__, admin, logs
 from bucketnotify.admission import PATH as ADMISSION_PATH
@@ -28,41 +26,29 @@ from bucketnotify.apiserver import (
     ApiError,
     ConfigError,
     connection_info,
-    deployment_reference,
     proxy_for,
 )
 from bucketnotify.controller import handlers
 from bucketnotify.controller.drift_loop import ObjectLocks
 from bucketnotify.controller.handlers import WATCHED_RESOURCES
 from bucketnotify.controller.notifications import BucketLocks
-from bucketnotify.delivery.ingest.draining import ConnectionDrain
-from bucketnotify.delivery.peers.ownership import LeaseSettings, Ownership
-from bucketnotify.delivery.recorded.delivery_records import Recorder, RecordWriter
-from bucketnotify.delivery.recorded.record_targets import records_target_for
-from bucketnotify.delivery.service import DeliveryService, ServiceTimings
-from bucketnotify.delivery.stores.localdir import LocalDirStore
-from bucketnotify.delivery.stores.open import StoreConfigError
-from bucketnotify.delivery.stores.open import open_store as _store
-from bucketnotify.delivery.stores.s3 import S3Store
+from bucketnotify.delivery.service import run_replica
 from bucketnotify.event_recorder import EventRecorder
-from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.gateway.pool import GatewayPool
-from bucketnotify.gateway.release import asked_release, release_named
 from bucketnotify.kube import WATCHED_LABEL, Kube, connect
 from bucketnotify.leadership import lead
-from bucketnotify.metrics import DeliveryMetrics, OperatorMetrics
+from bucketnotify.metrics import OperatorMetrics
 from bucketnotify.probes import serve_probes
-from bucketnotify.settings import DeliveryServiceSettings, LogSettings, OperatorSettings
+from bucketnotify.settings import (
+    DeliveryServiceSettings,
+    LogSettings,
+    OperatorSettings,
+    default_identity,
+)
 
 __all__ = ["main"]
 
 log = logging.getLogger("bucketnotify")
-
-DRAIN_MAX_S = 2.0
-DRAIN_QUIET_S = 0.5
-"""A stopping replica's listener stays open while requests still come on kept-alive
-connections, each answered with ``Connection: close`` (``delivery.ingest.draining``): at most
-DRAIN_MAX_S, and no longer than DRAIN_QUIET_S after the last request."""
 
 API_CONNECTIONS = 24
 """kopf's connections for its requests (patches, reads) at most, beside one per watch stream
@@ -149,7 +135,7 @@ async def _operate(settings: OperatorSettings, api: ApiClient) -> None:
     if not settings.owner_id:
         settings = settings.model_copy(update={"owner_id": await Kube(api).cluster_uid()})
     log.info("gateway objects of this operator are marked as owned by %s", settings.owner_id)
-    identity = settings.identity or _default_identity()
+    identity = settings.identity or default_identity()
     metrics = OperatorMetrics()
     registry = kopf.get_default_registry()
     kopf.on.startup(registry=registry)(_configure_kopf)
@@ -229,158 +215,6 @@ async def _stopping(memo: kopf.Memo, **_: Any) -> None:
     await memo.events.aclose()
 
 
-def _default_identity() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
-
-
-async def run_delivery(settings: DeliveryServiceSettings, operator: OperatorSettings) -> None:
-    # Closed on every way out, a bad store setting included (see run_operator). The Leases
-    # have a client of their own: a renewal must not wait behind Topic reads.
-    async with await connect() as api, await connect(LEASE_CONNECTIONS) as leases:
-        await _deliver(settings, operator, api, leases)
-
-
-async def _deliver(
-    settings: DeliveryServiceSettings,
-    operator: OperatorSettings,
-    api: ApiClient,
-    leases: ApiClient,
-) -> None:
-    identity = settings.identity or _default_identity()
-    store = await _store(settings, operator)
-    metrics = DeliveryMetrics()
-    # Beside the start, not before it: a gateway that does not answer must not hold it up.
-    announcing = asyncio.create_task(
-        _announce_gateway_release(operator, metrics), name="gateway release"
-    )
-    writer = _record_writer(settings, operator, identity, metrics)
-    owner = None
-    if settings.lease_owner:
-        owner = await deployment_reference(leases, settings.lease_namespace, settings.lease_owner)
-    ownership = Ownership(
-        leases,
-        identity,
-        LeaseSettings(
-            namespace=settings.lease_namespace,
-            owner=owner,
-            partitions=settings.partitions,
-            lease_duration_s=settings.lease_duration_seconds,
-            renew_interval_s=settings.renew_interval_seconds,
-            renew_deadline_s=settings.renew_deadline_seconds,
-        ),
-        address=settings.advertised_address,
-        hands_over=settings.direct_delivery,
-    )
-    if isinstance(store, S3Store | LocalDirStore):
-        # One more than the members seen: a replica joining now is counted before its
-        # Lease shows. 0 (reserve with a scan every time) until the first Lease round.
-        store.writers = lambda: ownership.members and ownership.members + 1
-    service = DeliveryService(
-        api=api,
-        store=store,
-        ownership=ownership,
-        namespaces=settings.namespaces,
-        timings=ServiceTimings(
-            refresh_interval_s=settings.refresh_interval_seconds,
-            secret_refresh_s=settings.secret_refresh_seconds,
-            token_overlap_s=settings.token_overlap_seconds,
-            idle_max_s=settings.idle_poll_max_seconds,
-            sweep_interval_s=settings.sweep_interval_seconds,
-            reservation_timeout_s=settings.reservation_timeout_seconds,
-            stats_interval_s=settings.stats_interval_seconds,
-        ),
-        metrics=metrics,
-        recorder=Recorder(writer, identity) if writer is not None else None,
-        allow_cleartext_secrets=settings.allow_cleartext_secrets,
-        direct=settings.direct_delivery,
-    )
-    stop = asyncio.Event()
-    drain = ConnectionDrain()
-
-    def stopping() -> None:
-        stop.set()
-        drain.closing = True
-
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping)
-    app = service.app()
-    app.middlewares.append(drain.middleware)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, settings.listen_host, settings.listen_port).start()
-    log.info(
-        "delivery replica %s: ingest and /metrics on %s:%d",
-        identity,
-        settings.listen_host,
-        settings.listen_port,
-    )
-    if writer is not None:
-        await writer.start()
-    try:
-        await service.run(stop)
-    finally:
-        announcing.cancel()
-        if runner.server is not None:
-            await drain.drain(runner.server, max_s=DRAIN_MAX_S, quiet_s=DRAIN_QUIET_S)
-        await runner.cleanup()
-        await store.aclose()
-        if writer is not None:
-            # Last: the rounds and the ingest are done, so every record is in the buffer.
-            await writer.aclose()
-
-
-async def _announce_gateway_release(operator: OperatorSettings, metrics: DeliveryMetrics) -> None:
-    """Log and export the Ceph release of the default gateway, whose persistent queues hand
-    events to the replicas (and which holds an s3:// store), as the operator does for its
-    gateways: the first thing to know when its pushes look different."""
-    endpoint = operator.gateway_endpoint
-    if not endpoint or operator.gateway_kind != "ceph":
-        return
-    if operator.gateway_release:
-        release = release_named(operator.gateway_release)
-    else:
-        # Anonymous requests: no keys needed, only the endpoint and the CA it trusts.
-        connection = GatewayConnection(endpoint, "", "", operator.gateway_region)
-        release = await asyncio.to_thread(asked_release, connection)
-    if release.learned_from == "unreachable":
-        log.warning("gateway %s did not answer: its Ceph release is not known", endpoint)
-    else:
-        log.info(
-            "gateway %s runs Ceph %s (from its %s)", endpoint, release.name, release.learned_from
-        )
-    metrics.gateway_info.labels(endpoint, release.name).set(1)
-
-
-def _record_writer(
-    settings: DeliveryServiceSettings,
-    operator: OperatorSettings,
-    identity: str,
-    metrics: DeliveryMetrics,
-) -> RecordWriter | None:
-    """The writer of delivery records (BUCKETNOTIFY_DELIVERY_RECORDS); None when off."""
-    try:
-        target = records_target_for(settings.records, settings.store, operator)
-    except StoreConfigError as exc:
-        raise SystemExit(str(exc)) from None
-    except OSError as exc:
-        raise SystemExit(
-            f"BUCKETNOTIFY_DELIVERY_RECORDS: cannot write to {exc.filename}: {exc.strerror}"
-        ) from None
-    if target is None:
-        log.info("delivery records: off")
-        return None
-    log.info("delivery records: to %s", target)
-    return RecordWriter(
-        target,
-        replica=identity,
-        metrics=metrics,
-        flush_interval_s=settings.records_flush_seconds,
-        batch_size=settings.records_batch_size,
-        max_buffered=settings.records_buffer_max,
-    )
-
-
 def _program() -> str:
     # Installed as kubectl-bucketnotify too: kubectl runs it as the plugin `kubectl
     # bucketnotify`, and the usage lines should say what the user typed.
@@ -447,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "delivery":
             # uvloop's loop costs less per callback and socket operation than asyncio's own
             # (docs/performance-notes.md).
-            uvloop.run(run_delivery(DeliveryServiceSettings(), operator))
+            uvloop.run(run_replica(DeliveryServiceSettings(), operator))
     except ConfigError as exc:
         log.error("cannot connect to the Kubernetes API server: %s", exc)
         return 1

@@ -18,6 +18,7 @@ from typing import Any
 
 from bucketnotify import logs
 from bucketnotify.api.common import GROUP, VERSION, CARef
+from bucketnotify.api.topic import Credentials, Endpoint
 from bucketnotify.apiserver import (
     ApiClient,
     ApiError,
@@ -285,6 +286,24 @@ class Kube:
         if key not in data:
             raise SecretMissing(f"ConfigMap {namespace}/{name} has no key {key!r}")
         return data[key]
+
+    async def endpoint_credentials(self, namespace: str, endpoint: Endpoint) -> Credentials | None:
+        """The user name and password an endpoint's ``credentialsRef`` names; None when it
+        names none. Raises ``SecretMissing`` for a missing Secret or key."""
+        found = endpoint.credentials_ref()
+        if found is None:
+            return None
+        ref = found[0]
+        data = await self.secret_data(namespace, ref.secret_name)
+        for key in (ref.username_key, ref.password_key):
+            if key not in data:
+                raise SecretMissing(f"Secret {namespace}/{ref.secret_name} has no key {key!r}")
+        return Credentials(data[ref.username_key], data[ref.password_key])
+
+    async def endpoint_ca(self, namespace: str, endpoint: Endpoint) -> str | None:
+        """The PEM bundle an endpoint's ``caRef`` names; None for the system's CAs."""
+        found = endpoint.ca_ref()
+        return await self.ca_bundle(namespace, found[0]) if found is not None else None
 
     async def ca_bundle(self, namespace: str, ref: CARef) -> str:
         """The PEM bundle a ``caRef`` names (a ConfigMap or a Secret key)."""

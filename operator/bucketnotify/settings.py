@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ipaddress
+import os
+import socket
 from typing import Literal
 
 from pydantic import Field, SecretStr, model_validator
@@ -227,3 +229,8 @@ class LogSettings(BaseSettings):
     people; auto: plain on a terminal, JSON otherwise (so JSON in a pod)."""
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Lowest level written. Secrets are redacted at every level."""
+
+
+def default_identity() -> str:
+    """A process's name in Leases and Events when none is set: host name and process id."""
+    return f"{socket.gethostname()}-{os.getpid()}"

@@ -334,14 +334,15 @@ async def test_a_partition_handed_to_a_newcomer_waits_for_its_round_to_remove_wh
     endpoint = MockEndpoint(endpoint_answers_when_told)
     service.topics[(queue.namespace, queue.topic)] = one_shard_runtime(queue, endpoint)
     handing_back = asyncio.Event()
-    wait_for_rounds = first.before_release
-    assert wait_for_rounds is not None, "the service waits for its rounds at a hand-back"
+    holder = first.holder
+    assert holder is not None, "the service waits for its rounds at a hand-back"
 
-    async def noted(partition: int) -> None:
-        handing_back.set()
-        await wait_for_rounds(partition)
+    class Noted:
+        async def before_release(self, partition: int) -> None:
+            handing_back.set()
+            await holder.before_release(partition)
 
-    first.before_release = noted
+    first.holder = Noted()
     service.loops.supervise()
     second = Ownership(api, "second", settings)
     hand_back: asyncio.Task[None] | None = None

@@ -250,7 +250,7 @@ async def test_a_list_asked_for_after_a_commit_finds_it_while_other_shards_share
     """A shared LIST serves only the shards that asked before it was sent: a shard woken
     by a commit after that must get a LIST of its own, or the commit waits unseen."""
     prefix = f"t-{uuid.uuid4().hex[:10]}/"
-    writer = stores(bucket, prefix, writers=lambda: 1)  # commits of one PUT: they land fast
+    writer = stores(bucket, prefix, writers=1)  # commits of one PUT: they land fast
     owner = stores(bucket, prefix)
     await writer.create(QUEUE, 4, QueueLimits())
     lists = record_lists(owner, monkeypatch)
@@ -326,7 +326,7 @@ async def test_far_below_its_limits_a_commit_is_one_put(
 ) -> None:
     """With the writers known, the first reserve scans and leaves headroom; reserves within
     it need neither the LISTs nor a marker, so reserve and commit are one PUT together."""
-    store = stores(bucket, f"t-{uuid.uuid4().hex[:10]}/", writers=lambda: 2)
+    store = stores(bucket, f"t-{uuid.uuid4().hex[:10]}/", writers=2)
     await store.create(QUEUE, 2, QueueLimits())
     await put(store, 0, b"first")  # scans, sets the headroom
     calls = count_calls(store, monkeypatch)
@@ -349,7 +349,7 @@ async def test_every_replica_has_a_headroom_of_its_own_at_once(
     """The other replica's cover does not use up this one's share: after one scan each,
     both commit with one PUT, and the limits still hold exactly (both covers counted)."""
     prefix = f"t-{uuid.uuid4().hex[:10]}/"
-    a, b = (stores(bucket, prefix, writers=lambda: 2) for _ in range(2))
+    a, b = (stores(bucket, prefix, writers=2) for _ in range(2))
     await a.create(QUEUE, 2, QueueLimits(max_entries=40, max_bytes=10_000))
     await put(a, 0, b"a0")  # scans; A's cover: 40 / (2 x 2) - 1 = 9
     await put(b, 1, b"b0")  # scans; B's cover: 10 - 2 = 8 (A's cover not subtracted)
@@ -396,7 +396,7 @@ async def test_reserves_from_the_headroom_never_take_two_writers_past_the_limit(
     Reserves of the two that collide on the last entries may both step back: a replica
     refused while the queue still has room tries again (the gateway would)."""
     prefix = f"t-{uuid.uuid4().hex[:10]}/"
-    replicas = [stores(bucket, prefix, writers=lambda: 2) for _ in range(2)]
+    replicas = [stores(bucket, prefix, writers=2) for _ in range(2)]
     await replicas[0].create(QUEUE, 4, QueueLimits(max_entries=40, max_bytes=10_000))
     committed = [0, 0]
 
@@ -468,7 +468,7 @@ async def test_a_headroom_counts_for_the_other_replicas_until_it_is_used_up(
     """A's headroom (limit / (2 x 2) = 10 minus the 1 committed: 9) is granted without any
     request, so B must count it before A uses it; A itself does not count it twice."""
     prefix = f"t-{uuid.uuid4().hex[:10]}/"
-    a, b = (stores(bucket, prefix, writers=lambda: 2) for _ in range(2))
+    a, b = (stores(bucket, prefix, writers=2) for _ in range(2))
     await a.create(QUEUE, 2, QueueLimits(max_entries=40, max_bytes=10_000))
     await put(a, 0, b"first")  # scans; headroom and its cover: 9 entries
     with pytest.raises(QueueFull):

@@ -8,12 +8,8 @@ from typing import Any
 
 import pytest
 
-from bucketnotify.api.topic import TopicSpec, broker_cleartext_refusal
-from bucketnotify.controller.topic_builder import (
-    Credentials,
-    TopicBuildError,
-    gateway_attributes,
-)
+from bucketnotify.api.topic import Credentials, TopicSpec, broker_cleartext_refusal
+from bucketnotify.controller.topic_builder import TopicBuildError, gateway_attributes
 
 SECRET = Credentials("alice", "p4ss-word")
 INGEST = "http://delivery:8085/v1/topics/ns/t/token"

@@ -16,10 +16,11 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from bucketnotify.delivery.ingest.handler import Ingest, build_app
+from bucketnotify.delivery.ingest.handler import Ingest
 from bucketnotify.delivery.model.event import event_id
 from bucketnotify.delivery.model.queue import QueueLimits, QueueName
 from bucketnotify.delivery.peers.forwarding import FORWARDED_HEADER, Forwarder, forward_expired
+from bucketnotify.delivery.service import build_app
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from bucketnotify.delivery.topics.ingest_tokens import IngestTopic
 from bucketnotify.metrics import DeliveryMetrics

@@ -12,9 +12,10 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from bucketnotify.delivery.ingest.groupcommit import MAX_WRITES, Events, GroupCommit
-from bucketnotify.delivery.ingest.handler import Ingest, build_app
+from bucketnotify.delivery.ingest.handler import Ingest
 from bucketnotify.delivery.model.event import event_id
 from bucketnotify.delivery.model.queue import Entry, QueueFull, QueueLimits, QueueName, Reservation
+from bucketnotify.delivery.service import build_app
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from bucketnotify.delivery.topics.ingest_tokens import IngestTopic
 from tests.records import event

@@ -13,9 +13,10 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from bucketnotify.apiserver import ApiClient, ApiError
-from bucketnotify.delivery.ingest.handler import MAX_BODY_BYTES, Ingest, build_app
+from bucketnotify.delivery.ingest.handler import MAX_BODY_BYTES, Ingest
 from bucketnotify.delivery.model.event import event_id, shard_of
 from bucketnotify.delivery.model.queue import QueueLimits, QueueName
+from bucketnotify.delivery.service import build_app
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from bucketnotify.delivery.stores.s3 import S3Store
 from bucketnotify.delivery.topics.ingest_tokens import IngestTopic

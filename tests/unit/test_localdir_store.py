@@ -10,7 +10,6 @@ import multiprocessing
 import os
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -56,15 +55,15 @@ class TestLocalDirStore(QueueStoreContract):
         return bool(request.param)
 
     @pytest.fixture()
-    def writers(self) -> Callable[[], int] | None:
-        return None  # every reserve scans
+    def writers(self) -> int:
+        return 0  # unknown: every reserve scans
 
     @pytest.fixture()
-    def store(self, tmp_path: Path, ring: bool, writers: Callable[[], int] | None) -> LocalDirStore:
+    def store(self, tmp_path: Path, ring: bool, writers: int) -> LocalDirStore:
         return LocalDirStore(tmp_path / "queues", ring=ring, writers=writers)
 
     @pytest.fixture()
-    def reopen(self, tmp_path: Path, ring: bool, writers: Callable[[], int] | None) -> Reopen:
+    def reopen(self, tmp_path: Path, ring: bool, writers: int) -> Reopen:
         return lambda: LocalDirStore(tmp_path / "queues", ring=ring, writers=writers)
 
     @pytest.fixture()
@@ -77,8 +76,8 @@ class TestLocalDirStoreWithHeadroom(TestLocalDirStore):
     most reserves come from a headroom, without the queue's lock or a marker."""
 
     @pytest.fixture()
-    def writers(self) -> Callable[[], int] | None:
-        return lambda: 1
+    def writers(self) -> int:
+        return 1
 
     # Two properties read differently under a headroom: a reserve granted from it has no
     # marker, so the stats do not count it as a reservation; its cover (never in the
@@ -146,7 +145,7 @@ def _covers(root: Path) -> list[str]:
 async def test_far_below_its_limits_a_reserve_neither_scans_nor_leaves_a_marker(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = LocalDirStore(tmp_path, writers=lambda: 1)
+    store = LocalDirStore(tmp_path, writers=1)
     await store.create(QUEUE, 2, QueueLimits())
     await put(store, 0, b"first")  # scans, leaves a headroom and its cover
     [cover] = _markers(tmp_path)
@@ -169,7 +168,7 @@ async def test_a_headroom_counts_for_another_writer_until_it_is_used_up(
 ) -> None:
     """A's headroom (40 / (2 x 2) = 10 minus the 1 committed: 9) is granted without a
     scan, so B must count it before A uses it; A itself does not count it twice."""
-    a, b = (LocalDirStore(tmp_path, writers=lambda: 2) for _ in range(2))
+    a, b = (LocalDirStore(tmp_path, writers=2) for _ in range(2))
     await a.create(QUEUE, 2, QueueLimits(max_entries=40, max_bytes=10_000))
     await put(a, 0, b"first")
     with pytest.raises(QueueFull):
@@ -197,7 +196,7 @@ async def test_writers_said_too_few_still_cannot_take_the_queue_past_its_limit(
     """Three writers each told it is the only one: each would take half the limit as its
     headroom, and three halves are more than the queue holds. A cover is checked like a
     reservation, so the third gets none, and together they commit at most the limit."""
-    writers = [LocalDirStore(tmp_path, writers=lambda: 1) for _ in range(3)]
+    writers = [LocalDirStore(tmp_path, writers=1) for _ in range(3)]
     await writers[0].create(QUEUE, 1, QueueLimits(max_entries=100, max_bytes=100_000))
     committed = 0
     for n in range(80):
@@ -212,7 +211,7 @@ async def test_writers_said_too_few_still_cannot_take_the_queue_past_its_limit(
 
 
 async def test_new_limits_end_the_headroom(tmp_path: Path) -> None:
-    store = LocalDirStore(tmp_path, writers=lambda: 1)
+    store = LocalDirStore(tmp_path, writers=1)
     await store.create(QUEUE, 1, QueueLimits(max_entries=100, max_bytes=100_000))
     await put(store, 0, b"first")  # a headroom of 100 / 2 - 1 = 49
     # Another process lowers the limit: the meta file changes, and the next reserve sees it.
@@ -226,7 +225,7 @@ async def test_new_limits_end_the_headroom(tmp_path: Path) -> None:
 async def test_an_expired_cover_is_reclaimed_and_not_counted_as_a_reservation(
     tmp_path: Path,
 ) -> None:
-    crashed = LocalDirStore(tmp_path, writers=lambda: 1)
+    crashed = LocalDirStore(tmp_path, writers=1)
     await crashed.create(QUEUE, 1, QueueLimits(max_entries=10, max_bytes=100_000))
     await put(crashed, 0, b"first")  # leaves a cover of 4, then its writer dies
     survivor = LocalDirStore(tmp_path)

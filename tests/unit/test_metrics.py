@@ -14,12 +14,13 @@ from aiohttp.test_utils import TestClient, TestServer
 from bucketnotify.apiserver import ApiClient
 from bucketnotify.delivery.endpoints.errors import RejectedError, UndeliverableError
 from bucketnotify.delivery.endpoints.testing import MockEndpoint
-from bucketnotify.delivery.ingest.handler import Ingest, build_app
+from bucketnotify.delivery.ingest.handler import Ingest
 from bucketnotify.delivery.model.event import event_id
 from bucketnotify.delivery.model.outcomes import DeliveryPolicy
 from bucketnotify.delivery.model.push import Delivery
 from bucketnotify.delivery.model.queue import QueueLimits, QueueName
 from bucketnotify.delivery.recorded.delivery_records import Recorder, RecordWriter
+from bucketnotify.delivery.service import build_app
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from bucketnotify.delivery.topics.ingest_tokens import IngestTopic
 from bucketnotify.gateway.errors import GatewayServerError

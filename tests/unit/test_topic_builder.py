@@ -7,10 +7,9 @@ from typing import Any
 
 import pytest
 
-from bucketnotify.api.topic import TopicSpec, endpoint_topic_name
+from bucketnotify.api.topic import Credentials, TopicSpec, endpoint_topic_name
 from bucketnotify.controller.conditions import set_condition
 from bucketnotify.controller.topic_builder import (
-    Credentials,
     TopicBuildError,
     differences,
     gateway_attributes,

@@ -11,6 +11,7 @@ import datetime as dt
 import json
 from typing import Any
 
+from bucketnotify.api.topic import ENDPOINT_KINDS
 from bucketnotify.delivery.model.queue import Entry, QueueName, QueueStats
 from bucketnotify.delivery.peers.ownership import (
     LeaseHolder,
@@ -73,7 +74,7 @@ def _name(obj: dict[str, Any], all_namespaces: bool) -> list[str]:
 def topic_row(obj: dict[str, Any], now: dt.datetime, all_namespaces: bool) -> list[str]:
     spec = obj.get("spec") or {}
     endpoint = spec.get("endpoint") or {}
-    kind = next((k for k in ("http", "amqp", "kafka") if endpoint.get(k)), NONE)
+    kind = next((k for k in ENDPOINT_KINDS if endpoint.get(k)), NONE)
     ready = _ready(obj)
     return [
         *_name(obj, all_namespaces),

@@ -7,7 +7,7 @@ the schema (OpenAPI and CEL rules), so a bad object is refused at apply time.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple, get_args
 
 from pydantic import Field
 
@@ -21,7 +21,9 @@ from bucketnotify.api.common import (
 )
 
 __all__ = [
+    "ENDPOINT_KINDS",
     "AmqpEndpoint",
+    "Credentials",
     "DeliverySettings",
     "Endpoint",
     "HttpEndpoint",
@@ -47,6 +49,11 @@ def scheme_rule(*schemes: str) -> dict[str, str]:
     allowed = " || ".join(f"self.url.startsWith('{s}://')" for s in schemes)
     names = " or ".join(f"{s}://" for s in schemes)
     return {"rule": allowed, "message": f"url must start with {names}"}
+
+
+EndpointKind = Literal["http", "amqp", "kafka"]
+"""The endpoint kinds, each a field of ``Endpoint`` of that name."""
+ENDPOINT_KINDS: tuple[EndpointKind, ...] = get_args(EndpointKind)
 
 
 class HttpEndpoint(Model):
@@ -161,12 +168,50 @@ class Endpoint(Model):
     kafka: KafkaEndpoint | None = None
 
     @property
-    def kind(self) -> Literal["http", "amqp", "kafka"]:
+    def kind(self) -> EndpointKind:
         if self.http is not None:
             return "http"
         if self.amqp is not None:
             return "amqp"
         return "kafka"
+
+    def credentials_ref(self) -> tuple[CredentialsRef, str] | None:
+        """The Secret holding the endpoint's user name and password, and where the spec
+        names it; None when the endpoint takes none. The one place this is worked out, for
+        the operator, the delivery service, the admission webhook and the CLI."""
+        if self.amqp is not None and self.amqp.credentials_ref is not None:
+            return self.amqp.credentials_ref, "spec.endpoint.amqp.credentialsRef"
+        if self.kafka is not None and self.kafka.sasl is not None:
+            return self.kafka.sasl.credentials_ref, "spec.endpoint.kafka.sasl.credentialsRef"
+        return None
+
+    def ca_ref(self) -> tuple[CARef, str] | None:
+        """The ConfigMap or Secret holding the CA bundle the endpoint's server is verified
+        with, and where the spec names it; None for the system's CAs."""
+        chosen = self.http or self.amqp or self.kafka
+        if chosen is None or chosen.ca_ref is None:
+            return None
+        return chosen.ca_ref, f"spec.endpoint.{self.kind}.caRef"
+
+    def secret_names(self) -> set[str]:
+        """The Secrets (in the Topic's namespace) the endpoint reads."""
+        names = set()
+        if (credentials := self.credentials_ref()) is not None:
+            names.add(credentials[0].secret_name)
+        if (ca := self.ca_ref()) is not None and ca[0].kind == "Secret":
+            names.add(ca[0].name)
+        return names
+
+
+class Credentials(NamedTuple):
+    """What a ``credentialsRef`` holds: user name and password; the password never shows in
+    a repr."""
+
+    username: str
+    password: str
+
+    def __repr__(self) -> str:
+        return f"Credentials(username={self.username!r}, password='***')"
 
 
 class DeliverySettings(Model):
@@ -269,7 +314,7 @@ class TopicStatus(Model):
     """Ready and the specific conditions."""
     arn: str | None = None
     """ARN of the gateway topic."""
-    endpoint_kind: Literal["http", "amqp", "kafka"] | None = None
+    endpoint_kind: EndpointKind | None = None
     """Kind of the endpoint, for printing."""
     gateway_release: str | None = Field(default=None, max_length=32)
     """The Ceph release the gateway runs (``tentacle``, ``reef``, ``pacific``...), as the

@@ -239,6 +239,27 @@ def _claims_of(
     return lambda gateway_name: list(index.get((scope, gateway_name), []))
 
 
+async def _reconcile_topic(
+    body: kopf.Body, memo: kopf.Memo, kwargs: dict[str, Any], *, only_if_drifted: bool = False
+) -> Outcome:
+    """One reconciliation of a Topic, for a change or (``only_if_drifted``) a drift check."""
+    meta, spec = body.metadata, body.spec
+    namespace = _ns(meta.namespace)
+    return await reconcile_topic(
+        kube=memo.kube,
+        settings=memo.settings,
+        gateways=memo.gateways,
+        name=meta.name or "",
+        namespace=namespace,
+        spec=dict(spec),
+        status=dict(body.status),
+        generation=meta.get("generation"),
+        owner=dict(body),
+        only_if_drifted=only_if_drifted,
+        claims_of=_claims_of(kwargs, namespace, spec),
+    )
+
+
 @kopf.on.create(*TOPICS)
 @kopf.on.update(*TOPICS)
 @kopf.on.resume(*TOPICS)
@@ -256,18 +277,7 @@ async def topic_changed(
     reason: str,
     **kwargs: Any,
 ) -> None:
-    outcome = await reconcile_topic(
-        kube=memo.kube,
-        settings=memo.settings,
-        gateways=memo.gateways,
-        name=name,
-        namespace=_ns(namespace),
-        spec=dict(spec),
-        status=dict(status),
-        generation=meta.get("generation"),
-        owner=dict(body),
-        claims_of=_claims_of(kwargs, _ns(namespace), spec),
-    )
+    outcome = await _reconcile_topic(body, memo, kwargs)
     _write(patch, status, outcome.status)
     _post_change(memo, body, "topic", reason, status, bool(status.get("arn")), outcome, kwargs)
     if outcome.ready:
@@ -283,34 +293,14 @@ async def topic_changed(
 
 
 @_measured("topic", "drift")
-async def topic_drift(
-    body: kopf.Body,
-    spec: kopf.Spec,
-    status: kopf.Status,
-    name: str,
-    namespace: str | None,
-    meta: kopf.Meta,
-    patch: kopf.Patch,
-    memo: kopf.Memo,
-    **kwargs: Any,
-) -> None:
-    outcome = await reconcile_topic(
-        kube=memo.kube,
-        settings=memo.settings,
-        gateways=memo.gateways,
-        name=name,
-        namespace=_ns(namespace),
-        spec=dict(spec),
-        status=dict(status),
-        generation=meta.get("generation"),
-        owner=dict(body),
-        only_if_drifted=True,
-        claims_of=_claims_of(kwargs, _ns(namespace), spec),
-    )
+async def topic_drift(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **kwargs: Any) -> None:
+    """A Topic's drift check (``_drift_check`` calls it, with the drift loop's indices)."""
+    status, namespace, name = body.status, _ns(body.metadata.namespace), body.metadata.name or ""
+    outcome = await _reconcile_topic(body, memo, kwargs, only_if_drifted=True)
     _report_drift(memo, body, "topic", patch, status, bool(status.get("arn")), outcome)
     if outcome.ready and outcome.repaired:
         marker = f"{outcome.status.get('arn')}@repaired@{time.time():.3f}"
-        await _resync_notifications(memo, _ns(namespace), name, marker, kwargs)
+        await _resync_notifications(memo, namespace, name, marker, kwargs)
 
 
 async def _resync_notifications(
@@ -431,17 +421,7 @@ async def _drift_check(memo: kopf.Memo, indices: dict[str, Any], target: Hashabl
         body = kopf.Body(raw)
         patch = kopf.Patch()
         check = topic_drift if plural == "topics" else notification_drift
-        await check(
-            body=body,
-            spec=body.spec,
-            status=body.status,
-            name=name,
-            namespace=namespace,
-            meta=body.metadata,
-            patch=patch,
-            memo=memo,
-            **indices,
-        )
+        await check(body=body, patch=patch, memo=memo, **indices)
         if patch.get("status"):
             await memo.kube.patch_status(
                 plural, namespace, name, dict(patch["status"]), body.metadata.get("resourceVersion")
@@ -655,6 +635,30 @@ def _rivals(
     return mine, others
 
 
+async def _reconcile_notification(
+    body: kopf.Body, memo: kopf.Memo, kwargs: dict[str, Any], *, only_if_drifted: bool = False
+) -> tuple[Outcome, dict[str, Any] | None]:
+    """One reconciliation of a BucketNotification, for a change or (``only_if_drifted``) a
+    drift check; with the test event to send, if the change calls for one."""
+    meta, spec, status = body.metadata, body.spec, body.status
+    name, namespace = meta.name or "", _ns(meta.namespace)
+    claim, rivals = _rivals(kwargs, namespace, name, spec, status, meta)
+    return await reconcile_notification(
+        kube=memo.kube,
+        settings=memo.settings,
+        locks=memo.bucket_locks,
+        gateways=memo.gateways,
+        name=name,
+        namespace=namespace,
+        spec=dict(spec),
+        status=dict(status),
+        generation=meta.get("generation"),
+        only_if_drifted=only_if_drifted,
+        claim=claim,
+        rivals=rivals,
+    )
+
+
 @kopf.on.create(*NOTIFICATIONS)
 @kopf.on.update(*NOTIFICATIONS)
 @kopf.on.resume(*NOTIFICATIONS)
@@ -672,20 +676,7 @@ async def notification_changed(
     reason: str = "",
     **kwargs: Any,
 ) -> None:
-    claim, rivals = _rivals(kwargs, _ns(namespace), name, spec, status, meta)
-    outcome, test_event = await reconcile_notification(
-        kube=memo.kube,
-        settings=memo.settings,
-        locks=memo.bucket_locks,
-        gateways=memo.gateways,
-        name=name,
-        namespace=_ns(namespace),
-        spec=dict(spec),
-        status=dict(status),
-        generation=meta.get("generation"),
-        claim=claim,
-        rivals=rivals,
-    )
+    outcome, test_event = await _reconcile_notification(body, memo, kwargs)
     new_status = dict(outcome.status)
     _post_change(
         memo, body, "notification", reason, status, bool(status.get("applied")), outcome, kwargs
@@ -708,31 +699,11 @@ async def notification_changed(
 
 @_measured("notification", "drift")
 async def notification_drift(
-    body: kopf.Body,
-    spec: kopf.Spec,
-    status: kopf.Status,
-    name: str,
-    namespace: str | None,
-    meta: kopf.Meta,
-    patch: kopf.Patch,
-    memo: kopf.Memo,
-    **kwargs: Any,
+    body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **kwargs: Any
 ) -> None:
-    claim, rivals = _rivals(kwargs, _ns(namespace), name, spec, status, meta)
-    outcome, _event = await reconcile_notification(
-        kube=memo.kube,
-        settings=memo.settings,
-        locks=memo.bucket_locks,
-        gateways=memo.gateways,
-        name=name,
-        namespace=_ns(namespace),
-        spec=dict(spec),
-        status=dict(status),
-        generation=meta.get("generation"),
-        only_if_drifted=True,
-        claim=claim,
-        rivals=rivals,
-    )
+    """A BucketNotification's drift check (``_drift_check`` calls it)."""
+    status = body.status
+    outcome, _event = await _reconcile_notification(body, memo, kwargs, only_if_drifted=True)
     _report_drift(memo, body, "notification", patch, status, bool(status.get("applied")), outcome)
 
 

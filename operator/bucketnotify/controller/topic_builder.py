@@ -11,13 +11,14 @@ import hashlib
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from bucketnotify.api.topic import (
     AMQP_CONFIRMS_NEED_PERSISTENT,
     CLOUD_EVENTS_NEED_PERSISTENT,
     AmqpEndpoint,
+    Credentials,
     KafkaEndpoint,
     TopicSpec,
     broker_cleartext_refusal,
@@ -28,7 +29,6 @@ __all__ = [
     "GATEWAY_TOPIC_NAME",
     "OWNER",
     "QUEUE_WITHOUT_LIMITS",
-    "Credentials",
     "NameClaim",
     "TopicBuildError",
     "arn_topic_name",
@@ -56,14 +56,6 @@ QUEUE_WITHOUT_LIMITS = {"time_to_live": "0", "max_retries": "0"}
 # does not know among the topic's endpoint arguments and reports them back; a bucket's
 # notification entry names its topic, so this also says whose a notification Id is.
 OWNER = "bucketnotify-owner"
-
-
-@dataclass(frozen=True)
-class Credentials:
-    """A user name and password read from a Secret."""
-
-    username: str
-    password: str = field(repr=False)
 
 
 class TopicBuildError(Exception):
@@ -180,18 +172,7 @@ def referenced_secrets(spec: TopicSpec) -> set[str]:
     names: set[str] = set()
     if spec.gateway_ref is not None:
         names.add(spec.gateway_ref.secret_name)
-    endpoint = spec.endpoint
-    if endpoint.amqp is not None and endpoint.amqp.credentials_ref is not None:
-        names.add(endpoint.amqp.credentials_ref.secret_name)
-    if endpoint.kafka is not None and endpoint.kafka.sasl is not None:
-        names.add(endpoint.kafka.sasl.credentials_ref.secret_name)
-    for ca in (
-        endpoint.http and endpoint.http.ca_ref,
-        endpoint.amqp and endpoint.amqp.ca_ref,
-        endpoint.kafka and endpoint.kafka.ca_ref,
-    ):
-        if ca and ca.kind == "Secret":
-            names.add(ca.name)
+    names |= spec.endpoint.secret_names()
     return names
 
 
@@ -321,8 +302,7 @@ def gateway_attributes(
         return attributes
 
     endpoint = spec.endpoint
-    chosen = endpoint.http or endpoint.amqp or endpoint.kafka
-    if chosen is not None and chosen.ca_ref is not None:
+    if endpoint.ca_ref() is not None:
         raise TopicBuildError(
             "Unsupported",
             "caRef needs persistent: true: the gateway reads CA files only from its own disk",

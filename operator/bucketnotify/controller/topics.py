@@ -24,6 +24,7 @@ from bucketnotify.api.topic import (
     INGEST_TOKEN_KEY,
     PERSISTENT_NAME_MAX,
     PERSISTENT_NAME_MESSAGE,
+    Credentials,
     TopicSpec,
     ingest_token_secret,
 )
@@ -32,7 +33,6 @@ from bucketnotify.controller.topic_builder import (
     GATEWAY_TOPIC_NAME,
     OWNER,
     PUSH_ENDPOINT,
-    Credentials,
     NameClaim,
     TopicBuildError,
     arn_topic_name,
@@ -156,19 +156,7 @@ async def gateway_connection(
 
 
 async def endpoint_credentials(kube: Kube, namespace: str, spec: TopicSpec) -> Credentials | None:
-    endpoint = spec.endpoint
-    ref = None
-    if endpoint.amqp is not None:
-        ref = endpoint.amqp.credentials_ref
-    elif endpoint.kafka is not None and endpoint.kafka.sasl is not None:
-        ref = endpoint.kafka.sasl.credentials_ref
-    if ref is None:
-        return None
-    data = await kube.secret_data(namespace, ref.secret_name)
-    for key in (ref.username_key, ref.password_key):
-        if key not in data:
-            raise SecretMissing(f"Secret {namespace}/{ref.secret_name} has no key {key!r}")
-    return Credentials(data[ref.username_key], data[ref.password_key])
+    return await kube.endpoint_credentials(namespace, spec.endpoint)
 
 
 def parse_spec(spec: dict[str, Any]) -> TopicSpec:

@@ -22,38 +22,53 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
+import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Callable
 
 from aiohttp import web
 
-from bucketnotify.apiserver import ApiClient, log_retried
-from bucketnotify.delivery.ingest.handler import Ingest, build_app
-from bucketnotify.delivery.model.event import event_shard
-from bucketnotify.delivery.model.queue import Entry, QueueStore, StoreUnavailable
+from bucketnotify.apiserver import (
+    LEASE_CONNECTIONS,
+    ApiClient,
+    connect,
+    deployment_reference,
+    log_retried,
+)
+from bucketnotify.delivery.ingest.draining import ConnectionDrain
+from bucketnotify.delivery.ingest.handler import MAX_BODY_BYTES, Ingest
+from bucketnotify.delivery.model.queue import QueueStore, StoreUnavailable
 from bucketnotify.delivery.model.timings import ServiceTimings
 from bucketnotify.delivery.peers.forwarding import Forwarder
-from bucketnotify.delivery.peers.ownership import Ownership
+from bucketnotify.delivery.peers.ownership import LeaseSettings, Ownership
 from bucketnotify.delivery.peers.wakeups import WAKE_PATH, WakeUps, parse_wake
 from bucketnotify.delivery.recorded.accounting import Accounting
-from bucketnotify.delivery.recorded.delivery_records import Recorder
+from bucketnotify.delivery.recorded.delivery_records import Recorder, RecordWriter
 from bucketnotify.delivery.recorded.kube_events import COMPONENT, TopicEvents
+from bucketnotify.delivery.recorded.record_targets import records_target_for
+from bucketnotify.delivery.rounds.dead_letters import DeadLetters
 from bucketnotify.delivery.rounds.delivered import DeliveredIds
 from bucketnotify.delivery.rounds.direct import ShardGate
 from bucketnotify.delivery.rounds.direct_push import DirectPusher
 from bucketnotify.delivery.rounds.shard_loops import ShardLoops
-from bucketnotify.delivery.rounds.worker import DeadLetterSink
-from bucketnotify.delivery.topics.ingest_tokens import IngestTopic
+from bucketnotify.delivery.stores.open import StoreConfigError, open_store
+from bucketnotify.delivery.topics.ingest_tokens import IngestTopic, TopicKey
 from bucketnotify.delivery.topics.lifecycle import QueueLifecycle
 from bucketnotify.delivery.topics.table import TopicRuntime, TopicTable
 from bucketnotify.event_recorder import EventRecorder
+from bucketnotify.gateway.connection import GatewayConnection
+from bucketnotify.gateway.release import asked_release, release_named
 from bucketnotify.metrics import DeliveryMetrics
+from bucketnotify.probes import probes_app
+from bucketnotify.settings import DeliveryServiceSettings, OperatorSettings, default_identity
 
-__all__ = ["DeliveryService", "ServiceTimings", "TopicRuntime"]
+__all__ = ["DeliveryService", "ServiceTimings", "TopicRuntime", "build_app", "run_replica"]
 
 log = logging.getLogger(__name__)
+process_log = logging.getLogger("bucketnotify")
+"""The process's own lines (where it listens, the records' target, the gateway's release),
+under the program's logger as the operator's are."""
 
 _DEFAULT_TIMINGS = ServiceTimings()
 
@@ -82,20 +97,8 @@ class DeliveryService:
         )
         """Kubernetes Events on the Topics (delivery.recorded.kube_events)."""
         self.accounting = Accounting(self.metrics, self.events, recorder)
-        self.table = TopicTable(
-            api=api,
-            store=store,
-            namespaces=namespaces,
-            metrics=self.metrics,
-            events=self.events,
-            release=lambda queue: self.loops.wait_loops(self.loops.units_of(queue)),
-            secret_refresh_s=timings.secret_refresh_s,
-            token_overlap_s=timings.token_overlap_s,
-            reservation_timeout_s=timings.reservation_timeout_s,
-            allow_cleartext_secrets=allow_cleartext_secrets,
-        )
-        self.topics = self.table.topics
-        self.ingest_topics = self.table.ingest_topics
+        self.topics: dict[TopicKey, TopicRuntime] = {}
+        """The Topics served: the table fills it, the shard loops and direct pushes read it."""
         self._loaded = False
         """The Topic table was read once: until then each request costs an API call."""
         self._stop: asyncio.Event | None = None
@@ -103,6 +106,7 @@ class DeliveryService:
         self.gate = ShardGate()
         """Order between the ingest's direct pushes, commits and rounds (``direct``)."""
         self.delivered = DeliveredIds(store)
+        self.dead_letters = DeadLetters(self.topics)
         self.loops = ShardLoops(
             topics=self.topics,
             store=store,
@@ -112,17 +116,30 @@ class DeliveryService:
             delivered=self.delivered,
             accounting=self.accounting,
             wakeups=self._wakeups,
-            dead_letter_sink=self._dead_letter_sink,
+            dead_letters=self.dead_letters,
         )
-        ownership.before_release = self.loops.before_release
+        ownership.holder = self.loops
+        self.table = TopicTable(
+            api=api,
+            store=store,
+            namespaces=namespaces,
+            metrics=self.metrics,
+            events=self.events,
+            topics=self.topics,
+            runner=self.loops,
+            secret_refresh_s=timings.secret_refresh_s,
+            token_overlap_s=timings.token_overlap_s,
+            reservation_timeout_s=timings.reservation_timeout_s,
+            allow_cleartext_secrets=allow_cleartext_secrets,
+        )
+        self.ingest_topics = self.table.ingest_topics
         self.lifecycle = QueueLifecycle(
             table=self.table,
             store=store,
             ownership=ownership,
             metrics=self.metrics,
             kube=self.table.kube,
-            wake=self.loops.wake,
-            wake_local=self.loops.wake_local,
+            runner=self.loops,
         )
         self.direct = DirectPusher(
             topics=self.topics,
@@ -130,11 +147,12 @@ class DeliveryService:
             accounting=self.accounting,
             gate=self.gate,
             allowed=self.loops.allowed,
-            dead_letter_sink=self._dead_letter_sink,
+            dead_letters=self.dead_letters,
             save_soon=self.delivered.save_soon,
         )
         self.forwarder = Forwarder(ownership.owner_address, self.metrics) if direct else None
         self.ingest = self._ingest(store, recorder, direct)
+        self.dead_letters.committer = self.ingest
 
     def _ingest(self, store: QueueStore, recorder: Recorder | None, direct: bool) -> Ingest:
         return Ingest(
@@ -208,23 +226,6 @@ class DeliveryService:
     async def survey(self) -> None:
         await self.lifecycle.survey()
 
-    def _dead_letter_sink(self, runtime: TopicRuntime) -> DeadLetterSink | None:
-        if runtime.dead_letter is None:
-            return None
-        key = (runtime.queue.namespace, runtime.dead_letter)
-
-        async def sink(entries: Sequence[Entry]) -> None:
-            target = self.topics.get(key)
-            if target is None or target.draining:
-                raise LookupError(f"{key[0]}/{key[1]} is not a persistent Topic")
-            by_shard: dict[int, list[tuple[str, bytes]]] = {}
-            for entry in entries:
-                shard = event_shard(json.loads(entry.body), target.shards)
-                by_shard.setdefault(shard, []).append((entry.event_id, entry.body))
-            await self.ingest.commit(target.queue, by_shard)
-
-        return sink
-
     async def run(self, stop: asyncio.Event) -> None:
         self._stop = stop
         await self._ownership.start()
@@ -251,6 +252,9 @@ class DeliveryService:
                     except Exception as exc:
                         log_retried(log, "surveying the queues failed", exc, STORE_AWAY)
                     last_stats = now
+                # The store sizes its reservations' headroom by the writers; it is told, it
+                # never asks the replicas.
+                self._store.writers = self._ownership.writers
                 self.loops.supervise()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.timings.round_interval_s)
@@ -266,6 +270,153 @@ class DeliveryService:
             await self._ownership.stop(release=True)
             await self.table.aclose()
             await self.events.aclose()
+
+
+def build_app(ingest: Ingest, unready: Callable[[], str | None] = lambda: None) -> web.Application:
+    """The replica's HTTP server: the ingest, ``GET /metrics``, ``GET /healthz`` (the event
+    loop answers) and ``GET /readyz``, which answers 503 with the reason ``unready()``
+    gives, 200 once it gives None."""
+    app = probes_app(ingest.metrics.exposition, unready, client_max_size=MAX_BODY_BYTES)
+    app.router.add_post("/v1/topics/{namespace}/{topic}/{token}", ingest.handle)
+    return app
+
+
+DRAIN_MAX_S = 2.0
+DRAIN_QUIET_S = 0.5
+"""A stopping replica's listener stays open while requests still come on kept-alive
+connections, each answered with ``Connection: close`` (``delivery.ingest.draining``): at most
+DRAIN_MAX_S, and no longer than DRAIN_QUIET_S after the last request."""
+
+
+async def run_replica(settings: DeliveryServiceSettings, operator: OperatorSettings) -> None:
+    """One delivery replica, from its settings until SIGTERM or SIGINT: the rooms built
+    and wired (``DeliveryService``), the ingest served, then drained and closed in order."""
+    # Closed on every way out, a bad store setting included (see run_operator). The Leases
+    # have a client of their own: a renewal must not wait behind Topic reads.
+    async with await connect() as api, await connect(LEASE_CONNECTIONS) as leases:
+        await _serve(settings, operator, api, leases)
+
+
+async def _serve(
+    settings: DeliveryServiceSettings,
+    operator: OperatorSettings,
+    api: ApiClient,
+    leases: ApiClient,
+) -> None:
+    identity = settings.identity or default_identity()
+    store = await open_store(settings, operator)
+    metrics = DeliveryMetrics()
+    # Beside the start, not before it: a gateway that does not answer must not hold it up.
+    announcing = asyncio.create_task(
+        _announce_gateway_release(operator, metrics), name="gateway release"
+    )
+    writer = _record_writer(settings, operator, identity, metrics)
+    owner = None
+    if settings.lease_owner:
+        owner = await deployment_reference(leases, settings.lease_namespace, settings.lease_owner)
+    ownership = Ownership(
+        leases,
+        identity,
+        LeaseSettings.of(settings, owner),
+        address=settings.advertised_address,
+        hands_over=settings.direct_delivery,
+    )
+    service = DeliveryService(
+        api=api,
+        store=store,
+        ownership=ownership,
+        namespaces=settings.namespaces,
+        timings=ServiceTimings.of(settings),
+        metrics=metrics,
+        recorder=Recorder(writer, identity) if writer is not None else None,
+        allow_cleartext_secrets=settings.allow_cleartext_secrets,
+        direct=settings.direct_delivery,
+    )
+    stop = asyncio.Event()
+    drain = ConnectionDrain()
+
+    def stopping() -> None:
+        stop.set()
+        drain.closing = True
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping)
+    app = service.app()
+    app.middlewares.append(drain.middleware)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, settings.listen_host, settings.listen_port).start()
+    process_log.info(
+        "delivery replica %s: ingest and /metrics on %s:%d",
+        identity,
+        settings.listen_host,
+        settings.listen_port,
+    )
+    if writer is not None:
+        await writer.start()
+    try:
+        await service.run(stop)
+    finally:
+        announcing.cancel()
+        if runner.server is not None:
+            await drain.drain(runner.server, max_s=DRAIN_MAX_S, quiet_s=DRAIN_QUIET_S)
+        await runner.cleanup()
+        await store.aclose()
+        if writer is not None:
+            # Last: the rounds and the ingest are done, so every record is in the buffer.
+            await writer.aclose()
+
+
+async def _announce_gateway_release(operator: OperatorSettings, metrics: DeliveryMetrics) -> None:
+    """Log and export the Ceph release of the default gateway, whose persistent queues hand
+    events to the replicas (and which holds an s3:// store), as the operator does for its
+    gateways: the first thing to know when its pushes look different."""
+    endpoint = operator.gateway_endpoint
+    if not endpoint or operator.gateway_kind != "ceph":
+        return
+    if operator.gateway_release:
+        release = release_named(operator.gateway_release)
+    else:
+        # Anonymous requests: no keys needed, only the endpoint and the CA it trusts.
+        connection = GatewayConnection(endpoint, "", "", operator.gateway_region)
+        release = await asyncio.to_thread(asked_release, connection)
+    if release.learned_from == "unreachable":
+        process_log.warning("gateway %s did not answer: its Ceph release is not known", endpoint)
+    else:
+        process_log.info(
+            "gateway %s runs Ceph %s (from its %s)", endpoint, release.name, release.learned_from
+        )
+    metrics.gateway_info.labels(endpoint, release.name).set(1)
+
+
+def _record_writer(
+    settings: DeliveryServiceSettings,
+    operator: OperatorSettings,
+    identity: str,
+    metrics: DeliveryMetrics,
+) -> RecordWriter | None:
+    """The writer of delivery records (BUCKETNOTIFY_DELIVERY_RECORDS); None when off."""
+    try:
+        target = records_target_for(settings.records, settings.store, operator)
+    except StoreConfigError as exc:
+        raise SystemExit(str(exc)) from None
+    except OSError as exc:
+        raise SystemExit(
+            f"BUCKETNOTIFY_DELIVERY_RECORDS: cannot write to {exc.filename}: {exc.strerror}"
+        ) from None
+    if target is None:
+        process_log.info("delivery records: off")
+        return None
+    process_log.info("delivery records: to %s", target)
+    return RecordWriter(
+        target,
+        replica=identity,
+        metrics=metrics,
+        flush_interval_s=settings.records_flush_seconds,
+        batch_size=settings.records_batch_size,
+        max_buffered=settings.records_buffer_max,
+    )
 
 
 STORE_AWAY = (StoreUnavailable,)

@@ -9,12 +9,8 @@ our own tree (``errors``). ``testing.MockEndpoint`` stands in for an endpoint in
 May import ``bucketnotify.api``; nothing from the controller or the delivery worker.
 """
 
-from bucketnotify.delivery.endpoints.base import (
-    Credentials,
-    Endpoint,
-    EndpointSettings,
-    InFlightLimit,
-)
+from bucketnotify.api.topic import Credentials
+from bucketnotify.delivery.endpoints.base import Endpoint, EndpointSettings, InFlightLimit
 from bucketnotify.delivery.endpoints.errors import (
     AuthenticationError,
     ConfigurationError,

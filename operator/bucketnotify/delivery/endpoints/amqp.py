@@ -34,13 +34,8 @@ import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
 from pamqp.commands import Basic
 
-from bucketnotify.api.topic import AmqpEndpoint
-from bucketnotify.delivery.endpoints.base import (
-    BaseEndpoint,
-    Credentials,
-    EndpointSettings,
-    InFlightLimit,
-)
+from bucketnotify.api.topic import AmqpEndpoint, Credentials
+from bucketnotify.delivery.endpoints.base import BaseEndpoint, EndpointSettings, InFlightLimit
 from bucketnotify.delivery.endpoints.errors import (
     AuthenticationError,
     ConfigurationError,

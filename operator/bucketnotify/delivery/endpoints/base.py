@@ -21,8 +21,9 @@ import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, NamedTuple, Protocol, Self
+from typing import Any, Protocol, Self
 
+from bucketnotify.api.topic import Credentials
 from bucketnotify.delivery.endpoints.errors import (
     EndpointError,
     PushTimeout,
@@ -121,16 +122,6 @@ class InFlightLimit:
     async def __aexit__(self, *exc: object) -> None:
         self._used -= 1
         self._slots.release()
-
-
-class Credentials(NamedTuple):
-    """User name and password from a Secret; the password never shows in a repr."""
-
-    username: str
-    password: str
-
-    def __repr__(self) -> str:
-        return f"Credentials(username={self.username!r}, password='***')"
 
 
 def outcome_of(

@@ -63,11 +63,10 @@ from bucketnotify.delivery.recorded.delivery_records import Recorder
 from bucketnotify.delivery.rounds.direct import DirectDelivery
 from bucketnotify.delivery.topics.ingest_tokens import IngestTopic
 from bucketnotify.metrics import DeliveryMetrics
-from bucketnotify.probes import probes_app
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MAX_BODY_BYTES", "Ingest", "build_app"]
+__all__ = ["MAX_BODY_BYTES", "Ingest"]
 
 T = TypeVar("T")
 
@@ -410,12 +409,3 @@ def _records(raw: bytes) -> tuple[Sequence[dict[str, Any]], list[bytes]] | None:
         except (KeyError, TypeError, UnicodeError, ValueError, RecursionError):
             return None
     return records, encoded
-
-
-def build_app(ingest: Ingest, unready: Callable[[], str | None] = lambda: None) -> web.Application:
-    """The replica's HTTP server: the ingest, ``GET /metrics``, ``GET /healthz`` (the event
-    loop answers) and ``GET /readyz``, which answers 503 with the reason ``unready()``
-    gives, 200 once it gives None."""
-    app = probes_app(ingest.metrics.exposition, unready, client_max_size=MAX_BODY_BYTES)
-    app.router.add_post("/v1/topics/{namespace}/{topic}/{token}", ingest.handle)
-    return app

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from bucketnotify.settings import DeliveryServiceSettings
+
 __all__ = [
     "CommitsTogether",
     "Entry",
@@ -51,7 +53,9 @@ class QueueLimits:
     max_entries: int = 1_000_000
     max_bytes: int = 128 * 1024 * 1024
     """The gateway's own default per persistent queue."""
-    reservation_timeout_s: float = 30.0
+    reservation_timeout_s: float = DeliveryServiceSettings.model_fields[
+        "reservation_timeout_seconds"
+    ].default
     """A reservation older than this no longer counts and is reclaimed."""
 
 
@@ -150,6 +154,11 @@ class QueueStore(Protocol):
     """Durable storage of queues. Every method is safe to call from several processes, and
     raises the store's own exceptions, never its driver's: ``QueueFull``, ``QueueNotFound``,
     ``StoreUnavailable``, ``StoreRefused``, ``StoreFull``."""
+
+    writers: int
+    """How many processes may write to these queues now, at most; 0 while unknown (every
+    reserve then scans). The delivery service sets it from its member Leases: a store never
+    asks the replicas."""
 
     async def create(self, queue: QueueName, shards: int, limits: QueueLimits) -> None:
         """Create the queue, or update its shard count and limits; idempotent."""

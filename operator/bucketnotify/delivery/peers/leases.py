@@ -11,6 +11,8 @@ from typing import Any
 
 from bucketnotify.apiserver import ApiClient, lease_path
 from bucketnotify.delivery.model.queue import QueueName
+from bucketnotify.delivery.model.timings import setting_default
+from bucketnotify.settings import DeliveryServiceSettings
 
 __all__ = [
     "ADDRESS_ANNOTATION",
@@ -53,20 +55,33 @@ class LeaseSettings:
     """Namespace of the Leases (the delivery service's own)."""
     group: str = "bucketnotify-delivery"
     """Prefix of the Lease names; replicas of one deployment share it."""
-    partitions: int = 32
+    partitions: int = setting_default("partitions")
     """Ownership units; more than the replicas you will ever run, so shares stay even."""
-    lease_duration_s: int = 12
+    lease_duration_s: int = setting_default("lease_duration_seconds")
     """A dead replica's partitions expire after this long (the gateway: 90 s) and are taken
     at the survivors' next renewal."""
-    renew_interval_s: float = 3.0
+    renew_interval_s: float = setting_default("renew_interval_seconds")
     """How often leases are renewed and the spread is rebalanced."""
-    renew_deadline_s: float = 8.0
+    renew_deadline_s: float = setting_default("renew_deadline_seconds")
     """A replica stops processing a partition this long after its last renewal; shorter
     than lease_duration_s so two owners never overlap."""
     owner: dict[str, str] | None = None
     """An ownerReference every Lease written carries (the Deployment of the replicas): when
     it is deleted, Kubernetes' garbage collector deletes the Leases, so an uninstall leaves
     none behind."""
+
+    @classmethod
+    def of(cls, settings: DeliveryServiceSettings, owner: dict[str, str] | None) -> LeaseSettings:
+        """The Lease settings a replica's settings ask for, ``owner`` the reference to its
+        Deployment (read from the API server) or None."""
+        return cls(
+            namespace=settings.lease_namespace,
+            owner=owner,
+            partitions=settings.partitions,
+            lease_duration_s=settings.lease_duration_seconds,
+            renew_interval_s=settings.renew_interval_seconds,
+            renew_deadline_s=settings.renew_deadline_seconds,
+        )
 
     @property
     def member_gone_after_s(self) -> float:

@@ -60,8 +60,7 @@ import datetime as dt
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -106,6 +105,16 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
+class ShardHolder(Protocol):
+    """What ownership asks of the room that runs the shards (``delivery.rounds``'
+    ``ShardLoops`` implements it), the one call from here to a room above."""
+
+    async def before_release(self, partition: int) -> None:
+        """Return once no round runs on ``partition`` (no longer owned, still held), so
+        that its Lease can be handed back: the next owner starts from what was removed."""
+        ...
+
+
 class Ownership:
     """Holds this replica's member Lease and its share of partition Leases."""
 
@@ -114,14 +123,15 @@ class Ownership:
         api: ApiClient,
         identity: str,
         settings: LeaseSettings,
-        before_release: Callable[[int], Awaitable[None]] | None = None,
+        holder: ShardHolder | None = None,
         address: str | None = None,
         hands_over: bool = False,
     ) -> None:
-        self.before_release = before_release
-        """Awaited while a partition we hand back is no longer owned (no round starts on
-        it) but still held, before its Lease is released: the round that was running on it
-        finishes its removals (``may_remove``) before the next owner starts."""
+        self.holder = holder
+        """Asked while a partition we hand back is no longer owned (no round starts on it)
+        but still held, before its Lease is released: the round that was running on it
+        finishes its removals (``may_remove``) before the next owner starts. Set by the
+        service once the shard loops exist (they need this ownership first)."""
         self.address = address
         """``host:port`` other replicas reach this one at; None: it takes no wake-ups."""
         self.hands_over = hands_over
@@ -168,6 +178,13 @@ class Ownership:
         """True while this replica processes ``partition``: it holds the Lease, renewed
         within the deadline, and is not handing it back."""
         return partition not in self._releasing and self._unfenced(partition)
+
+    @property
+    def writers(self) -> int:
+        """The most replicas that may write to the queue store now: one more than the live
+        members seen (one joining now is counted before its Lease shows); 0 (unknown) until
+        the first Lease round."""
+        return self.members and self.members + 1
 
     def owns_shard(self, queue: QueueName, shard: int) -> bool:
         return self.owns(partition_of(queue, shard, self.settings.partitions))
@@ -386,8 +403,8 @@ class Ownership:
             # but no longer owned: its loops end after their round and none starts.
             self._releasing.add(partition)
             try:
-                if self.before_release is not None:
-                    await self.before_release(partition)
+                if self.holder is not None:
+                    await self.holder.before_release(partition)
             finally:
                 self._releasing.discard(partition)
                 self._held.pop(partition, None)

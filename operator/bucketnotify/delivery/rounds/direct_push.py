@@ -23,8 +23,9 @@ from bucketnotify.delivery.model.outcomes import (
 from bucketnotify.delivery.model.push import Delivery
 from bucketnotify.delivery.model.queue import Entry, QueueName, QueueStore
 from bucketnotify.delivery.recorded.accounting import Accounting
+from bucketnotify.delivery.rounds.dead_letters import DeadLetters
 from bucketnotify.delivery.rounds.direct import ShardGate
-from bucketnotify.delivery.rounds.worker import LIST_BATCH, DeadLetterSink
+from bucketnotify.delivery.rounds.worker import LIST_BATCH
 from bucketnotify.delivery.topics.table import TopicKey, TopicRuntime
 from bucketnotify.records import Outcome
 
@@ -45,7 +46,7 @@ class DirectPusher:
         accounting: Accounting,
         gate: ShardGate,
         allowed: Callable[[QueueName, int], bool],
-        dead_letter_sink: Callable[[TopicRuntime], DeadLetterSink | None],
+        dead_letters: DeadLetters,
         save_soon: Callable[[TopicRuntime, int, DeliveredCache], None],
     ) -> None:
         self._topics = topics
@@ -53,7 +54,7 @@ class DirectPusher:
         self._accounting = accounting
         self.gate = gate
         self.allowed = allowed
-        self._dead_letter_sink = dead_letter_sink
+        self._dead_letters = dead_letters
         self._save_soon = save_soon
         self._direct_failed: dict[tuple[QueueName, int, str], EventOutcome] = {}
         """Failed direct pushes of events being committed, recorded once they are."""
@@ -106,7 +107,7 @@ class DirectPusher:
         """A direct push that retrying cannot help: the event goes to the dead-letter topic,
         or is lost, as a round would drop it; False when the dead-letter topic refuses it
         (then it is queued, and the rounds offer it again)."""
-        sink = self._dead_letter_sink(runtime)
+        sink = self._dead_letters.sink(runtime)
         if sink is None:
             result.expired = 1
         else:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 
 from bucketnotify.delivery.endpoints.base import Endpoint
 from bucketnotify.delivery.model.delivered_ids import DeliveredCache
@@ -34,11 +33,11 @@ from bucketnotify.delivery.model.timings import ServiceTimings
 from bucketnotify.delivery.peers.ownership import Ownership, partition_of
 from bucketnotify.delivery.peers.wakeups import WakeUps
 from bucketnotify.delivery.recorded.accounting import Accounting
+from bucketnotify.delivery.rounds.dead_letters import DeadLetters
 from bucketnotify.delivery.rounds.delivered import DeliveredIds, woken
 from bucketnotify.delivery.rounds.direct import ShardGate
 from bucketnotify.delivery.rounds.worker import (
     LIST_BATCH,
-    DeadLetterSink,
     RoundCutShort,
     process_shard,
 )
@@ -81,7 +80,7 @@ class ShardLoops:
         delivered: DeliveredIds,
         accounting: Accounting,
         wakeups: WakeUps,
-        dead_letter_sink: Callable[[TopicRuntime], DeadLetterSink | None],
+        dead_letters: DeadLetters,
     ) -> None:
         self._topics = topics
         self._store = store
@@ -91,7 +90,7 @@ class ShardLoops:
         self._delivered = delivered
         self._accounting = accounting
         self._wakeups = wakeups
-        self._dead_letter_sink = dead_letter_sink
+        self._dead_letters = dead_letters
         self._loops: dict[tuple[QueueName, int], asyncio.Task[None]] = {}
         self._wakes: dict[tuple[QueueName, int], asyncio.Event] = {}
         self.stopping = False
@@ -240,7 +239,7 @@ class ShardLoops:
                     delivered=runtime.delivered.setdefault(shard, DeliveredCache()),
                     still_owned=lambda: self._ownership.may_remove(queue, shard),
                     now=time.time(),
-                    dead_letter=self._dead_letter_sink(runtime),
+                    dead_letter=self._dead_letters.sink(runtime),
                 )
             except RoundCutShort as cut:
                 # What the round did before the store failed is counted and recorded once;
@@ -285,6 +284,10 @@ class ShardLoops:
                 task.cancel()
             if pending:
                 await asyncio.wait(pending)
+
+    async def release(self, queue: QueueName) -> None:
+        """End the loops of ``queue``: their rounds finish first (``topics``' ``ShardRunner``)."""
+        await self.wait_loops(self.units_of(queue))
 
     async def before_release(self, partition: int) -> None:
         """Ownership hands ``partition`` back: let its running rounds finish first (they

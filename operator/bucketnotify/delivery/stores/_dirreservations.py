@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from pathlib import Path
 
 from bucketnotify.delivery.model.queue import (
@@ -46,9 +46,7 @@ __all__ = ["DirReservations"]
 class DirReservations:
     """The reservations of the queues under ``root``, whose shards are ``shards``."""
 
-    def __init__(
-        self, root: Path, shards: ShardFiles, writers: Callable[[], int] | None = None
-    ) -> None:
+    def __init__(self, root: Path, shards: ShardFiles, writers: int = 0) -> None:
         self.root = root
         self.shards = shards
         self.writers = writers
@@ -177,7 +175,7 @@ class DirReservations:
         now: float,
     ) -> Reservation | None:
         """The cover of the headroom a scan leaves, or None (see Headrooms.new_cover)."""
-        writers = self.writers() if self.writers is not None else 0
+        writers = self.writers
         not_covers = [*self.headrooms.counted(queue, reservations, []), reservation]
         cover = Headrooms.new_cover(queue, limits, *held(stats, not_covers, now), now, writers)
         if cover is None:

@@ -10,7 +10,6 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bucketnotify.delivery.model.queue import (
@@ -65,7 +64,7 @@ class S3Reservations:
         self,
         io: BucketObjects,
         meta_cache_s: float,
-        writers: Callable[[], int] | None = None,
+        writers: int = 0,
     ) -> None:
         self._io = io
         self._meta_cache_s = meta_cache_s
@@ -204,7 +203,7 @@ class S3Reservations:
         # replica never got a headroom and scanned on every reserve: 772 scans in 2,000
         # events).
         not_covers = [*self.headrooms.counted(queue, reservations, []), *(r for _, r in granted)]
-        writers = self.writers() if self.writers is not None else 0
+        writers = self.writers
         cover = Headrooms.new_cover(
             queue,
             limits,

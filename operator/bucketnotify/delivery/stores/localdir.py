@@ -141,11 +141,11 @@ class LocalDirStore:
         *,
         io_threads: int = IO_THREADS,
         ring: bool = True,
-        writers: Callable[[], int] | None = None,
+        writers: int = 0,
     ) -> None:
         """``writers``: how many processes may write to these queues now, at most (0 while
-        unknown); it sizes the headroom, and without it every reserve scans (see "Reserving
-        without a scan")."""
+        unknown; the delivery service keeps it up to date); it sizes the headroom, and
+        without it every reserve scans (see "Reserving without a scan")."""
         self.root = Path(root)
         self._threads = IOThreads("localdir-store", io_threads)
         self._ring = Ring(self._threads, enabled=ring)
@@ -153,11 +153,11 @@ class LocalDirStore:
         self._reservations = DirReservations(self.root, self._shards, writers)
 
     @property
-    def writers(self) -> Callable[[], int] | None:
+    def writers(self) -> int:
         return self._reservations.writers
 
     @writers.setter
-    def writers(self, writers: Callable[[], int] | None) -> None:
+    def writers(self, writers: int) -> None:
         self._reservations.writers = writers
 
     @property

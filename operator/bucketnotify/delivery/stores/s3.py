@@ -100,7 +100,7 @@ This store sends single DeleteObject calls only, to be safe even so.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from botocore.exceptions import ClientError
@@ -153,16 +153,17 @@ class S3Store:
         *,
         meta_cache_s: float = 5.0,
         max_requests: int = 10,
-        writers: Callable[[], int] | None = None,
+        writers: int = 0,
         list_gather_s: float = 0.002,
     ) -> None:
         """``meta_cache_s``: how long a queue's shards and limits are reused, so a change
         made through another replica applies here that much later. ``max_requests``: at
         most this many requests in flight, each on a connection of its own.
         ``writers``: how many replicas may write to these queues now, at most (0 while
-        unknown); it sizes the headroom, and without it every reserve scans (see
-        "Reserving without a scan"). ``list_gather_s``: how long the first shard of a
-        queue to list waits for others to share its LIST."""
+        unknown; the delivery service keeps it up to date); it sizes the headroom, and
+        without it every reserve scans (see "Reserving without a scan").
+        ``list_gather_s``: how long the first shard of a queue to list waits for others to
+        share its LIST."""
         if prefix and not prefix.endswith("/"):
             prefix += "/"
         self.bucket = bucket
@@ -174,11 +175,11 @@ class S3Store:
         self._shards = S3Shards(self._io, list_gather_s)
 
     @property
-    def writers(self) -> Callable[[], int] | None:
+    def writers(self) -> int:
         return self._reservations.writers
 
     @writers.setter
-    def writers(self, writers: Callable[[], int] | None) -> None:
+    def writers(self, writers: int) -> None:
         self._reservations.writers = writers
 
     async def ensure_bucket(self) -> None:

@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 
-from bucketnotify.delivery.model.queue import QueueName, QueueStore
+from bucketnotify.delivery.model.queue import QueueStore
 from bucketnotify.delivery.peers.ownership import Ownership
-from bucketnotify.delivery.topics.table import TopicTable
+from bucketnotify.delivery.topics.table import ShardRunner, TopicTable
 from bucketnotify.kube import Kube
 from bucketnotify.metrics import DeliveryMetrics
 
@@ -48,17 +47,14 @@ class QueueLifecycle:
         ownership: Ownership,
         metrics: DeliveryMetrics,
         kube: Kube,
-        wake: Callable[[QueueName, int], None],
-        wake_local: Callable[[QueueName, int], None],
+        runner: ShardRunner,
     ) -> None:
         self._table = table
         self._store = store
         self._ownership = ownership
         self.metrics = metrics
         self._kube = kube
-        self._wake = wake
-        """The shard has entries: its loop here, or its owner, is told."""
-        self._wake_local = wake_local
+        self._runner = runner
         self._surveys = 0
 
     async def sweep(self) -> None:
@@ -119,9 +115,9 @@ class QueueLifecycle:
             for shard, held in stats.shards.items():
                 if held.entries:
                     if lead:
-                        self._wake(queue, shard)
+                        self._runner.wake(queue, shard)
                     elif self._ownership.owns_shard(queue, shard):
-                        self._wake_local(queue, shard)
+                        self._runner.wake_local(queue, shard)
             if not lead:
                 continue
             self.metrics.set_queue_stats(*key, stats.entries, stats.bytes)

@@ -10,11 +10,11 @@ credentials, CA bundle) are read when the Topic is new or changed and again ever
 reads every few seconds.
 
 A Topic that changes gets a new runtime; the old one's shard loops are let finish first
-(``release``, given by the service, which runs them). A Topic that stops being persistent
-is drained (delivered from its queue until empty); a deleted one takes its queue with it
-(``retire``). An endpoint that cannot be opened as specified (missing credentials or CA, an
-unsupported SASL mechanism) does not stop the ingest: events wait in the queue until the
-Topic or its Secret is fixed.
+(``ShardRunner.release``: the rounds run them, and implement that interface). A Topic that
+stops being persistent is drained (delivered from its queue until empty); a deleted one
+takes its queue with it (``retire``). An endpoint that cannot be opened as specified
+(missing credentials or CA, an unsupported SASL mechanism) does not stop the ingest: events
+wait in the queue until the Topic or its Secret is fixed.
 """
 
 from __future__ import annotations
@@ -24,12 +24,16 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from bucketnotify.api.common import GROUP, VERSION
-from bucketnotify.api.topic import TopicSpec, broker_cleartext_refusal, endpoint_topic_name
+from bucketnotify.api.topic import (
+    Credentials,
+    TopicSpec,
+    broker_cleartext_refusal,
+    endpoint_topic_name,
+)
 from bucketnotify.apiserver import ApiClient, ApiError, object_path, transient
 from bucketnotify.delivery.endpoints.base import Endpoint
 from bucketnotify.delivery.endpoints.errors import ConfigurationError
@@ -95,6 +99,23 @@ def _fingerprint(*parts: object) -> str:
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 
+class ShardRunner(Protocol):
+    """What the Topics ask of the room that runs their shards (``delivery.rounds``'
+    ``ShardLoops`` implements it): the calls from here to the room above."""
+
+    async def release(self, queue: QueueName) -> None:
+        """End the shard loops of ``queue``; their rounds finish first."""
+        ...
+
+    def wake(self, queue: QueueName, shard: int) -> None:
+        """The shard has entries: its loop here, or its owner, is told."""
+        ...
+
+    def wake_local(self, queue: QueueName, shard: int) -> None:
+        """The shard has entries: its loop here is told, if it runs here."""
+        ...
+
+
 class TopicTable:
     MAX_MISSES = 10_000
     """Unknown Topics remembered (each a recent lookup that found nothing)."""
@@ -107,7 +128,8 @@ class TopicTable:
         namespaces: list[str],
         metrics: DeliveryMetrics,
         events: TopicEvents,
-        release: Callable[[QueueName], Awaitable[None]],
+        topics: dict[TopicKey, TopicRuntime],
+        runner: ShardRunner,
         secret_refresh_s: float,
         token_overlap_s: float,
         reservation_timeout_s: float,
@@ -119,12 +141,12 @@ class TopicTable:
         self._namespaces = namespaces
         self.metrics = metrics
         self.events = events
-        self._release = release
-        """Ends the shard loops of a queue (their rounds finish first)."""
+        self._runner = runner
         self._secret_refresh_s = secret_refresh_s
         self._reservation_timeout_s = reservation_timeout_s
         self._allow_cleartext = allow_cleartext_secrets
-        self.topics: dict[TopicKey, TopicRuntime] = {}
+        self.topics = topics
+        """The Topics served, by key: shared with the shard loops, which read it."""
         self.ingest_topics: dict[TopicKey, IngestTopic] = {}
         self.tokens = IngestTokens(self.kube, self.ingest_topics, token_overlap_s)
         # Unknown Topics looked up recently: a stray or hostile sender must not turn every
@@ -319,27 +341,9 @@ class TopicTable:
 
     async def _endpoint_inputs(
         self, namespace: str, spec: TopicSpec
-    ) -> tuple[tuple[str, str] | None, str | None]:
-        endpoint = spec.endpoint
-        credentials = None
-        ref = (endpoint.amqp and endpoint.amqp.credentials_ref) or (
-            endpoint.kafka and endpoint.kafka.sasl and endpoint.kafka.sasl.credentials_ref
-        )
-        if ref:
-            data = await self.kube.secret_data(namespace, ref.secret_name)
-            for secret_key in (ref.username_key, ref.password_key):
-                if secret_key not in data:
-                    raise SecretMissing(
-                        f"Secret {namespace}/{ref.secret_name} has no key {secret_key!r}"
-                    )
-            credentials = (data[ref.username_key], data[ref.password_key])
-        ca_ref = (
-            (endpoint.http and endpoint.http.ca_ref)
-            or (endpoint.amqp and endpoint.amqp.ca_ref)
-            or (endpoint.kafka and endpoint.kafka.ca_ref)
-        )
-        ca_pem = await self.kube.ca_bundle(namespace, ca_ref) if ca_ref else None
-        return credentials, ca_pem
+    ) -> tuple[Credentials | None, str | None]:
+        credentials = await self.kube.endpoint_credentials(namespace, spec.endpoint)
+        return credentials, await self.kube.endpoint_ca(namespace, spec.endpoint)
 
     async def _open(
         self, key: TopicKey, spec: TopicSpec, generation: int, uid: str, *, draining: bool
@@ -392,7 +396,7 @@ class TopicTable:
         if old is not None:
             # The old runtime's loops finish their round and end; new ones start with the
             # new endpoint at the next supervision.
-            await self._release(queue)
+            await self._runner.release(queue)
             if old.endpoint is not None:
                 await old.endpoint.aclose()
         log.info(
@@ -463,7 +467,7 @@ class TopicTable:
         self.ingest_topics.pop(key, None)
         queue = QueueName(*key)
         if runtime is not None:
-            await self._release(queue)
+            await self._runner.release(queue)
             if runtime.endpoint is not None:
                 await runtime.endpoint.aclose()
         with contextlib.suppress(LookupError):
