@@ -358,8 +358,15 @@ class TopicTable:
         """What keeps the endpoint from opening, and its Event reason."""
         try:
             credentials, ca_pem = await self._endpoint_inputs(namespace, spec)
+            # The credentials as a plain tuple: their own repr hides the password, and a
+            # rotated password must change the fingerprint.
             fingerprint = _fingerprint(
-                spec.model_dump(), credentials, ca_pem, generation, shards, draining
+                spec.model_dump(),
+                tuple(credentials) if credentials else None,
+                ca_pem,
+                generation,
+                shards,
+                draining,
             )
         except SecretMissing as exc:
             problem = str(exc), "SecretNotFound"
