@@ -24,7 +24,6 @@ from typing import Any, TypeVar, cast
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bucketnotify.apiserver import ApiClient
 from bucketnotify.delivery.endpoints.base import Endpoint
 from bucketnotify.delivery.model.delivered_ids import DeliveredCache
 from bucketnotify.delivery.model.outcomes import DeliveryPolicy
@@ -33,6 +32,7 @@ from bucketnotify.delivery.peers.ownership import LeaseSettings, Ownership
 from bucketnotify.delivery.service import DeliveryService, TopicRuntime
 from bucketnotify.delivery.stores.open import store_for
 from bucketnotify.delivery.stores.s3 import S3Store
+from bucketnotify.kube.apiserver import ApiClient
 from bucketnotify.settings import OperatorSettings
 from devstack.gateway import gateway_settings
 from devstack.servers.recording import RecordingHttpServer

@@ -1,4 +1,4 @@
-"""API clients of the operator's own kind (``bucketnotify.apiserver``) for the tests."""
+"""API clients of the operator's own kind (``bucketnotify.kube.apiserver``) for the tests."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator, Iterator
 
 import kopf
 
-from bucketnotify import apiserver
-from bucketnotify.apiserver import ApiClient
+from bucketnotify.kube import apiserver
+from bucketnotify.kube.apiserver import ApiClient
 
 UNREACHABLE = "http://127.0.0.1:9"
 """An API server nobody answers for (the discard port): for objects that need a client

@@ -20,7 +20,13 @@ import uvloop
 from bucketnotify import __version__, admin, logs
 from bucketnotify.admission import PATH as ADMISSION_PATH
 from bucketnotify.admission import serve_admission
-from bucketnotify.apiserver import (
+from bucketnotify.controller import handlers
+from bucketnotify.controller.drift_loop import ObjectLocks
+from bucketnotify.controller.handlers import WATCHED_RESOURCES
+from bucketnotify.controller.notifications import BucketLocks
+from bucketnotify.delivery.service import run_replica
+from bucketnotify.gateway.pool import GatewayPool
+from bucketnotify.kube.apiserver import (
     LEASE_CONNECTIONS,
     ApiClient,
     ApiError,
@@ -28,15 +34,9 @@ from bucketnotify.apiserver import (
     connection_info,
     proxy_for,
 )
-from bucketnotify.controller import handlers
-from bucketnotify.controller.drift_loop import ObjectLocks
-from bucketnotify.controller.handlers import WATCHED_RESOURCES
-from bucketnotify.controller.notifications import BucketLocks
-from bucketnotify.delivery.service import run_replica
-from bucketnotify.event_recorder import EventRecorder
-from bucketnotify.gateway.pool import GatewayPool
-from bucketnotify.kube import WATCHED_LABEL, Kube, connect
-from bucketnotify.leadership import lead
+from bucketnotify.kube.event_recorder import EventRecorder
+from bucketnotify.kube.leadership import lead
+from bucketnotify.kube.objects import WATCHED_LABEL, Kube, connect
 from bucketnotify.metrics import OperatorMetrics
 from bucketnotify.probes import serve_probes
 from bucketnotify.settings import (

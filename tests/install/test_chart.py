@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from bucketnotify.cli import DRAIN_MAX_S
+from bucketnotify.delivery.service import DRAIN_MAX_S
 from tests.install.manifests import ALL_OPTIONS, CHART, PREVIOUS_RELEASE, helm, template
 from tests.promql import metric_names, our_series
 

@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 import yaml
 
-from bucketnotify.apiserver import ApiClient, lease_path, micro_time
 from bucketnotify.delivery.model.queue import Entry, QueueLimits, QueueName, QueueStore
 from bucketnotify.delivery.peers.ownership import LeaseSettings, Ownership, partition_of
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from bucketnotify.delivery.stores.s3 import S3Store
+from bucketnotify.kube.apiserver import ApiClient, lease_path, micro_time
 from devstack.gateway import gateway_settings
 from tests.kubeapi import api_client
 from tests.kubectl import Kubectl

@@ -17,7 +17,7 @@ import kopf
 import pytest
 import yaml
 
-from bucketnotify import apiserver
+from bucketnotify.kube import apiserver
 from devstack.kubectl import Kubectl
 from tests.localservices import LocalService
 

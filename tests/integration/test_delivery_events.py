@@ -22,12 +22,12 @@ from typing import Any
 
 import pytest
 
-from bucketnotify import event_recorder
-from bucketnotify.apiserver import ApiClient
 from bucketnotify.delivery.model.queue import QueueName
 from bucketnotify.delivery.recorded.kube_events import COMPONENT
 from bucketnotify.delivery.stores.localdir import LocalDirStore
-from bucketnotify.event_recorder import EventRecorder, ObjectRef
+from bucketnotify.kube import event_recorder
+from bucketnotify.kube.apiserver import ApiClient
+from bucketnotify.kube.event_recorder import EventRecorder, ObjectRef
 from devstack.servers.recording import RecordingHttpServer
 from tests.delivery import push_records
 from tests.kubeapi import api_client
@@ -428,7 +428,7 @@ async def test_a_series_of_occurrences_is_one_event_whose_count_rises(
 
 
 class Clock:
-    """The clock of ``bucketnotify.event_recorder`` moved on by the test: its 30 s and 10 min
+    """The clock of ``bucketnotify.kube.event_recorder`` moved on by the test: its 30 s and 10 min
     pass at once, while the asyncio loop keeps real time."""
 
     def __init__(self) -> None:
@@ -495,7 +495,7 @@ async def test_an_event_is_patched_at_most_every_30_s_and_a_series_ends_after_10
         await series_of(kubectl, namespace, lambda c: c == [3, 1], "a new Event after 10 min")
 
         nowhere = ObjectRef("Topic", f"{namespace}-gone", "t", uid=str(uuid.uuid4()))
-        with caplog.at_level(logging.WARNING, logger="bucketnotify.event_recorder"):
+        with caplog.at_level(logging.WARNING, logger="bucketnotify.kube.event_recorder"):
             recorder.record(nowhere, "Warning", "EndpointFailing", "answered 500")
             assert "could not post Event" not in caplog.text, "record() waited for the post"
             deadline = time.monotonic() + 15

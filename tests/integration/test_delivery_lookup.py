@@ -10,10 +10,10 @@ from typing import Any, cast
 
 import pytest
 
-from bucketnotify.apiserver import ApiError
 from bucketnotify.delivery.peers.ownership import Ownership
 from bucketnotify.delivery.service import DeliveryService
 from bucketnotify.delivery.stores.localdir import LocalDirStore
+from bucketnotify.kube.apiserver import ApiError
 from bucketnotify.metrics import DeliveryMetrics
 from tests.delivery import OwnsEverything
 from tests.kubeapi import api_client

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from bucketnotify.kube import Kube
+from bucketnotify.kube.objects import Kube
 from tests.kubeapi import api_client
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService

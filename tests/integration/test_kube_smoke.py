@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bucketnotify.apiserver import ApiClient, ApiError, lease_path, micro_time, object_path
+from bucketnotify.kube.apiserver import ApiClient, ApiError, lease_path, micro_time, object_path
 from tests.kubeapi import api_client, parse_micro_time
 from tests.localservices import LocalService
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from bucketnotify import leadership
-from bucketnotify.apiserver import ApiClient, lease_path
+from bucketnotify.kube import leadership
+from bucketnotify.kube.apiserver import ApiClient, lease_path
 from bucketnotify.settings import OperatorSettings
 from tests.kubeapi import UNREACHABLE, api_client
 from tests.localservices import LocalService

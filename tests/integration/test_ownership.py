@@ -14,15 +14,20 @@ from uuid import uuid4
 
 import pytest
 
-from bucketnotify.apiserver import ApiClient, lease_path
 from bucketnotify.delivery.endpoints.testing import MockEndpoint
 from bucketnotify.delivery.model.event import event_id
 from bucketnotify.delivery.model.push import Delivery
 from bucketnotify.delivery.model.queue import QueueLimits, QueueName
 from bucketnotify.delivery.model.timings import ServiceTimings
-from bucketnotify.delivery.peers.ownership import LeaseSettings, Ownership, partition_of
+from bucketnotify.delivery.peers.ownership import (
+    LeaseSettings,
+    Ownership,
+    ShardHolder,
+    partition_of,
+)
 from bucketnotify.delivery.service import DeliveryService
 from bucketnotify.delivery.stores.localdir import LocalDirStore
+from bucketnotify.kube.apiserver import ApiClient, lease_path
 from tests.delivery import one_shard_runtime
 from tests.kubeapi import api_client
 from tests.localservices import LocalService
@@ -336,11 +341,12 @@ async def test_a_partition_handed_to_a_newcomer_waits_for_its_round_to_remove_wh
     handing_back = asyncio.Event()
     holder = first.holder
     assert holder is not None, "the service waits for its rounds at a hand-back"
+    rounds: ShardHolder = holder
 
     class Noted:
         async def before_release(self, partition: int) -> None:
             handing_back.set()
-            await holder.before_release(partition)
+            await rounds.before_release(partition)
 
     first.holder = Noted()
     service.loops.supervise()

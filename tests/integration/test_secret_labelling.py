@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, cast
 
-from bucketnotify.apiserver import ApiClient
-from bucketnotify.kube import WATCHED_LABEL, Kube
+from bucketnotify.kube.apiserver import ApiClient
+from bucketnotify.kube.objects import WATCHED_LABEL, Kube
 from tests.kubeapi import api_client
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService

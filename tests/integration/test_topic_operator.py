@@ -13,11 +13,11 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bucketnotify import leadership
 from bucketnotify.api.topic import ingest_token_secret
-from bucketnotify.apiserver import lease_path
 from bucketnotify.gateway.errors import GatewayAccessDenied
 from bucketnotify.gateway.topics import GatewayTopic, TopicClient
+from bucketnotify.kube import leadership
+from bucketnotify.kube.apiserver import lease_path
 from bucketnotify.settings import OperatorSettings
 from devstack.servers.tcpproxy import TcpProxy
 from tests.kubeapi import api_client

@@ -12,8 +12,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from bucketnotify import apiserver
-from bucketnotify.apiserver import ApiClient, ApiError
+from bucketnotify.kube import apiserver
+from bucketnotify.kube.apiserver import ApiClient, ApiError
 
 
 def throttling(refusals: int, seen: list[tuple[str, float]]) -> web.Application:

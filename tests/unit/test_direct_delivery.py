@@ -16,7 +16,6 @@ import kopf
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from bucketnotify.apiserver import ApiClient
 from bucketnotify.delivery.endpoints.errors import RejectedError, UndeliverableError
 from bucketnotify.delivery.endpoints.testing import MockEndpoint
 from bucketnotify.delivery.model.event import event_id
@@ -31,6 +30,7 @@ from bucketnotify.delivery.rounds.direct import ShardGate
 from bucketnotify.delivery.service import DeliveryService
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from bucketnotify.delivery.topics.ingest_tokens import IngestTopic
+from bucketnotify.kube.apiserver import ApiClient
 from tests.delivery import OwnsEverything, one_shard_runtime
 from tests.kubeapi import UNREACHABLE
 from tests.records import event

@@ -12,9 +12,9 @@ from typing import Any
 import kopf
 import pytest
 
-from bucketnotify.apiserver import ApiError
 from bucketnotify.controller.drift_loop import DriftLoop, ObjectLocks
 from bucketnotify.controller.handlers import PENDING, _snapshot
+from bucketnotify.kube.apiserver import ApiError
 
 INTERVAL = 0.4
 

@@ -10,8 +10,8 @@ from typing import Any
 import kopf
 import pytest
 
-from bucketnotify.apiserver import ApiError
 from bucketnotify.controller.handlers import API_RETRY_DELAY_S, _measured
+from bucketnotify.kube.apiserver import ApiError
 from bucketnotify.metrics import OperatorMetrics
 
 

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from bucketnotify.apiserver import ApiClient, ApiError
 from bucketnotify.delivery.ingest.handler import MAX_BODY_BYTES, Ingest
 from bucketnotify.delivery.model.event import event_id, shard_of
 from bucketnotify.delivery.model.queue import QueueLimits, QueueName
@@ -21,6 +20,7 @@ from bucketnotify.delivery.stores.localdir import LocalDirStore
 from bucketnotify.delivery.stores.s3 import S3Store
 from bucketnotify.delivery.topics.ingest_tokens import IngestTopic
 from bucketnotify.gateway.connection import GatewayConnection
+from bucketnotify.kube.apiserver import ApiClient, ApiError
 from devstack.programs import free_port
 from tests.delivery import lone_service
 from tests.kubeapi import unreachable_api

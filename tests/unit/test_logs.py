@@ -14,8 +14,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from bucketnotify import logs
-from bucketnotify.apiserver import ApiClient
-from bucketnotify.kube import Kube
+from bucketnotify.kube.apiserver import ApiClient
+from bucketnotify.kube.objects import Kube
 
 
 @pytest.fixture()
@@ -140,7 +140,7 @@ async def test_a_secret_read_through_kube_at_debug_logs_none_of_its_values(
         logger.setLevel(logging.DEBUG)
     try:
         assert logging.getLogger("aiohttp.client").isEnabledFor(logging.DEBUG)
-        assert logging.getLogger("bucketnotify.kube").isEnabledFor(logging.DEBUG)
+        assert logging.getLogger("bucketnotify.kube.objects").isEnabledFor(logging.DEBUG)
         async with TestServer(app) as server:
             info = kopf.ConnectionInfo(server=str(server.make_url("")).rstrip("/"), token=bearer)
             async with ApiClient(info) as api:

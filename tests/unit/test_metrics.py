@@ -11,7 +11,6 @@ from pathlib import Path
 import kopf
 from aiohttp.test_utils import TestClient, TestServer
 
-from bucketnotify.apiserver import ApiClient
 from bucketnotify.delivery.endpoints.errors import RejectedError, UndeliverableError
 from bucketnotify.delivery.endpoints.testing import MockEndpoint
 from bucketnotify.delivery.ingest.handler import Ingest
@@ -24,6 +23,7 @@ from bucketnotify.delivery.service import build_app
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from bucketnotify.delivery.topics.ingest_tokens import IngestTopic
 from bucketnotify.gateway.errors import GatewayServerError
+from bucketnotify.kube.apiserver import ApiClient
 from bucketnotify.metrics import DeliveryMetrics, OperatorMetrics
 from tests.delivery import Samples, lone_service, one_shard_runtime, samples
 from tests.kubeapi import UNREACHABLE

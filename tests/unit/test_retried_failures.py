@@ -8,8 +8,8 @@ import logging
 import aiohttp
 import pytest
 
-from bucketnotify.apiserver import ApiError, log_retried
 from bucketnotify.gateway.errors import GatewayUnreachable
+from bucketnotify.kube.apiserver import ApiError, log_retried
 
 STARTING = ApiError(
     429,

@@ -13,7 +13,6 @@ from typing import Any, cast
 import kopf
 import pytest
 
-from bucketnotify.apiserver import ApiClient
 from bucketnotify.delivery.endpoints.errors import RejectedError
 from bucketnotify.delivery.endpoints.testing import MockEndpoint
 from bucketnotify.delivery.model.event import event_id
@@ -25,6 +24,7 @@ from bucketnotify.delivery.rounds.delivered import DELIVERED_SAVE_S
 from bucketnotify.delivery.rounds.shard_loops import HANDOVER_POLL_ROUNDS
 from bucketnotify.delivery.service import DeliveryService
 from bucketnotify.delivery.stores.localdir import LocalDirStore
+from bucketnotify.kube.apiserver import ApiClient
 from bucketnotify.settings import DeliveryServiceSettings
 from tests.delivery import OwnsEverything, one_shard_runtime
 from tests.kubeapi import UNREACHABLE

@@ -15,9 +15,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from bucketnotify import apiserver
-from bucketnotify.apiserver import ApiClient
 from bucketnotify.delivery.stores.localdir import LocalDirStore
+from bucketnotify.kube import apiserver
+from bucketnotify.kube.apiserver import ApiClient
 from tests.delivery import lone_service
 
 TOPIC = {

@@ -20,7 +20,6 @@ from pydantic_settings import BaseSettings, SettingsError
 
 from bucketnotify.admin.errors import AdminError, NotFound, Unreachable
 from bucketnotify.api.common import GROUP, VERSION
-from bucketnotify.apiserver import ApiClient, ApiError, ConfigError, object_path
 from bucketnotify.delivery.model.queue import (
     Entry,
     QueueName,
@@ -33,7 +32,8 @@ from bucketnotify.delivery.model.queue import (
 )
 from bucketnotify.delivery.peers.ownership import LeaseHolder, LeaseSettings, partition_holders
 from bucketnotify.delivery.stores.open import StoreConfigError, store_for
-from bucketnotify.kube import connect, current_namespace
+from bucketnotify.kube.apiserver import ApiClient, ApiError, ConfigError, object_path
+from bucketnotify.kube.objects import connect, current_namespace
 from bucketnotify.settings import DeliveryServiceSettings, OperatorSettings
 
 __all__ = [

@@ -23,7 +23,7 @@ from bucketnotify.controller.topics import gateway_connection
 from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.gateway.errors import GatewayAccessDenied, GatewayError, GatewayNotFound
 from bucketnotify.gateway.pool import GatewayPool
-from bucketnotify.kube import Kube, SecretMissing
+from bucketnotify.kube.objects import Kube, SecretMissing
 from bucketnotify.settings import OperatorSettings
 
 __all__ = [

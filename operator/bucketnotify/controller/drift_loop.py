@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Hashable, Iterable
 
 import kopf
 
-from bucketnotify.apiserver import log_retried
+from bucketnotify.kube.apiserver import log_retried
 
 __all__ = ["DriftLoop", "ObjectLocks"]
 

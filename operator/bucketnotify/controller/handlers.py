@@ -22,7 +22,6 @@ import kopf
 
 from bucketnotify.api.common import GROUP, VERSION, NotReconcilable
 from bucketnotify.api.topic import ingest_token_secret
-from bucketnotify.apiserver import ApiError, transient
 from bucketnotify.controller.conditions import ready_condition
 from bucketnotify.controller.drift_loop import DriftLoop
 from bucketnotify.controller.events import change_events, drift_events
@@ -46,8 +45,9 @@ from bucketnotify.controller.topics import (
     reconcile_topic,
 )
 from bucketnotify.delivery.endpoints.http import EndpointError
-from bucketnotify.event_recorder import EventRecorder, EventType, ObjectRef
 from bucketnotify.gateway.errors import GatewayError
+from bucketnotify.kube.apiserver import ApiError, transient
+from bucketnotify.kube.event_recorder import EventRecorder, EventType, ObjectRef
 from bucketnotify.metrics import OperatorMetrics
 
 __all__ = ["WATCHED_RESOURCES", "register_drift_loop"]

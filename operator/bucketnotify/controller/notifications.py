@@ -21,7 +21,6 @@ from typing import Any
 from bucketnotify.api.common import GatewayRef, NotReconcilable, parse_model
 from bucketnotify.api.notification import BucketNotificationSpec
 from bucketnotify.api.topic import TopicSpec
-from bucketnotify.apiserver import ApiError
 from bucketnotify.controller.bucket_claims import (
     CLAIM_NOT_FOUND,
     claimed_bucket,
@@ -63,7 +62,8 @@ from bucketnotify.gateway.errors import (
 )
 from bucketnotify.gateway.notifications import NotificationConfig
 from bucketnotify.gateway.pool import Gateway, GatewayPool
-from bucketnotify.kube import Kube, SecretMissing
+from bucketnotify.kube.apiserver import ApiError
+from bucketnotify.kube.objects import Kube, SecretMissing
 from bucketnotify.settings import OperatorSettings
 
 log = logging.getLogger(__name__)

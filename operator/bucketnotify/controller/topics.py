@@ -50,7 +50,7 @@ from bucketnotify.gateway.errors import (
 )
 from bucketnotify.gateway.pool import GatewayPool
 from bucketnotify.gateway.release import GatewayRelease
-from bucketnotify.kube import Kube, SecretMissing
+from bucketnotify.kube.objects import Kube, SecretMissing
 from bucketnotify.settings import OperatorSettings
 
 logger = logging.getLogger(__name__)

@@ -29,13 +29,6 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from bucketnotify.apiserver import (
-    LEASE_CONNECTIONS,
-    ApiClient,
-    connect,
-    deployment_reference,
-    log_retried,
-)
 from bucketnotify.delivery.ingest.draining import ConnectionDrain
 from bucketnotify.delivery.ingest.handler import MAX_BODY_BYTES, Ingest
 from bucketnotify.delivery.model.queue import QueueStore, StoreUnavailable
@@ -56,9 +49,16 @@ from bucketnotify.delivery.stores.open import StoreConfigError, open_store
 from bucketnotify.delivery.topics.ingest_tokens import IngestTopic, TopicKey
 from bucketnotify.delivery.topics.lifecycle import QueueLifecycle
 from bucketnotify.delivery.topics.table import TopicRuntime, TopicTable
-from bucketnotify.event_recorder import EventRecorder
 from bucketnotify.gateway.connection import GatewayConnection
 from bucketnotify.gateway.release import asked_release, release_named
+from bucketnotify.kube.apiserver import (
+    LEASE_CONNECTIONS,
+    ApiClient,
+    connect,
+    deployment_reference,
+    log_retried,
+)
+from bucketnotify.kube.event_recorder import EventRecorder
 from bucketnotify.metrics import DeliveryMetrics
 from bucketnotify.probes import probes_app
 from bucketnotify.settings import DeliveryServiceSettings, OperatorSettings, default_identity

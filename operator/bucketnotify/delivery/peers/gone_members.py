@@ -8,7 +8,6 @@ import logging
 
 import aiohttp
 
-from bucketnotify.apiserver import ApiClient, ApiError, lease_path
 from bucketnotify.delivery.peers.leases import (
     ROLE_LABEL,
     Lease,
@@ -17,6 +16,7 @@ from bucketnotify.delivery.peers.leases import (
     lease_holder,
     lease_labels,
 )
+from bucketnotify.kube.apiserver import ApiClient, ApiError, lease_path
 
 __all__ = ["GoneMembers"]
 

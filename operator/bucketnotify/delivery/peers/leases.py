@@ -9,9 +9,9 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from bucketnotify.apiserver import ApiClient, lease_path
 from bucketnotify.delivery.model.queue import QueueName
 from bucketnotify.delivery.model.timings import setting_default
+from bucketnotify.kube.apiserver import ApiClient, lease_path
 from bucketnotify.settings import DeliveryServiceSettings
 
 __all__ = [

@@ -64,14 +64,6 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from bucketnotify.apiserver import (
-    ApiClient,
-    ApiError,
-    lease_path,
-    log_retried,
-    micro_time,
-    transient,
-)
 from bucketnotify.delivery.model.queue import QueueName
 from bucketnotify.delivery.peers.gone_members import GoneMembers
 from bucketnotify.delivery.peers.leases import (
@@ -91,6 +83,14 @@ from bucketnotify.delivery.peers.leases import (
     partition_lease_name,
     partition_of,
     utc_now,
+)
+from bucketnotify.kube.apiserver import (
+    ApiClient,
+    ApiError,
+    lease_path,
+    log_retried,
+    micro_time,
+    transient,
 )
 
 __all__ = [

@@ -13,7 +13,7 @@
   specified (events wait in the queue); ``EndpointReady`` (Normal) once it can.
 
 A failing endpoint must not become thousands of Events: each (Topic, reason) series is one
-Event whose count rises (``bucketnotify.event_recorder``).
+Event whose count rises (``bucketnotify.kube.event_recorder``).
 
 Messages never contain secrets: endpoint errors are built without credentials
 (``endpoints.errors``), and every message also passes ``logs.redact``.
@@ -32,7 +32,7 @@ from aiohttp import web
 
 from bucketnotify.delivery.model.outcomes import RoundResult
 from bucketnotify.delivery.model.queue import QueueName
-from bucketnotify.event_recorder import EventRecorder, ObjectRef
+from bucketnotify.kube.event_recorder import EventRecorder, ObjectRef
 
 __all__ = ["COMPONENT", "TopicEvents"]
 

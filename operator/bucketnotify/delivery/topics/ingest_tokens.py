@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from bucketnotify.api.topic import INGEST_TOKEN_KEY, PREVIOUS_TOKEN_KEY, ingest_token_secret
 from bucketnotify.delivery.model.queue import QueueName
-from bucketnotify.kube import Kube, SecretMissing
+from bucketnotify.kube.objects import Kube, SecretMissing
 
 __all__ = ["TOKEN_READ_TIMEOUT_S", "TOKEN_RECHECK_S", "IngestTokens", "IngestTopic", "TopicKey"]
 

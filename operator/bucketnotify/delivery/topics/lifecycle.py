@@ -23,7 +23,7 @@ import time
 from bucketnotify.delivery.model.queue import QueueStore
 from bucketnotify.delivery.peers.ownership import Ownership
 from bucketnotify.delivery.topics.table import ShardRunner, TopicTable
-from bucketnotify.kube import Kube
+from bucketnotify.kube.objects import Kube
 from bucketnotify.metrics import DeliveryMetrics
 
 __all__ = ["DRAINED_SWEEPS", "OWN_SURVEY_EVERY", "QueueLifecycle"]

@@ -34,7 +34,6 @@ from bucketnotify.api.topic import (
     broker_cleartext_refusal,
     endpoint_topic_name,
 )
-from bucketnotify.apiserver import ApiClient, ApiError, object_path, transient
 from bucketnotify.delivery.endpoints.base import Endpoint
 from bucketnotify.delivery.endpoints.errors import ConfigurationError
 from bucketnotify.delivery.endpoints.factory import open_endpoint
@@ -43,7 +42,8 @@ from bucketnotify.delivery.model.outcomes import DeliveryPolicy
 from bucketnotify.delivery.model.queue import QueueLimits, QueueName, QueueStore, StoreUnavailable
 from bucketnotify.delivery.recorded.kube_events import TopicEvents
 from bucketnotify.delivery.topics.ingest_tokens import IngestTokens, IngestTopic, TopicKey
-from bucketnotify.kube import Kube, SecretMissing
+from bucketnotify.kube.apiserver import ApiClient, ApiError, object_path, transient
+from bucketnotify.kube.objects import Kube, SecretMissing
 from bucketnotify.metrics import DeliveryMetrics
 
 __all__ = ["MISS_TTL_S", "TopicKey", "TopicRuntime", "TopicTable"]

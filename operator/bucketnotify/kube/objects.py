@@ -19,7 +19,7 @@ from typing import Any
 from bucketnotify import logs
 from bucketnotify.api.common import GROUP, VERSION, CARef
 from bucketnotify.api.topic import Credentials, Endpoint
-from bucketnotify.apiserver import (
+from bucketnotify.kube.apiserver import (
     ApiClient,
     ApiError,
     connect,

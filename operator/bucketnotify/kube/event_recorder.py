@@ -26,7 +26,7 @@ from typing import Literal, NamedTuple
 
 from bucketnotify import logs
 from bucketnotify.api.common import GROUP, VERSION
-from bucketnotify.apiserver import ApiClient, ApiError, object_path
+from bucketnotify.kube.apiserver import ApiClient, ApiError, object_path
 
 __all__ = ["EventRecorder", "EventType", "ObjectRef"]
 

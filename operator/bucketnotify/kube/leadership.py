@@ -23,7 +23,7 @@ from typing import Any
 
 import aiohttp
 
-from bucketnotify.apiserver import (
+from bucketnotify.kube.apiserver import (
     ApiClient,
     ApiError,
     deployment_reference,
