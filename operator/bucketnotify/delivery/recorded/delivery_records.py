@@ -37,6 +37,7 @@ from bucketnotify import compact_json
 from bucketnotify.delivery.model.event import shard_of
 from bucketnotify.delivery.model.outcomes import RoundResult
 from bucketnotify.delivery.model.queue import QueueName
+from bucketnotify.delivery.model.timings import setting_default
 from bucketnotify.metrics import DeliveryMetrics
 from bucketnotify.records import FIELDS, SCHEMA_VERSION, DeliveryRecord, Outcome, partition_of
 
@@ -99,9 +100,9 @@ class RecordWriter:
         *,
         replica: str,
         metrics: DeliveryMetrics | None = None,
-        flush_interval_s: float = 5.0,
-        batch_size: int = 5000,
-        max_buffered: int = 50_000,
+        flush_interval_s: float = setting_default("records_flush_seconds"),
+        batch_size: int = setting_default("records_batch_size"),
+        max_buffered: int = setting_default("records_buffer_max"),
         stop_timeout_s: float = 10.0,
     ) -> None:
         if batch_size < 1 or max_buffered < batch_size:
