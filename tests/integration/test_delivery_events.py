@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import gzip
+import itertools
 import json
 import logging
 import time
@@ -668,3 +669,49 @@ def test_events_past_max_retries_go_to_the_dead_letter_topic_and_are_delivered_t
     assert sorted(outcomes["hook"]).count("ingested") == 2, outcomes
     assert outcomes["hook"].count("dead_lettered") == 2, outcomes
     assert sorted(outcomes["dead"]) == ["delivered", "delivered"], outcomes
+
+
+def test_exponential_backoff_spaces_an_events_attempts_out_to_the_cap(
+    kubectl: Kubectl, namespace: str, replica: Program, port: int
+) -> None:
+    """``retryBackoff: exponential`` on an endpoint that refuses every push: the pauses
+    between one event's attempts double from retrySleepDuration (1 s) to
+    maxRetrySleepDuration (8 s), each at least half its step (the jitter's floor) and at
+    most the step plus a shard's longest poll (IDLE_POLL_MAX_SECONDS, 1 s) and a margin; a
+    fixed 1 s pause would never reach the later steps' floor."""
+    with RecordingHttpServer(status=503) as refusing:
+        apply(
+            kubectl,
+            namespace,
+            "Topic",
+            "flaky",
+            {
+                "endpoint": {"http": {"url": f"{refusing.url}/flaky"}},
+                "persistent": True,
+                "retrySleepDuration": 1,
+                "delivery": {
+                    "shards": 1,
+                    "retryBackoff": "exponential",
+                    "maxRetrySleepDuration": 8,
+                },
+            },
+        )
+        token = token_secret(kubectl, namespace, "flaky")
+        wait_until(
+            lambda: push_records(port, namespace, "flaky", token, ["k"]),
+            lambda status: status == 200,
+            30,
+            "the ingest to accept the event for Topic flaky",
+        )
+        times: list[float] = []
+        wait_until(
+            lambda: times.extend(r.time for r in refusing.received()) or len(times),
+            lambda count: count >= 6,
+            90,
+            "six attempts of the event",
+        )
+    pauses = [later - earlier for earlier, later in itertools.pairwise(sorted(times))][:5]
+    steps = [1, 2, 4, 8, 8]
+    print(f"pauses between attempts: {[round(p, 2) for p in pauses]} (steps {steps})")
+    for pause, step in zip(pauses, steps, strict=True):
+        assert step / 2 - 0.05 <= pause <= step + 1.5, (pauses, steps)

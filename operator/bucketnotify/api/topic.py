@@ -229,6 +229,13 @@ class DeliverySettings(Model):
     """Entries a topic's queue may hold before the ingest answers 503."""
     dead_letter_topic: str | None = Field(default=None, min_length=1, max_length=253)
     """Topic (same namespace) that receives events dropped by timeToLive or maxRetries."""
+    retry_backoff: Literal["fixed", "exponential"] = "fixed"
+    """The pause before an event's next attempt. fixed: retrySleepDuration every time, as
+    the gateway does. exponential: retrySleepDuration (1 s when unset or 0) doubled with
+    each retry, up to maxRetrySleepDuration, each pause drawn at random between half and
+    all of that (jitter: events that failed together do not all come back together)."""
+    max_retry_sleep_duration: int = Field(default=300, ge=1, le=86400)
+    """Seconds: the longest pause of ``retryBackoff: exponential`` (before its jitter)."""
 
 
 AMQP_CONFIRMS_NEED_PERSISTENT = (

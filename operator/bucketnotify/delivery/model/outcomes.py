@@ -6,6 +6,8 @@ direct pushes (``direct_push``) alike:
 - ``judge``: a push acknowledged is DELIVERED; one another attempt may fix is FAILED (the
   entry waits for its next attempt); one retrying cannot help (too large for the broker,
   say) is REJECTED, and dropped at once.
+- ``DeliveryPolicy.retry_delay``: the pause before the next attempt, fixed or growing
+  exponentially with jitter;
 - ``expiry``: ``maxRetries`` counts retries, so an entry gets 1 + maxRetries attempts in all
   (the gateway's own check drops it one attempt early); ``timeToLive`` counts from the
   ingest; 0 is unlimited for both, as on the gateway.
@@ -19,9 +21,12 @@ Events and the delivery records, which therefore add up to the same numbers.
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
+from bucketnotify.api.topic import DeliverySettings
 from bucketnotify.delivery.model.push import PushOutcome
 from bucketnotify.delivery.model.queue import Entry
 from bucketnotify.records import Outcome
@@ -42,6 +47,24 @@ class DeliveryPolicy:
     time_to_live_s: int = 0
     max_retries: int = 0
     retry_sleep_s: int = 0
+    backoff: Literal["fixed", "exponential"] = "fixed"
+    max_retry_sleep_s: int = DeliverySettings.model_fields["max_retry_sleep_duration"].default
+    """The longest pause of the exponential backoff, before its jitter."""
+
+    def retry_delay(self, attempts: int, draw: Callable[[], float] = random.random) -> float:
+        """Seconds before the next attempt of an event whose ``attempts``-th push failed.
+
+        Fixed: ``retry_sleep_s``. Exponential: ``retry_sleep_s`` (at least 1 s) times
+        2^(attempts - 1), at most ``max_retry_sleep_s``, of which the second half is drawn
+        at random ("equal jitter": a pause never falls below half its step, so the steps
+        still grow to the cap, while the events that failed together spread out)."""
+        if self.backoff == "fixed":
+            return float(self.retry_sleep_s)
+        step = min(
+            float(self.max_retry_sleep_s),
+            max(self.retry_sleep_s, 1) * 2.0 ** min(max(attempts, 1) - 1, 30),
+        )
+        return step / 2 + draw() * step / 2
 
 
 @dataclass(frozen=True)

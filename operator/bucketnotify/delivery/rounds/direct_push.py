@@ -138,10 +138,10 @@ class DirectPusher:
             found = [e for e in entries if e.event_id == event_id and not e.attempts]
             if not found:
                 return
-            # As a round would have written it back: maxRetries and retrySleepDuration count
+            # As a round would have written it back: maxRetries and the retry delay count
             # the direct push.
             entry = replace(
-                found[-1], attempts=1, not_before=time.time() + runtime.policy.retry_sleep_s
+                found[-1], attempts=1, not_before=time.time() + runtime.policy.retry_delay(1)
             )
             await self._store.update(queue, shard, [entry])
             self._accounting.metrics.push_retries.labels(queue.namespace, queue.topic).inc()

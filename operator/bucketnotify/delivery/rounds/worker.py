@@ -7,7 +7,7 @@ Decisions are made here; the store and the endpoint are adapters behind their in
   Different keys go out together, bounded by the endpoint's own in-flight limit.
 - What a push, an expiry or a drop makes of an event is decided in ``outcomes``; here is
   when: a failed entry is written back with ``attempts`` + 1 and is not retried before
-  ``retry_sleep_s`` has passed; dropped entries (expired or undeliverable) are handed to
+  its retry delay has passed; dropped entries (expired or undeliverable) are handed to
   the ``dead_letter`` sink, if there is one, before they are removed; if it fails they
   stay and are offered again next round.
 - Duplicates: an entry whose event identity was already delivered (the gateway re-sends
@@ -272,7 +272,7 @@ class _Round:
                     body=entry.body,
                     ingest_time=entry.ingest_time,
                     attempts=entry.attempts + 1,
-                    not_before=self.now + self.policy.retry_sleep_s,
+                    not_before=self.now + self.policy.retry_delay(entry.attempts + 1),
                 )
             )
 

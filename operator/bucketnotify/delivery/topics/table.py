@@ -30,6 +30,7 @@ from typing import Any, Protocol
 from bucketnotify.api.common import GROUP, VERSION
 from bucketnotify.api.topic import (
     Credentials,
+    DeliverySettings,
     TopicSpec,
     broker_cleartext_refusal,
     endpoint_topic_name,
@@ -387,6 +388,8 @@ class TopicTable:
                 time_to_live_s=spec.time_to_live or 0,
                 max_retries=spec.max_retries or 0,
                 retry_sleep_s=spec.retry_sleep_duration or 0,
+                backoff=(delivery or DeliverySettings()).retry_backoff,
+                max_retry_sleep_s=(delivery or DeliverySettings()).max_retry_sleep_duration,
             ),
             endpoint=endpoint,
             fingerprint=fingerprint,
