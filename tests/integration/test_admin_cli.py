@@ -332,6 +332,29 @@ async def test_stats_and_dump_refuse_a_topic_that_is_not_persistent_or_has_no_qu
         )
 
 
+async def test_a_ready_topic_with_nothing_queued_yet_shows_an_empty_queue(
+    cli: Cli, kubectl: Kubectl, namespace: str, queues: Queues
+) -> None:
+    """A Ready persistent Topic whose queue the store does not hold yet (its first events
+    may still wait in the gateway's own queue): stats show every shard of its spec empty
+    and dump an empty list, exit 0, with a note on stderr saying why; not an error."""
+    persistent_topic(kubectl, namespace, "quiet", shards=3)
+    set_ready(kubectl, namespace, "topic", "quiet", "Synced")
+    stats = await cli("topic", "stats", "quiet", "-n", namespace, "-o", "json", **queues.env)
+    assert stats.code == 0, stats.err
+    found = stats.json()
+    assert (found["topic"], found["entries"], found["bytes"]) == (f"{namespace}/quiet", 0, 0)
+    assert [(s["shard"], s["entries"], s["reservations"]) for s in found["shards"]] == [
+        (0, 0, 0),
+        (1, 0, 0),
+        (2, 0, 0),
+    ]
+    assert f"topic {namespace}/quiet is Ready and nothing of it is queued yet" in stats.err
+    dump = await cli("topic", "dump", "quiet", "-n", namespace, **queues.env)
+    assert (dump.code, dump.json()) == (0, [])
+    assert "nothing of it is queued yet" in dump.err
+
+
 # --- list, get, rm --------------------------------------------------------------------------
 
 

@@ -34,7 +34,7 @@ from bucketnotify.admin.cluster import (
     pending,
     queue_stats,
 )
-from bucketnotify.admin.errors import AdminError
+from bucketnotify.admin.errors import AdminError, NotFound
 from bucketnotify.admin.output import document, table
 from bucketnotify.admin.views import (
     NOTIFICATION_COLUMNS,
@@ -47,7 +47,8 @@ from bucketnotify.admin.views import (
     stats_rows,
     topic_row,
 )
-from bucketnotify.delivery.model.queue import QueueName
+from bucketnotify.api.topic import DeliverySettings
+from bucketnotify.delivery.model.queue import QueueName, QueueStats, ShardStats
 
 __all__ = ["COMMANDS", "EPILOG", "register", "run"]
 
@@ -286,35 +287,70 @@ async def topic_rm(args: argparse.Namespace) -> Done:
     return Done(f"{what} marked for deletion: the operator removes the gateway topic first\n")
 
 
-async def _persistent(cluster: Cluster, namespace: str, name: str) -> QueueName:
+async def _persistent_topic(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
     topic = await cluster.get("topic", namespace, name)
     if not (topic.get("spec") or {}).get("persistent"):
         raise AdminError(
             f"topic {namespace}/{name} is not persistent: the gateway pushes its events "
             "itself, so there is no queue"
         )
-    return QueueName(namespace, name)
+    return topic
 
 
 async def topic_stats(args: argparse.Namespace) -> Done:
     namespace = _namespace(args)
+    note = ""
     async with open_queues() as queues, await Cluster.connect(args.request_timeout) as cluster:
-        queue = await _persistent(cluster, namespace, args.name)
-        stats = await queue_stats(queues.store, queue, time.time())
+        topic = await _persistent_topic(cluster, namespace, args.name)
+        queue = QueueName(namespace, args.name)
+        try:
+            stats = await queue_stats(queues.store, queue, time.time())
+        except NotFound:
+            if not _ready(topic):
+                raise
+            # A Ready Topic whose first events have not reached us yet (they may still wait
+            # in the gateway's own queue): an empty queue, which is what it is.
+            stats = QueueStats({shard: ShardStats(0, 0, 0) for shard in range(_shards(topic))})
+            note = NOT_QUEUED_YET.format(queue=queue)
         holders = await cluster.holders(queues.leases)
     found = stats_document(queue, stats, holders, queues.leases)
     if args.output == "table":
-        return Done(table(STATS_COLUMNS, stats_rows(found)))
-    return Done(document(found, args.output))
+        return Done(table(STATS_COLUMNS, stats_rows(found)), note=note)
+    return Done(document(found, args.output), note=note)
+
+
+DEFAULT_SHARDS: int = DeliverySettings.model_fields["shards"].default
+
+NOT_QUEUED_YET = (
+    "topic {queue} is Ready and nothing of it is queued yet: the delivery service makes its"
+    " queue when it first serves the Topic (if events were sent, check that"
+    " BUCKETNOTIFY_DELIVERY_STORE names the delivery service's store)\n"
+)
+
+
+def _ready(topic: dict[str, Any]) -> bool:
+    conditions = (topic.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def _shards(topic: dict[str, Any]) -> int:
+    return int(((topic.get("spec") or {}).get("delivery") or {}).get("shards", DEFAULT_SHARDS))
 
 
 async def topic_dump(args: argparse.Namespace) -> Done:
     namespace = _namespace(args)
     async with open_queues() as queues:
         async with await Cluster.connect(args.request_timeout) as cluster:
-            queue = await _persistent(cluster, namespace, args.name)
-        # The shards the store has (a missing queue is an error here, not an empty dump).
-        shards = sorted((await queue_stats(queues.store, queue, time.time())).shards)
+            topic = await _persistent_topic(cluster, namespace, args.name)
+        queue = QueueName(namespace, args.name)
+        # The shards the store has: a missing queue is an error here, unless the Topic is
+        # Ready and nothing of it was queued yet (an empty dump, as for an empty queue).
+        try:
+            shards = sorted((await queue_stats(queues.store, queue, time.time())).shards)
+        except NotFound:
+            if not _ready(topic):
+                raise
+            return Done(document([], "json"), note=NOT_QUEUED_YET.format(queue=queue))
         if args.shard is not None:
             if args.shard not in shards:
                 raise AdminError(
