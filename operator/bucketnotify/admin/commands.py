@@ -42,6 +42,7 @@ from bucketnotify.admin.views import (
     TOPIC_COLUMNS,
     clean,
     dump_entry,
+    is_ready,
     notification_row,
     stats_document,
     stats_rows,
@@ -306,7 +307,7 @@ async def topic_stats(args: argparse.Namespace) -> Done:
         try:
             stats = await queue_stats(queues.store, queue, time.time())
         except NotFound:
-            if not _ready(topic):
+            if not is_ready(topic):
                 raise
             # A Ready Topic whose first events have not reached us yet (they may still wait
             # in the gateway's own queue): an empty queue, which is what it is.
@@ -328,11 +329,6 @@ NOT_QUEUED_YET = (
 )
 
 
-def _ready(topic: dict[str, Any]) -> bool:
-    conditions = (topic.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
 def _shards(topic: dict[str, Any]) -> int:
     return int(((topic.get("spec") or {}).get("delivery") or {}).get("shards", DEFAULT_SHARDS))
 
@@ -348,7 +344,7 @@ async def topic_dump(args: argparse.Namespace) -> Done:
         try:
             shards = sorted((await queue_stats(queues.store, queue, time.time())).shards)
         except NotFound:
-            if not _ready(topic):
+            if not is_ready(topic):
                 raise
             return Done(document([], "json"), note=NOT_QUEUED_YET.format(queue=queue))
         if args.shard is not None:

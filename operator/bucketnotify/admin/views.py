@@ -26,6 +26,7 @@ __all__ = [
     "TOPIC_COLUMNS",
     "clean",
     "dump_entry",
+    "is_ready",
     "notification_row",
     "stats_document",
     "stats_rows",
@@ -64,6 +65,11 @@ def age(created: str | None, now: dt.datetime) -> str:
 def _ready(obj: dict[str, Any]) -> dict[str, Any]:
     conditions = (obj.get("status") or {}).get("conditions") or []
     return next((c for c in conditions if c.get("type") == "Ready"), {})
+
+
+def is_ready(obj: dict[str, Any]) -> bool:
+    """The object's Ready condition is True."""
+    return _ready(obj).get("status") == "True"
 
 
 def _name(obj: dict[str, Any], all_namespaces: bool) -> list[str]:
