@@ -185,7 +185,7 @@ def open_queues() -> QueueAccess:
         store = store_for(delivery.store, _settings(OperatorSettings))
     except StoreConfigError as exc:
         raise AdminError(str(exc)) from None
-    leases = LeaseSettings(namespace=delivery.lease_namespace, partitions=delivery.partitions)
+    leases = LeaseSettings.of(delivery, owner=None)
     return QueueAccess(store, leases)
 
 

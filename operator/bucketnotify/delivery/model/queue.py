@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from bucketnotify.settings import DeliveryServiceSettings
+from bucketnotify.delivery.model.timings import setting_default
 
 __all__ = [
     "CommitsTogether",
@@ -53,9 +53,7 @@ class QueueLimits:
     max_entries: int = 1_000_000
     max_bytes: int = 128 * 1024 * 1024
     """The gateway's own default per persistent queue."""
-    reservation_timeout_s: float = DeliveryServiceSettings.model_fields[
-        "reservation_timeout_seconds"
-    ].default
+    reservation_timeout_s: float = setting_default("reservation_timeout_seconds")
     """A reservation older than this no longer counts and is reclaimed."""
 
 
