@@ -39,6 +39,7 @@ from devstack.servers.recording import RecordingHttpServer
 from devstack.servers.tcpproxy import Balancer
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
+from tests.operator import HEALTH_INTERVAL_S
 from tests.processes import Program, free_port
 from tests.records import event
 from tests.resources import apply, condition
@@ -239,6 +240,7 @@ def delivery_cluster(
                 "BUCKETNOTIFY_DELIVERY_STORE": url,
                 "BUCKETNOTIFY_DELIVERY_LEASE_NAMESPACE": namespace,
                 "BUCKETNOTIFY_DELIVERY_NAMESPACES": json.dumps([namespace]),
+                "BUCKETNOTIFY_DELIVERY_HEALTH_REPORT_INTERVAL_SECONDS": str(HEALTH_INTERVAL_S),
                 **gateway_settings(rgw),
             },
         )

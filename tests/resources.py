@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import secrets
 from typing import Any
 
@@ -112,3 +113,14 @@ def token_secret(kubectl: Kubectl, namespace: str, topic: str) -> str:
         f"--from-literal=token={token}",
     )  # fmt: skip
     return token
+
+
+def object_events(kubectl: Kubectl, namespace: str, kind: str, name: str) -> list[dict[str, Any]]:
+    """The Events on one object, oldest first."""
+    listed = json.loads(kubectl.run("get", "events", "-n", namespace, "-o", "json").stdout)
+    found = [
+        e
+        for e in listed["items"]
+        if e["involvedObject"].get("kind") == kind and e["involvedObject"]["name"] == name
+    ]
+    return sorted(found, key=lambda e: e["metadata"]["creationTimestamp"])

@@ -25,6 +25,7 @@ from bucketnotify.controller.drift_loop import ObjectLocks
 from bucketnotify.controller.handlers import WATCHED_RESOURCES
 from bucketnotify.controller.notifications import BucketLocks
 from bucketnotify.delivery.service import run_replica
+from bucketnotify.delivery_health import LEASE_GROUP
 from bucketnotify.gateway.pool import GatewayPool
 from bucketnotify.kube.apiserver import (
     LEASE_CONNECTIONS,
@@ -141,6 +142,12 @@ async def _operate(settings: OperatorSettings, api: ApiClient) -> None:
     kopf.on.startup(registry=registry)(_configure_kopf)
     kopf.on.login(registry=registry)(_login)
     handlers.register_drift_loop(registry, settings.drift_interval_seconds)
+    handlers.register_delivery_status(
+        registry,
+        namespace=settings.delivery_namespace,
+        group=LEASE_GROUP,
+        interval=settings.delivery_status_interval_seconds,
+    )
     kopf.on.cleanup(registry=registry, id="stopping")(_stopping)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

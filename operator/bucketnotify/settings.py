@@ -41,6 +41,12 @@ class OperatorSettings(BaseSettings):
     drift_interval_seconds: float = Field(default=60.0, gt=0)
     """How often the gateway is compared with the spec and repaired. A minute keeps the
     gateway calls of a thousand Topics below twenty a second."""
+    delivery_namespace: str = "default"
+    """Namespace of the delivery service (its Leases and health reports: the delivery
+    replicas' ``BUCKETNOTIFY_DELIVERY_LEASE_NAMESPACE``)."""
+    delivery_status_interval_seconds: float = Field(default=30.0, gt=0)
+    """How often each persistent Topic's ``status.delivery`` and ``Delivering`` condition
+    are brought up to date from the replicas' reports (written only when they changed)."""
     allow_cleartext_secrets: bool = False
     """Allow broker credentials over a transport without TLS. A gateway has its own rule
     for credentials in a CreateTopic it gets over plain HTTP (Ceph 16.2 refuses them)."""
@@ -161,6 +167,12 @@ class DeliveryServiceSettings(BaseSettings):
     store): the persistent_topic_len and _size gauges (served on the ingest port, ``GET
     /metrics``), reclaiming abandoned reservations, and waking shards that hold entries,
     which bounds the delay of an event whose wake-up was lost."""
+    health_report_interval_seconds: float = Field(default=30.0, gt=0)
+    """How often each replica writes its delivery health report, the ConfigMap
+    ``<group>-health-<hash of identity>`` in ``lease_namespace`` the operator makes each
+    persistent Topic's ``status.delivery`` and ``Delivering`` condition of (also written
+    when the partitions it owns change). A replica's report older than two intervals (and
+    15 s) counts as gone."""
     records: str = "auto"
     """Where delivery records go (docs/records.md): ``auto`` next to the queue store
     (``s3://<bucket>/records`` or the directory ``records`` beside a dir:// store), ``off``,

@@ -10,6 +10,7 @@ import pytest
 
 from tests.delivery import wait_ready
 from tests.localservices import LocalService
+from tests.operator import HEALTH_INTERVAL_S
 from tests.processes import Program, free_port
 
 
@@ -44,6 +45,7 @@ def dir_replica(
             "BUCKETNOTIFY_DELIVERY_IDENTITY": identity,
             # Drained queues are deleted by the sweep: every 2 s instead of 30.
             "BUCKETNOTIFY_DELIVERY_SWEEP_INTERVAL_SECONDS": "2",
+            "BUCKETNOTIFY_DELIVERY_HEALTH_REPORT_INTERVAL_SECONDS": str(HEALTH_INTERVAL_S),
             **{f"BUCKETNOTIFY_DELIVERY_{k}": v for k, v in settings.items()},
         },
     )

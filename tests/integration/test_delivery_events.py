@@ -35,7 +35,7 @@ from tests.kubeapi import api_client
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.processes import Program, free_port
-from tests.resources import apply, credentials_secret, token_secret
+from tests.resources import apply, credentials_secret, object_events, token_secret
 from tests.serviceaccounts import proxied_kubeconfig
 from tests.waiting import wait_until
 
@@ -43,12 +43,7 @@ pytestmark = pytest.mark.usefixtures("crds")
 
 
 def topic_events(kubectl: Kubectl, namespace: str, topic: str) -> list[dict[str, Any]]:
-    listed = json.loads(kubectl.run("get", "events", "-n", namespace, "-o", "json").stdout)
-    return [
-        e
-        for e in listed["items"]
-        if e["involvedObject"].get("kind") == "Topic" and e["involvedObject"]["name"] == topic
-    ]
+    return object_events(kubectl, namespace, "Topic", topic)
 
 
 def reasons(events: list[dict[str, Any]]) -> list[str]:

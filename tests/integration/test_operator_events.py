@@ -17,21 +17,11 @@ from devstack.servers.tcpproxy import TcpProxy
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.operator import StartOperator
-from tests.resources import apply, condition, credentials_secret
+from tests.resources import apply, condition, credentials_secret, object_events
 from tests.s3 import s3_client
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("crds")
-
-
-def object_events(kubectl: Kubectl, namespace: str, kind: str, name: str) -> list[dict[str, Any]]:
-    listed = json.loads(kubectl.run("get", "events", "-n", namespace, "-o", "json").stdout)
-    found = [
-        e
-        for e in listed["items"]
-        if e["involvedObject"].get("kind") == kind and e["involvedObject"]["name"] == name
-    ]
-    return sorted(found, key=lambda e: e["metadata"]["creationTimestamp"])
 
 
 def reasons(events: list[dict[str, Any]]) -> list[str]:

@@ -136,12 +136,14 @@ def crd(info: CrdInfo) -> dict[str, Any]:
     }
 
 
-def ready_columns() -> list[dict[str, Any]]:
-    """Ready and Reason from the Ready condition, the message at priority 1."""
+def ready_columns(*before_age: dict[str, Any]) -> list[dict[str, Any]]:
+    """Ready and Reason from the Ready condition, the message at priority 1, then
+    ``before_age`` and the Age, last as kubectl's own tables have it."""
     ready = '.status.conditions[?(@.type=="Ready")]'
     return [
         {"name": "Ready", "type": "string", "jsonPath": f"{ready}.status"},
         {"name": "Reason", "type": "string", "jsonPath": f"{ready}.reason"},
         {"name": "Message", "type": "string", "jsonPath": f"{ready}.message", "priority": 1},
+        *before_age,
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]

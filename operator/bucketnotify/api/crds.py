@@ -43,7 +43,27 @@ TOPIC = CrdInfo(
             "jsonPath": ".status.gatewayRelease",
             "priority": 1,
         },
-        *ready_columns(),
+        *ready_columns(
+            {
+                "name": "Delivering",
+                "type": "string",
+                "jsonPath": '.status.conditions[?(@.type=="Delivering")].status',
+            },
+            {"name": "Backlog", "type": "integer", "jsonPath": ".status.delivery.backlogEvents"},
+            {"name": "Oldest", "type": "date", "jsonPath": ".status.delivery.oldestPendingTime"},
+            {
+                "name": "Delivery",
+                "type": "string",
+                "jsonPath": '.status.conditions[?(@.type=="Delivering")].reason',
+                "priority": 1,
+            },
+            {
+                "name": "Last Failure",
+                "type": "date",
+                "jsonPath": ".status.delivery.lastFailureTime",
+                "priority": 1,
+            },
+        ),
     ],
 )
 

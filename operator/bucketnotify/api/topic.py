@@ -7,6 +7,7 @@ the schema (OpenAPI and CEL rules), so a bad object is refused at apply time.
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Annotated, Any, Literal, NamedTuple, get_args
 
 from pydantic import Field
@@ -236,6 +237,12 @@ class DeliverySettings(Model):
     all of that (jitter: events that failed together do not all come back together)."""
     max_retry_sleep_duration: int = Field(default=300, ge=1, le=86400)
     """Seconds: the longest pause of ``retryBackoff: exponential`` (before its jitter)."""
+    failing_after: int = Field(default=60, ge=1, le=86400)
+    """Seconds without a successful push, while pushes fail, before the Delivering condition
+    turns False (reason EndpointFailing): one refused push must not flap it."""
+    max_pending_age: int = Field(default=900, ge=1, le=30 * 86400)
+    """Seconds the oldest pending event may wait before the Delivering condition turns False
+    (reason BacklogTooOld)."""
 
 
 AMQP_CONFIRMS_NEED_PERSISTENT = (
@@ -312,6 +319,30 @@ class TopicSpec(Model):
     """Delivery service settings (persistent topics only)."""
 
 
+class DeliveryStatus(Model):
+    """How delivery goes, from the delivery replicas' reports (persistent Topics only)."""
+
+    backlog_events: int | None = Field(default=None, ge=0)
+    """Events in the queue at the last survey (two significant digits are kept up to date)."""
+    backlog_bytes: int | None = Field(default=None, ge=0)
+    """Bytes of those events."""
+    oldest_pending_time: dt.datetime | None = None
+    """Commit time of the oldest event still queued."""
+    retrying: int | None = Field(default=None, ge=0)
+    """Events the last rounds left queued: failed, waiting for their retry time, or behind
+    such an event of their object (up to 1,024 counted per shard)."""
+    last_success_time: dt.datetime | None = None
+    """The last acknowledged push (kept to the minute)."""
+    last_failure_time: dt.datetime | None = None
+    """The last failed push."""
+    last_failure_reason: str | None = Field(default=None, max_length=256)
+    """The endpoint's answer or the error class of the last failure (never a credential)."""
+    failing_since: dt.datetime | None = None
+    """Pushes fail, none has succeeded since this time."""
+    unserved_shards: list[int] | None = Field(default=None, max_length=1024)
+    """Shards no delivery replica serves."""
+
+
 class TopicStatus(Model):
     """Observed state of the gateway topic."""
 
@@ -326,6 +357,8 @@ class TopicStatus(Model):
     gateway_release: str | None = Field(default=None, max_length=32)
     """The Ceph release the gateway runs (``tentacle``, ``reef``, ``pacific``...), as the
     operator learned it; what the Topic may ask of the gateway depends on it."""
+    delivery: DeliveryStatus | None = None
+    """Delivery health (persistent Topics): see the Delivering condition."""
     last_handled_configuration: str | None = None
     """The spec, labels and annotations the operator last reconciled, as JSON: its change
     handlers diff the next version against it (kopf's diff base; in the status, so that

@@ -23,6 +23,7 @@ import kopf
 from bucketnotify.api.common import GROUP, VERSION, NotReconcilable
 from bucketnotify.api.topic import ingest_token_secret
 from bucketnotify.controller.conditions import ready_condition
+from bucketnotify.controller.delivery_status import DeliveryStatusLoop
 from bucketnotify.controller.drift_loop import DriftLoop
 from bucketnotify.controller.events import change_events, drift_events
 from bucketnotify.controller.id_ownership import IdClaim
@@ -50,7 +51,7 @@ from bucketnotify.kube.apiserver import ApiError, transient
 from bucketnotify.kube.event_recorder import EventRecorder, EventType, ObjectRef
 from bucketnotify.metrics import OperatorMetrics
 
-__all__ = ["WATCHED_RESOURCES", "register_drift_loop"]
+__all__ = ["WATCHED_RESOURCES", "register_delivery_status", "register_drift_loop"]
 
 TOPICS = (GROUP, VERSION, "topics")
 SECRET_RESYNC = f"{GROUP}/secret-resync"
@@ -448,6 +449,38 @@ def register_drift_loop(registry: kopf.OperatorRegistry, interval: float) -> Non
 
     kopf.on.startup(registry=registry, id="start_drift_loop")(start)
     kopf.on.cleanup(registry=registry, id="stop_drift_loop")(stop)
+
+
+def register_delivery_status(
+    registry: kopf.OperatorRegistry, *, namespace: str, group: str, interval: float
+) -> None:
+    """The Topics' delivery status from the delivery replicas' reports in ``namespace``
+    (``controller.delivery_status``), every ``interval``."""
+
+    async def start(memo: kopf.Memo, **kwargs: Any) -> None:
+        snapshots: kopf.Index[Any, Any] = kwargs["topic_snapshots"]
+
+        def topics() -> list[dict[str, Any]]:
+            return [snapshot for key in snapshots for snapshot in snapshots.get(key, [])]
+
+        loop = DeliveryStatusLoop(
+            memo.kube,
+            memo.events,
+            namespace=namespace,
+            group=group,
+            interval_s=interval,
+            topics=topics,
+        )
+        memo.delivery_status = asyncio.create_task(loop.run(), name="delivery status")
+
+    async def stop(memo: kopf.Memo, **_: Any) -> None:
+        task: asyncio.Task[None] | None = getattr(memo, "delivery_status", None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    kopf.on.startup(registry=registry, id="start_delivery_status")(start)
+    kopf.on.cleanup(registry=registry, id="stop_delivery_status")(stop)
 
 
 async def _bounded_delete(

@@ -38,6 +38,8 @@ from bucketnotify.delivery.peers.ownership import LeaseSettings, Ownership
 from bucketnotify.delivery.peers.wakeups import WAKE_PATH, WakeUps, parse_wake
 from bucketnotify.delivery.recorded.accounting import Accounting
 from bucketnotify.delivery.recorded.delivery_records import Recorder, RecordWriter
+from bucketnotify.delivery.recorded.health import DeliveryHealth
+from bucketnotify.delivery.recorded.health_reports import HealthReports
 from bucketnotify.delivery.recorded.kube_events import COMPONENT, TopicEvents
 from bucketnotify.delivery.recorded.record_targets import records_target_for
 from bucketnotify.delivery.rounds.dead_letters import DeadLetters
@@ -96,7 +98,19 @@ class DeliveryService:
             EventRecorder(api, component=COMPONENT, instance=ownership.identity)
         )
         """Kubernetes Events on the Topics (delivery.recorded.kube_events)."""
-        self.accounting = Accounting(self.metrics, self.events, recorder)
+        self.health = DeliveryHealth()
+        """What this replica knows of each Topic's delivery (``delivery.recorded.health``)."""
+        self.accounting = Accounting(self.metrics, self.events, recorder, self.health)
+        leases = ownership.settings
+        self.reports = HealthReports(
+            api,
+            self.health,
+            namespace=leases.namespace,
+            group=leases.group,
+            identity=ownership.identity,
+            interval_s=timings.health_report_interval_s,
+            owner=leases.owner,
+        )
         self.topics: dict[TopicKey, TopicRuntime] = {}
         """The Topics served: the table fills it, the shard loops and direct pushes read it."""
         self._loaded = False
@@ -125,6 +139,7 @@ class DeliveryService:
             namespaces=namespaces,
             metrics=self.metrics,
             events=self.events,
+            health=self.health,
             topics=self.topics,
             runner=self.loops,
             secret_refresh_s=timings.secret_refresh_s,
@@ -140,6 +155,7 @@ class DeliveryService:
             metrics=self.metrics,
             kube=self.table.kube,
             runner=self.loops,
+            health=self.health,
         )
         self.direct = DirectPusher(
             topics=self.topics,
@@ -256,6 +272,12 @@ class DeliveryService:
                 # never asks the replicas.
                 self._store.writers = self._ownership.writers
                 self.loops.supervise()
+                if self._ownership.joined:
+                    await self.reports.tick(
+                        self._ownership.owned(),
+                        self._ownership.settings.partitions,
+                        min_gap_s=self._ownership.settings.renew_interval_s,
+                    )
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.timings.round_interval_s)
         finally:
@@ -268,6 +290,7 @@ class DeliveryService:
             if self.forwarder is not None:
                 await self.forwarder.aclose()
             await self._ownership.stop(release=True)
+            await self.reports.withdraw()
             await self.table.aclose()
             await self.events.aclose()
 

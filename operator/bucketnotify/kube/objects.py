@@ -252,6 +252,14 @@ class Kube:
             raise
         return True
 
+    async def config_maps(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """The ConfigMaps of ``namespace`` with these labels (a label selector)."""
+        listed = await self._api.get(
+            _core_path("configmaps", namespace), params={"labelSelector": selector}
+        )
+        items: list[dict[str, Any]] = listed.get("items") or []
+        return items
+
     async def exists(self, kind: str, namespace: str, name: str) -> bool:
         """Whether a Topic, Secret or ConfigMap of this name exists (its content unread)."""
         paths = {

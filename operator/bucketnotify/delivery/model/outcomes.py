@@ -106,6 +106,11 @@ class RoundResult:
     latencies: list[float] = field(default_factory=list)
     """Seconds from the ingest to the acknowledgement of each delivered entry."""
     outcomes: list[EventOutcome] = field(default_factory=list)
+    left: int = 0
+    """Listed entries the round left in the shard (failed, waiting for their retry time or
+    behind a waiting event of their object); of a full batch, more may follow them."""
+    oldest_left: float | None = None
+    """The commit time of the oldest of those."""
 
     @property
     def drops_stand(self) -> bool:

@@ -46,6 +46,9 @@ class ServiceTimings:
     store): the length and size gauges, expired reservations reclaimed, and shards with
     entries woken, which bounds how long a lost wake-up delays an event."""
 
+    health_report_interval_s: float = setting_default("health_report_interval_seconds")
+    """How often the replica writes its delivery health report (``delivery_health``)."""
+
     @classmethod
     def of(cls, settings: DeliveryServiceSettings) -> ServiceTimings:
         """The timings a replica's settings ask for."""
@@ -57,4 +60,5 @@ class ServiceTimings:
             sweep_interval_s=settings.sweep_interval_seconds,
             reservation_timeout_s=settings.reservation_timeout_seconds,
             stats_interval_s=settings.stats_interval_seconds,
+            health_report_interval_s=settings.health_report_interval_seconds,
         )

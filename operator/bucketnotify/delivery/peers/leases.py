@@ -5,12 +5,13 @@ settings, how a holder and an expiry are read from one, and who holds each parti
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 from dataclasses import dataclass
 from typing import Any
 
 from bucketnotify.delivery.model.queue import QueueName
 from bucketnotify.delivery.model.timings import setting_default
+from bucketnotify.delivery_health import LEASE_GROUP
+from bucketnotify.delivery_health import partition_of as shared_partition_of
 from bucketnotify.kube.apiserver import ApiClient, lease_path
 from bucketnotify.settings import DeliveryServiceSettings
 
@@ -45,15 +46,14 @@ without it (direct delivery off, or a release before it) commits to their shards
 
 
 def partition_of(queue: QueueName, shard: int, partitions: int) -> int:
-    digest = hashlib.blake2b(f"{queue}/{shard}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % partitions
+    return shared_partition_of(queue.namespace, queue.topic, shard, partitions)
 
 
 @dataclass(frozen=True)
 class LeaseSettings:
     namespace: str
     """Namespace of the Leases (the delivery service's own)."""
-    group: str = "bucketnotify-delivery"
+    group: str = LEASE_GROUP
     """Prefix of the Lease names; replicas of one deployment share it."""
     partitions: int = setting_default("partitions")
     """Ownership units; more than the replicas you will ever run, so shares stay even."""

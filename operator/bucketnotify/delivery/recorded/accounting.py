@@ -21,6 +21,7 @@ from bucketnotify.delivery.model.outcomes import RoundResult
 from bucketnotify.delivery.model.push import Delivery, PushOutcome
 from bucketnotify.delivery.model.queue import QueueName
 from bucketnotify.delivery.recorded.delivery_records import Recorder
+from bucketnotify.delivery.recorded.health import DeliveryHealth
 from bucketnotify.delivery.recorded.kube_events import TopicEvents
 from bucketnotify.metrics import DeliveryMetrics
 from bucketnotify.records import Outcome
@@ -72,10 +73,16 @@ class Accounting:
     """Counts, records, announces and logs the results of rounds and direct pushes."""
 
     def __init__(
-        self, metrics: DeliveryMetrics, events: TopicEvents, recorder: Recorder | None
+        self,
+        metrics: DeliveryMetrics,
+        events: TopicEvents,
+        recorder: Recorder | None,
+        health: DeliveryHealth | None = None,
     ) -> None:
         self.metrics = metrics
         self.events = events
+        self.health = health if health is not None else DeliveryHealth()
+        """What the replica's health report says of each Topic (``recorded.health``)."""
         self._recorder = recorder
         """Delivery records of every round (never raises)."""
 
@@ -94,6 +101,7 @@ class Accounting:
         """Count, record, announce and log what one round did."""
         self.count(queue, result)
         self.events.round_done(queue, result)
+        self.health.round_done(queue, shard, result)
         self.record(queue, shard, endpoint_kind, result)
         if (
             result.delivered
@@ -134,6 +142,7 @@ class Accounting:
         """Count, record, announce and log one direct push (a round of one event)."""
         self.count(queue, result)
         self.events.round_done(queue, result)
+        self.health.pushed(queue, result)
         self.record(queue, shard, endpoint_kind, result)
         if result.delivered or result.duplicates:
             self.metrics.events_direct.labels(queue.namespace, queue.topic).inc()

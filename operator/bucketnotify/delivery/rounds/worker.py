@@ -107,6 +107,9 @@ async def process_shard(
     await round_.drop(dead_letter)
     await round_.remove()
     await round_.write_back()
+    left = [e.ingest_time for e in entries if e.id not in round_.gone]
+    round_.result.left = len(left)
+    round_.result.oldest_left = min(left, default=None)
     return round_.result
 
 
@@ -137,6 +140,8 @@ class _Round:
         self.refusals: dict[str, EventOutcome] = {}
         """Pushes refused for good this round, by entry (dropped, unless the drops fail)."""
         self.removing: list[str] = []
+        self.gone: set[str] = set()
+        """Entries removed by the round (what it leaves is the rest of its listing)."""
         self.retry: list[Entry] = []
         self.chains: OrderedDict[tuple[str, str], list[tuple[Entry, dict[str, Any]]]] = (
             OrderedDict()
@@ -187,6 +192,7 @@ class _Round:
         del self.removing[:]
         try:
             await self.store.remove(self.queue, self.shard, taken)
+            self.gone.update(taken)
         except Exception:
             # The round's own removal at its end tries them again, and fails the round if
             # the store still refuses: the pushes must not fail over it.
@@ -312,6 +318,7 @@ class _Round:
             _pushes_only(result, self.refusals)
             raise RoundCutShort(result, exc) from exc
         delivered.unremoved.difference_update(remove)
+        self.gone.update(remove)
         if result.listed < LIST_BATCH:
             delivered.unremoved.clear()  # every entry was listed: the others are gone
         # A drop happens when its removal (or its dead-letter commit) is done.

@@ -22,6 +22,7 @@ import time
 
 from bucketnotify.delivery.model.queue import QueueStore
 from bucketnotify.delivery.peers.ownership import Ownership
+from bucketnotify.delivery.recorded.health import DeliveryHealth
 from bucketnotify.delivery.topics.table import ShardRunner, TopicTable
 from bucketnotify.kube.objects import Kube
 from bucketnotify.metrics import DeliveryMetrics
@@ -48,8 +49,10 @@ class QueueLifecycle:
         metrics: DeliveryMetrics,
         kube: Kube,
         runner: ShardRunner,
+        health: DeliveryHealth,
     ) -> None:
         self._table = table
+        self._health = health
         self._store = store
         self._ownership = ownership
         self.metrics = metrics
@@ -121,6 +124,7 @@ class QueueLifecycle:
             if not lead:
                 continue
             self.metrics.set_queue_stats(*key, stats.entries, stats.bytes)
+            self._health.backlog(queue, stats.entries, stats.bytes, now)
             if stats.expired:
                 reclaimed = await self._store.reclaim(queue, now)
                 if reclaimed:

@@ -41,6 +41,7 @@ from bucketnotify.delivery.endpoints.factory import open_endpoint
 from bucketnotify.delivery.model.delivered_ids import DeliveredCache
 from bucketnotify.delivery.model.outcomes import DeliveryPolicy
 from bucketnotify.delivery.model.queue import QueueLimits, QueueName, QueueStore, StoreUnavailable
+from bucketnotify.delivery.recorded.health import DeliveryHealth
 from bucketnotify.delivery.recorded.kube_events import TopicEvents
 from bucketnotify.delivery.topics.ingest_tokens import IngestTokens, IngestTopic, TopicKey
 from bucketnotify.kube.apiserver import ApiClient, ApiError, object_path, transient
@@ -129,6 +130,7 @@ class TopicTable:
         namespaces: list[str],
         metrics: DeliveryMetrics,
         events: TopicEvents,
+        health: DeliveryHealth,
         topics: dict[TopicKey, TopicRuntime],
         runner: ShardRunner,
         secret_refresh_s: float,
@@ -142,6 +144,7 @@ class TopicTable:
         self._namespaces = namespaces
         self.metrics = metrics
         self.events = events
+        self.health = health
         self._runner = runner
         self._secret_refresh_s = secret_refresh_s
         self._reservation_timeout_s = reservation_timeout_s
@@ -488,4 +491,5 @@ class TopicTable:
         self.stored.discard(queue)
         self.metrics.remove_topic(*key)
         self.events.forget(*key)
+        self.health.forget(queue)
         log.info("queue %s deleted: %s", queue, reason)
