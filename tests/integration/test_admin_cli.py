@@ -384,16 +384,38 @@ async def test_topic_list_get_and_rm(cli: Cli, kubectl: Kubectl, namespace: str)
     kafka = {"kafka": {"url": "kafka://127.0.0.1:19092"}}
     apply(kubectl, namespace, "Topic", "stream", {"endpoint": kafka, "persistent": True})
     set_ready(kubectl, namespace, "topic", "web", "Synced", gatewayRelease="tentacle")
+    # The delivery status as the operator writes it (tests/e2e/test_delivery_health.py).
+    ten_minutes_ago = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=10, seconds=5)
+    delivering = {
+        "type": "Delivering",
+        "status": "False",
+        "reason": "EndpointFailing",
+        "message": "no push has succeeded for 10 min",
+        "lastTransitionTime": "2024-01-01T00:00:00Z",
+    }
+    kubectl.run(
+        "patch", "topic", "stream", "-n", namespace, "--subresource=status", "--type=merge",
+        "-p", json.dumps({"status": {
+            "conditions": [delivering],
+            "delivery": {
+                "backlogEvents": 12000,
+                "oldestPendingTime": ten_minutes_ago.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            },
+        }}),
+    )  # fmt: skip
 
     listed = await cli("topic", "list", "-n", namespace)
     assert listed.code == 0, listed.err
     rows = table(listed.out)
-    assert rows[0] == ["NAME", "ENDPOINT", "PERSISTENT", "GATEWAY", "READY", "REASON", "AGE"]
-    assert [r[:6] for r in rows[1:]] == [
-        ["stream", "kafka", "true", "-", "-", "-"],
-        ["web", "http", "false", "tentacle", "True", "Synced"],
+    assert rows[0] == [
+        "NAME", "ENDPOINT", "PERSISTENT", "GATEWAY", "READY", "REASON",
+        "DELIVERING", "BACKLOG", "OLDEST", "AGE",
+    ]  # fmt: skip
+    assert [r[:9] for r in rows[1:]] == [
+        ["stream", "kafka", "true", "-", "-", "-", "False", "12000", "10m"],
+        ["web", "http", "false", "tentacle", "True", "Synced", "-", "-", "-"],
     ]
-    assert all(re.fullmatch(r"\d+[smhd]", r[6]) for r in rows[1:])
+    assert all(re.fullmatch(r"\d+[smhd]", r[9]) for r in rows[1:])
 
     everywhere = await cli("topic", "list", "-A")
     assert everywhere.code == 0, everywhere.err

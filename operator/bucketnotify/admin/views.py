@@ -33,7 +33,18 @@ __all__ = [
     "topic_row",
 ]
 
-TOPIC_COLUMNS = ["NAME", "ENDPOINT", "PERSISTENT", "GATEWAY", "READY", "REASON", "AGE"]
+TOPIC_COLUMNS = [
+    "NAME",
+    "ENDPOINT",
+    "PERSISTENT",
+    "GATEWAY",
+    "READY",
+    "REASON",
+    "DELIVERING",
+    "BACKLOG",
+    "OLDEST",
+    "AGE",
+]
 NOTIFICATION_COLUMNS = ["NAME", "BUCKET", "TOPIC", "EVENTS", "FILTERS", "READY", "AGE"]
 STATS_COLUMNS = ["SHARD", "ENTRIES", "BYTES", "RESERVATIONS", "PARTITION", "OWNER"]
 
@@ -62,9 +73,13 @@ def age(created: str | None, now: dt.datetime) -> str:
     return f"{seconds}s"
 
 
-def _ready(obj: dict[str, Any]) -> dict[str, Any]:
+def _condition(obj: dict[str, Any], type: str) -> dict[str, Any]:
     conditions = (obj.get("status") or {}).get("conditions") or []
-    return next((c for c in conditions if c.get("type") == "Ready"), {})
+    return next((c for c in conditions if c.get("type") == type), {})
+
+
+def _ready(obj: dict[str, Any]) -> dict[str, Any]:
+    return _condition(obj, "Ready")
 
 
 def is_ready(obj: dict[str, Any]) -> bool:
@@ -82,14 +97,21 @@ def topic_row(obj: dict[str, Any], now: dt.datetime, all_namespaces: bool) -> li
     endpoint = spec.get("endpoint") or {}
     kind = next((k for k in ENDPOINT_KINDS if endpoint.get(k)), NONE)
     ready = _ready(obj)
+    status = obj.get("status") or {}
+    delivery = status.get("delivery") or {}
+    backlog = delivery.get("backlogEvents")
     return [
         *_name(obj, all_namespaces),
         kind,
         "true" if spec.get("persistent") else "false",
         # The gateway's Ceph release: what the Topic may ask of it depends on it.
-        (obj.get("status") or {}).get("gatewayRelease") or NONE,
+        status.get("gatewayRelease") or NONE,
         ready.get("status", NONE),
         ready.get("reason", NONE),
+        # As kubectl's columns: the Delivering condition, the backlog, the oldest's age.
+        _condition(obj, "Delivering").get("status", NONE),
+        NONE if backlog is None else str(backlog),
+        age(delivery.get("oldestPendingTime"), now) if delivery.get("oldestPendingTime") else NONE,
         age(obj["metadata"].get("creationTimestamp"), now),
     ]
 
