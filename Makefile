@@ -200,7 +200,7 @@ RAMP_EVENTS ?= 500
 RAMP_SCENARIOS ?= gateway-sync,gateway-persistent,relay-sync,bucketnotify-sync,bucketnotify-sync-s3
 
 .PHONY: bench
-bench: install services-install ## the ingest alone, delivery vs the gateway (and a ramp of clients: RAMP), idle cost, failover, operator at scale (BENCH_ARGS, IDLE_ARGS, FAILOVER_ARGS="--rounds 1", OPERATOR_ARGS="--topics 100 --notifications 100")
+bench: install services-install ## the ingest alone, delivery vs the gateway (and a ramp of clients: RAMP), idle cost, failover, operator at scale, delivery status writes at 1,000 Topics (BENCH_ARGS, IDLE_ARGS, FAILOVER_ARGS="--rounds 1", OPERATOR_ARGS="--topics 100 --notifications 100", STATUS_ARGS="--topics 200")
 	@# Each runs even when one before it failed: the figures of the others are still worth having.
 	rc=0; \
 	$(BIN)/python -m bench.ingest || rc=1; \
@@ -209,6 +209,7 @@ bench: install services-install ## the ingest alone, delivery vs the gateway (an
 	$(BIN)/python -m bench.idle $(IDLE_ARGS) || rc=1; \
 	$(BIN)/python -m bench.failover $(FAILOVER_ARGS) || rc=1; \
 	$(BIN)/python -m bench.operator_scale $(OPERATOR_ARGS) || rc=1; \
+	$(BIN)/python -m bench.status_writes $(STATUS_ARGS) || rc=1; \
 	exit $$rc
 
 REPORT_OUT ?= /tmp/bucketnotify-local/report

@@ -24,6 +24,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -65,113 +66,153 @@ def wait_all_ready(
         time.sleep(1)
 
 
-def run(args: argparse.Namespace, rgw: Service, kube: Service, out: Path) -> dict[str, Any]:
+@dataclass
+class Deployment:
+    """``topics`` persistent Topics delivered by the replicas, each notified of PUTs under
+    ``<topic>/`` of one bucket, every one Ready and the partitions spread evenly."""
+
+    kubectl: Kubectl
+    namespace: str
+    names: list[str]
+    bucket: str
+    receiver: Receiver
+    replicas: list[Program]
+    s3: Any
+    setup: dict[str, float]
+
+
+def deploy(
+    args: argparse.Namespace,
+    rgw: Service,
+    kube: Service,
+    stack: contextlib.ExitStack,
+    log_dir: Path,
+    prefix: str,
+    notified: int | None = None,
+) -> Deployment:
+    """The system of ``args`` (``topics``, ``shards``, ``replicas``, ``profile``) on the S3
+    store, torn down by ``stack``; only the first ``notified`` Topics (default: all) get a
+    BucketNotification (each one rewrites the bucket's whole configuration)."""
     kubectl = Kubectl.admin(kube)
     kubectl.install_crds()
+    s3 = s3_client(rgw)
+    namespace = new_namespace(kubectl, f"bench-{prefix}")
+    tag = namespace.rsplit("-", 1)[-1]
+    store_bucket = f"bnb-{tag}-{prefix}-queues"
+    bucket = f"bnb-{tag}-{prefix}"
+    gateway_env = gateway_settings(rgw)
+    print(f"  namespace {namespace}", flush=True)
+    receiver = stack.enter_context(Receiver())
+    stack.callback(
+        _best_effort,
+        f"deleting queue bucket {store_bucket}",
+        lambda: delete_everything([s3], store_bucket),
+    )
+    identities = [f"replica-{i + 1}" for i in range(args.replicas)]
+    replicas: list[Program] = []
+    ports = []
+    for identity in identities:
+        port = free_port()
+        program = Program(
+            ["delivery"],
+            {
+                "KUBECONFIG": kube["KUBECONFIG_ADMIN"],
+                "BUCKETNOTIFY_DELIVERY_STORE": f"s3://{store_bucket}",
+                "BUCKETNOTIFY_DELIVERY_LISTEN_PORT": str(port),
+                "BUCKETNOTIFY_DELIVERY_LEASE_NAMESPACE": namespace,
+                "BUCKETNOTIFY_DELIVERY_NAMESPACES": json.dumps([namespace]),
+                "BUCKETNOTIFY_DELIVERY_IDENTITY": identity,
+                "BUCKETNOTIFY_DELIVERY_PARTITIONS": str(PARTITIONS),
+                **gateway_env,
+            },
+            name=identity,
+            log_dir=log_dir,
+            profile=args.profile,
+        )
+        stack.callback(program.stop)
+        replicas.append(program)
+        ports.append(port)
+    for program, port in zip(replicas, ports, strict=True):
+        wait_for_port(port, 60, program)
+    proxy = stack.enter_context(Balancer(ports))
+    operator = Program(
+        ["operator"],
+        {
+            "KUBECONFIG": kube["KUBECONFIG_ADMIN"],
+            **gateway_env,
+            "BUCKETNOTIFY_NAMESPACES": json.dumps([namespace]),
+            "BUCKETNOTIFY_LEADER_ELECTION_NAMESPACE": namespace,
+            "BUCKETNOTIFY_DELIVERY_NAMESPACE": namespace,
+            "BUCKETNOTIFY_INGEST_URL": proxy.url,
+            "BUCKETNOTIFY_METRICS_PORT": str(free_port()),
+            # Its drift checks would be gateway requests of the operator, not the replicas'.
+            "BUCKETNOTIFY_DRIFT_INTERVAL_SECONDS": "3600",
+        },
+        name="operator",
+        log_dir=log_dir,
+    )
+    stack.callback(operator.stop)
+    s3.create_bucket(Bucket=bucket)
+    stack.callback(
+        _best_effort, f"deleting bucket {bucket}", lambda: delete_everything([s3], bucket)
+    )
+    # Deleted while the operator still runs (its finalizers clean the gateway).
+    stack.callback(_delete_all, kubectl, namespace)
+
+    names = [f"t{i:04d}" for i in range(args.topics)]
+    topics = [
+        {
+            "apiVersion": API,
+            "kind": "Topic",
+            "metadata": {"name": name},
+            "spec": {
+                "endpoint": {"http": {"url": receiver.url}},
+                "persistent": True,
+                "delivery": {"handoff": "sync", "shards": args.shards},
+            },
+        }
+        for name in names
+    ]
+    notifications = [
+        {
+            "apiVersion": API,
+            "kind": "BucketNotification",
+            "metadata": {"name": name},
+            "spec": {
+                "bucket": bucket,
+                "topicRef": {"name": name},
+                "events": ["s3:ObjectCreated:Put"],
+                "filter": {"key": {"prefix": f"{name}/"}},
+                "testEvent": False,
+            },
+        }
+        for name in names[:notified]
+    ]
+    apply_list(kubectl, namespace, topics)
+    setup = {"topics_ready_s": wait_all_ready(kubectl, namespace, "Topic", args.topics, 1200)}
+    apply_list(kubectl, namespace, notifications)
+    setup["notifications_ready_s"] = wait_all_ready(
+        kubectl, namespace, "BucketNotification", len(notifications), 1200
+    )
+    wait_even_ownership(kubectl, namespace, identities, PARTITIONS, 120)
+    return Deployment(kubectl, namespace, names, bucket, receiver, replicas, s3, setup)
+
+
+def run(args: argparse.Namespace, rgw: Service, kube: Service, out: Path) -> dict[str, Any]:
     gateway = Gateway(rgw)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     log_dir = out / f"idle-{stamp}-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    s3 = s3_client(rgw)
-    namespace = new_namespace(kubectl, "bench-idle")
-    tag = namespace.rsplit("-", 1)[-1]
-    store_bucket = f"bnb-{tag}-idle-queues"
-    bucket = f"bnb-{tag}-idle"
-    gateway_env = gateway_settings(rgw)
-    print(f"  namespace {namespace}", flush=True)
     with contextlib.ExitStack() as stack:
-        receiver = stack.enter_context(Receiver())
-        stack.callback(
-            _best_effort,
-            f"deleting queue bucket {store_bucket}",
-            lambda: delete_everything([s3], store_bucket),
+        system = deploy(args, rgw, kube, stack, log_dir, "idle")
+        names, bucket, receiver, replicas, s3, setup = (
+            system.names,
+            system.bucket,
+            system.receiver,
+            system.replicas,
+            system.s3,
+            system.setup,
         )
-        identities = [f"replica-{i + 1}" for i in range(args.replicas)]
-        replicas: list[Program] = []
-        ports = []
-        for identity in identities:
-            port = free_port()
-            program = Program(
-                ["delivery"],
-                {
-                    "KUBECONFIG": kube["KUBECONFIG_ADMIN"],
-                    "BUCKETNOTIFY_DELIVERY_STORE": f"s3://{store_bucket}",
-                    "BUCKETNOTIFY_DELIVERY_LISTEN_PORT": str(port),
-                    "BUCKETNOTIFY_DELIVERY_LEASE_NAMESPACE": namespace,
-                    "BUCKETNOTIFY_DELIVERY_NAMESPACES": json.dumps([namespace]),
-                    "BUCKETNOTIFY_DELIVERY_IDENTITY": identity,
-                    "BUCKETNOTIFY_DELIVERY_PARTITIONS": str(PARTITIONS),
-                    **gateway_env,
-                },
-                name=identity,
-                log_dir=log_dir,
-                profile=args.profile,
-            )
-            stack.callback(program.stop)
-            replicas.append(program)
-            ports.append(port)
-        for program, port in zip(replicas, ports, strict=True):
-            wait_for_port(port, 60, program)
-        proxy = stack.enter_context(Balancer(ports))
-        operator = Program(
-            ["operator"],
-            {
-                "KUBECONFIG": kube["KUBECONFIG_ADMIN"],
-                **gateway_env,
-                "BUCKETNOTIFY_NAMESPACES": json.dumps([namespace]),
-                "BUCKETNOTIFY_LEADER_ELECTION_NAMESPACE": namespace,
-                "BUCKETNOTIFY_INGEST_URL": proxy.url,
-                "BUCKETNOTIFY_METRICS_PORT": str(free_port()),
-                # Its drift checks would be gateway requests of the operator, not the replicas'.
-                "BUCKETNOTIFY_DRIFT_INTERVAL_SECONDS": "3600",
-            },
-            name="operator",
-            log_dir=log_dir,
-        )
-        stack.callback(operator.stop)
-        s3.create_bucket(Bucket=bucket)
-        stack.callback(
-            _best_effort, f"deleting bucket {bucket}", lambda: delete_everything([s3], bucket)
-        )
-        # Deleted while the operator still runs (its finalizers clean the gateway).
-        stack.callback(_delete_all, kubectl, namespace)
-
-        names = [f"t{i:03d}" for i in range(args.topics)]
-        topics = [
-            {
-                "apiVersion": API,
-                "kind": "Topic",
-                "metadata": {"name": name},
-                "spec": {
-                    "endpoint": {"http": {"url": receiver.url}},
-                    "persistent": True,
-                    "delivery": {"handoff": "sync", "shards": args.shards},
-                },
-            }
-            for name in names
-        ]
-        notifications = [
-            {
-                "apiVersion": API,
-                "kind": "BucketNotification",
-                "metadata": {"name": name},
-                "spec": {
-                    "bucket": bucket,
-                    "topicRef": {"name": name},
-                    "events": ["s3:ObjectCreated:Put"],
-                    "filter": {"key": {"prefix": f"{name}/"}},
-                    "testEvent": False,
-                },
-            }
-            for name in names
-        ]
-        apply_list(kubectl, namespace, topics)
-        setup = {"topics_ready_s": wait_all_ready(kubectl, namespace, "Topic", args.topics, 600)}
-        apply_list(kubectl, namespace, notifications)
-        setup["notifications_ready_s"] = wait_all_ready(
-            kubectl, namespace, "BucketNotification", args.topics, 600
-        )
-        wait_even_ownership(kubectl, namespace, identities, PARTITIONS, 120)
         print(f"  set up: {setup}; quiet for {args.settle:.0f} s first", flush=True)
         time.sleep(args.settle)
 

@@ -257,9 +257,11 @@ def judge(
             f" spec.delivery.maxPendingAge ({_age(max_pending_age_s)}): the endpoint is slow"
             " or refuses some events",
         )
+    # One reason for True whether events wait or not: a Topic with a trickle of events goes
+    # between the two at every survey, and each would be a status write and an Event.
     if delivery.backlog_events:
         return Delivering("True", "Delivering", "pushes succeed; events are pending")
-    return Delivering("True", "NothingPending", "no event is waiting")
+    return Delivering("True", "Delivering", "pushes succeed; no event is waiting")
 
 
 def delivery_status(delivery: TopicDelivery) -> dict[str, Any]:

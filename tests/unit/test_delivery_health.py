@@ -152,7 +152,8 @@ def test_an_old_backlog_turns_it_false_and_an_empty_one_is_nothing_pending() -> 
     merged = merge(NS, TOPIC, SHARDS, [empty], NOW)
     assert merged.oldest is None, "the survey saw the queue empty after that round"
     condition = judge(merged, failing_after_s=60, max_pending_age_s=900, now=NOW)
-    assert (condition.status, condition.reason) == ("True", "NothingPending")
+    assert (condition.status, condition.reason) == ("True", "Delivering")
+    assert "no event is waiting" in condition.message
 
 
 def test_significance_rounds_counts_and_times() -> None:

@@ -203,8 +203,8 @@ class DeliveryStatusLoop:
                 before = (current.get("status", ""), current.get("reason", ""))
         now_ = (condition.status, condition.reason)
         self._announced[key] = now_
-        if before == now_ or (before is None and condition.status == "Unknown"):
-            return  # a first Unknown says nothing new
+        if before == now_ or (before is None and condition.status != "False"):
+            return  # a new Topic delivering (or unknown) is nothing to announce
         self._events.record(
             ObjectRef("Topic", meta["namespace"], meta["name"], meta.get("uid")),
             "Warning" if condition.status == "False" else "Normal",
