@@ -13,7 +13,15 @@ import pytest
 import yaml
 
 from bucketnotify.delivery.service import DRAIN_MAX_S
-from tests.install.manifests import ALL_OPTIONS, CHART, PREVIOUS_RELEASE, helm, template
+from tests.install.manifests import (
+    ALL_OPTIONS,
+    BASE_RELEASE,
+    CHART,
+    PREVIOUS_RELEASE,
+    helm,
+    load_all,
+    template,
+)
 from tests.promql import metric_names, our_series
 
 
@@ -497,6 +505,18 @@ def test_an_upgrade_reusing_the_previous_releases_values_renders(
         assert rendered.returncode == 0, rendered.stderr
         assert "kind: Deployment" in rendered.stdout
     assert "kind: PrometheusRule" in rendered.stdout and "for: 10m" in rendered.stdout
+    # A setting rendered from a value the previous release lacks must not come out empty:
+    # an empty BUCKETNOTIFY_*_SECONDS stops the program at start (an upgrade hung on it).
+    ours = template(helm_bin)
+    reused = load_all(helm(helm_bin, "template", BASE_RELEASE, str(chart)).stdout)
+    for component in ("operator", "delivery"):
+        emptied = {
+            k
+            for k, v in _env(reused, component).items()
+            # A value that renders as nothing is YAML's null: Kubernetes sets it empty.
+            if v in (None, "") and _env(ours, component).get(k) not in (None, "")
+        }
+        assert not emptied, f"{component}: empty with the previous release's values: {emptied}"
 
 
 def test_delivery_pods_take_pushes_on_8085_spread_over_nodes_and_stop_in_time(
