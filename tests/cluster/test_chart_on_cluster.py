@@ -11,6 +11,7 @@ import datetime as dt
 import gzip
 import json
 import os
+import re
 import signal
 import time
 import uuid
@@ -162,6 +163,25 @@ def bucket(release: Release, ckubectl: Kubectl, rgw: LocalService, receiver: Any
     }
     notified_bucket(ckubectl, rgw, ns, name, "webhook", spec, "uploads")
     return name
+
+
+def test_helm_test_proves_the_release_works(
+    release: Release, helm_bin: str, node: LocalService, ckubectl: Kubectl
+) -> None:
+    """``helm test``: the chart's hook pod runs ``bucketnotify release check`` as a
+    ServiceAccount of its own: the operator leads, its webhook refuses what it should, a
+    throw-away Topic becomes Ready on the gateway and is gone after its delete."""
+    result = helm(
+        helm_bin, "test", release.name, "-n", release.namespace,
+        "--kubeconfig", node["NODE_KUBECONFIG"], "--logs", "--timeout", "5m",
+        check=False,
+    )  # fmt: skip
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, f"{out}\n{describe(ckubectl, release.namespace)}"
+    for check in ("leader", "webhook", "topic"):
+        assert re.search(rf"^ok\s+{check}: ", out, re.MULTILINE), out
+    topics = ckubectl.run("get", "topics", "-n", release.namespace, "-o", "name").stdout
+    assert "release-check" not in topics, "the throw-away Topic is gone"
 
 
 def test_uploads_reach_the_endpoint_through_the_pods_once_each(

@@ -123,9 +123,13 @@ def template(
     namespace: str = BASE_NAMESPACE,
     values: Sequence[str] = (),
     sets: Sequence[str] = (),
+    tests: bool = False,
 ) -> list[Obj]:
-    """``helm template`` of the chart as objects."""
+    """``helm template`` of the chart as objects; ``tests``: with the ``helm test`` hooks
+    (what ``helm install`` leaves out until ``helm test``)."""
     args = ["template", release, str(CHART), "--namespace", namespace]
+    if not tests:
+        args.append("--skip-tests")
     for path in values:
         args += ["--values", path]
     for item in sets:

@@ -30,6 +30,7 @@ from devstack.gateway import gateway_settings
 from tests.kubeapi import api_client
 from tests.kubectl import Kubectl
 from tests.localservices import LocalService
+from tests.operator import StartOperator
 from tests.processes import Result, run_cli
 from tests.records import event
 from tests.resources import apply
@@ -736,3 +737,43 @@ async def wait_refused(run: Callable[..., Awaitable[Result]]) -> Result:
             assert result.code == 1, result
             return result
         await asyncio.sleep(0.5)
+
+
+async def test_release_check_says_what_works_and_what_does_not(
+    cli: Cli, namespace: str, start_operator: StartOperator
+) -> None:
+    """``release check`` (what the chart's ``helm test`` runs; the webhook part on the
+    cluster tier, where the chart's webhook is served): with no operator running, the leader
+    check fails and says so, exit 1; with the operator, it leads and a throw-away Topic
+    becomes Ready on the gateway and is gone after its delete."""
+    args = (
+        "release", "check", "-n", namespace, "--leader-lease", "bucketnotify-operator",
+        "--no-webhook", "--timeout", "60",
+    )  # fmt: skip
+    nobody = await cli(*args, "--no-topic")
+    assert nobody.code == 1
+    assert (
+        nobody.out
+        == f"FAIL  leader: no Lease {namespace}/bucketnotify-operator: is the operator running?\n"
+    )
+
+    start_operator()
+    checked = await wait_for_leader(cli, args)
+    assert checked.code == 0, checked.out + checked.err
+    lines = checked.out.splitlines()
+    assert re.fullmatch(r"ok    leader: \S+ leads \(renewed \d+ s ago\)", lines[0]), lines
+    assert re.fullmatch(
+        r"ok    topic: release-check-[0-9a-f]{8} Ready in \d+ s, then deleted and gone", lines[1]
+    ), lines
+    listed = await cli("topic", "list", "-n", namespace, "-o", "json")
+    assert listed.json() == [], "the throw-away Topic is gone"
+
+
+async def wait_for_leader(cli: Cli, args: tuple[str, ...]) -> Result:
+    """The check once the operator has taken its Lease (it starts in a second or two)."""
+    for _ in range(60):
+        result = await cli(*args)
+        if "no Lease" not in result.out:
+            return result
+        await asyncio.sleep(0.5)
+    return result

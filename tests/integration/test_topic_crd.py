@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
@@ -181,3 +182,56 @@ def test_gateway_name_is_immutable(kubectl: Kubectl, namespace: str) -> None:
     result = kubectl.apply(topic("renamed", namespace, changed), check=False)
     assert result.returncode != 0
     assert "name is immutable: create a new Topic to use another gateway name" in result.stderr
+
+
+@pytest.mark.parametrize("kind", ["Topic", "BucketNotification"])
+def test_conditions_of_two_field_managers_merge_by_type_under_server_side_apply(
+    kubectl: Kubectl, namespace: str, kind: str
+) -> None:
+    """``status.conditions`` is a list keyed by ``type``: another controller that applies a
+    condition of its own (server-side apply, its own field manager) adds it beside ours
+    instead of replacing the list, and one that applies our condition's type conflicts."""
+    spec: dict[str, Any] = (
+        {"endpoint": HTTP}
+        if kind == "Topic"
+        else {"bucket": "ssa-bucket", "topicRef": {"name": "t"}, "testEvent": False}
+    )
+    kubectl.apply(
+        {
+            "apiVersion": "bucketnotify.io/v1alpha1",
+            "kind": kind,
+            "metadata": {"name": "ssa", "namespace": namespace},
+            "spec": spec,
+        }
+    )
+
+    def condition(type: str, status: str) -> dict[str, str]:
+        return {
+            "type": type,
+            "status": status,
+            "reason": "Tested",
+            "message": "",
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+        }
+
+    def apply_status(manager: str, *conditions: dict[str, str]) -> tuple[int, str]:
+        obj = {
+            "apiVersion": "bucketnotify.io/v1alpha1",
+            "kind": kind,
+            "metadata": {"name": "ssa", "namespace": namespace},
+            "status": {"conditions": list(conditions)},
+        }
+        result = kubectl.run(
+            "apply", "--server-side", "--subresource=status", f"--field-manager={manager}",
+            "-f", "-", stdin=json.dumps(obj), check=False,
+        )  # fmt: skip
+        return result.returncode, result.stderr
+
+    assert apply_status("bucketnotify", condition("Ready", "True")) == (0, "")
+    assert apply_status("backup-controller", condition("BackedUp", "True")) == (0, "")
+    stored = kubectl.get(kind.lower(), "ssa", namespace)["status"]["conditions"]
+    assert {c["type"]: c["status"] for c in stored} == {"Ready": "True", "BackedUp": "True"}
+    code, err = apply_status("backup-controller", condition("Ready", "False"))
+    assert code != 0 and "conflict" in err.lower(), err
+    stored = kubectl.get(kind.lower(), "ssa", namespace)["status"]["conditions"]
+    assert {c["type"]: c["status"] for c in stored} == {"Ready": "True", "BackedUp": "True"}

@@ -14,6 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bucketnotify.api.topic import ingest_token_secret
+from bucketnotify.controller.finalizers import FINALIZER, OLD_FINALIZER
 from bucketnotify.gateway.errors import GatewayAccessDenied
 from bucketnotify.gateway.topics import GatewayTopic, TopicClient
 from bucketnotify.kube import leadership
@@ -282,6 +283,58 @@ def test_edit_updates_and_delete_removes_the_gateway_topic(
 
     kubectl.run("delete", "topic", name, "-n", namespace, "--timeout=30s")
     assert gateway.get(arn) is None
+
+
+def test_the_finalizer_of_an_earlier_release_moves_to_ours_and_deleting_under_it_works(
+    kubectl: Kubectl, namespace: str, start_operator: StartOperator, gateway: TopicClient
+) -> None:
+    """Objects of releases before 0.1.0 carry kopf's default finalizer. One the operator
+    finds so gets ours and loses the old one; one deleted while no operator ran, under the
+    old finalizer alone (no finalizer can be added to it any more), has its gateway topic
+    deleted by the drift check, then goes."""
+
+    def finalizers(name: str) -> list[str]:
+        got: list[str] = kubectl.get("topic", name, namespace)["metadata"].get("finalizers", [])
+        return got
+
+    spec = {"endpoint": {"http": {"url": "http://127.0.0.1:9/old"}}}
+    earlier = {
+        **topic("earlier", spec),
+        "metadata": {"name": "earlier", "namespace": namespace, "finalizers": [OLD_FINALIZER]},
+    }
+    kubectl.apply(earlier)
+    operator = start_operator()
+    ready(kubectl, namespace, "earlier")
+    wait_until(
+        lambda: finalizers("earlier"),
+        lambda found: found == [FINALIZER],
+        10 * DRIFT_INTERVAL_S,
+        "ours instead of the old finalizer",
+    )
+    kubectl.apply(
+        {**topic("deleted", spec), "metadata": {"name": "deleted", "namespace": namespace}}
+    )
+    arn = ready(kubectl, namespace, "deleted")["arn"]
+    assert finalizers("deleted") == [FINALIZER]
+    operator.stop()
+    # As an earlier release left it: its finalizer alone, deleted while no operator ran.
+    replace_ours = [{"op": "replace", "path": "/metadata/finalizers/0", "value": OLD_FINALIZER}]
+    kubectl.run(
+        "patch", "topic", "deleted", "-n", namespace, "--type=json", "-p", json.dumps(replace_ours)
+    )
+    kubectl.run("delete", "topic", "deleted", "-n", namespace, "--wait=false")
+    assert finalizers("deleted") == [OLD_FINALIZER]
+    assert gateway.get(arn) is not None
+
+    start_operator()
+    wait_until(
+        lambda: kubectl.run("get", "topic", "deleted", "-n", namespace, check=False).returncode,
+        lambda code: code != 0,
+        10 * DRIFT_INTERVAL_S,
+        "the Topic deleted under the old finalizer gone",
+    )
+    assert gateway.get(arn) is None, "its gateway topic deleted first"
+    kubectl.run("delete", "topic", "earlier", "-n", namespace, "--timeout=30s")
 
 
 def test_drift_on_the_gateway_is_repaired(

@@ -32,7 +32,7 @@ from bucketnotify.delivery.model.queue import (
 )
 from bucketnotify.delivery.peers.ownership import LeaseHolder, LeaseSettings, partition_holders
 from bucketnotify.delivery.stores.open import StoreConfigError, store_for
-from bucketnotify.kube.apiserver import ApiClient, ApiError, ConfigError, object_path
+from bucketnotify.kube.apiserver import ApiClient, ApiError, ConfigError, lease_path, object_path
 from bucketnotify.kube.objects import connect, current_namespace
 from bucketnotify.settings import DeliveryServiceSettings, OperatorSettings
 
@@ -142,6 +142,27 @@ class Cluster:
             )
         # A Status when it went at once; the object, with its deletionTimestamp, otherwise.
         return answer.get("kind") == "Status" or not answer.get("metadata", {}).get("finalizers")
+
+    async def create(
+        self, kind: Kind, namespace: str, body: dict[str, Any], *, dry_run: bool = False
+    ) -> dict[str, Any]:
+        """Create the object (``dry_run``: validated and admitted, not stored); a refusal
+        raises ``AdminError`` with the API server's message."""
+        with self._errors(f"namespace {namespace} not found"):
+            made: dict[str, Any] = await self._api.create(
+                object_path(GROUP, VERSION, PLURALS[kind], namespace),
+                body,
+                params={"dryRun": "All"} if dry_run else None,
+                request_timeout=self._timeout,
+            )
+        return made
+
+    async def lease(self, namespace: str, name: str) -> dict[str, Any]:
+        with self._errors(f"Lease {namespace}/{name} not found"):
+            lease: dict[str, Any] = await self._api.get(
+                lease_path(namespace, name), request_timeout=self._timeout
+            )
+        return lease
 
     async def holders(self, leases: LeaseSettings) -> dict[int, LeaseHolder]:
         missing = "the API server does not serve coordination.k8s.io/v1 Leases"

@@ -36,6 +36,7 @@ from bucketnotify.admin.cluster import (
 )
 from bucketnotify.admin.errors import AdminError, NotFound
 from bucketnotify.admin.output import document, table
+from bucketnotify.admin.release_check import check_release
 from bucketnotify.admin.views import (
     NOTIFICATION_COLUMNS,
     STATS_COLUMNS,
@@ -53,7 +54,7 @@ from bucketnotify.delivery.model.queue import QueueName, QueueStats, ShardStats
 
 __all__ = ["COMMANDS", "EPILOG", "register", "run"]
 
-COMMANDS = ("topic", "notification", "import")
+COMMANDS = ("topic", "notification", "import", "release")
 
 EPILOG = """\
 exit codes:
@@ -219,6 +220,45 @@ def register(commands: Actions) -> None:
     notification = _group(commands, "notification", "BucketNotifications")
     _list_and_get(notification, "notification", common)
 
+    release = _group(commands, "release", "the installed release as a whole")
+    check = _action(
+        release,
+        "check",
+        "does the release work? the operator leads, its webhook answers, a throw-away Topic"
+        " becomes Ready and goes (what the chart's helm test runs)",
+        common,
+        epilog="One line per check, ok or FAIL with what was seen; exit code 1 when one"
+        " failed. The throw-away objects are made in --namespace, which the operator must"
+        " watch; the Topic uses the operator's default gateway.\n\n",
+    )
+    check.add_argument(
+        "--leader-lease",
+        metavar="NAME",
+        help="the operator's leader Lease in --namespace (its LEADER_ELECTION_LEASE); unset:"
+        " not checked (leader election off)",
+    )
+    check.add_argument(
+        "--lease-namespace",
+        metavar="NAMESPACE",
+        help="where the leader Lease is (the operator's LEADER_ELECTION_NAMESPACE; default:"
+        " --namespace)",
+    )
+    check.add_argument(
+        "--no-webhook", action="store_true", help="the release runs no admission webhook"
+    )
+    check.add_argument(
+        "--no-topic",
+        action="store_true",
+        help="skip the throw-away Topic (no default gateway: no Topic can become Ready)",
+    )
+    check.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=120.0,
+        metavar="SECONDS",
+        help="how long the Topic may take to become Ready (and again to go; default: 120)",
+    )
+
     imports = _group(commands, "import", "our objects for another tool's, printed as YAML")
     from_rook = imports.add_parser(
         "rook",
@@ -370,6 +410,20 @@ def _yaml_documents(names: list[str]) -> list[Any]:
     return documents
 
 
+async def release_check(args: argparse.Namespace) -> Done:
+    async with await Cluster.connect(args.request_timeout) as cluster:
+        checks = await check_release(
+            cluster,
+            namespace=_namespace(args),
+            leader_lease=args.leader_lease,
+            lease_namespace=args.lease_namespace,
+            webhook=not args.no_webhook,
+            topic=not args.no_topic,
+            ready_within_s=args.timeout,
+        )
+    return Done("".join(c.line() for c in checks), "", 0 if all(c.ok for c in checks) else 1)
+
+
 async def import_rook(args: argparse.Namespace) -> Done:
     done = rook.convert(_yaml_documents(args.filename), args.gateway_secret)
     out = yaml.safe_dump_all(done.objects, sort_keys=False) if done.objects else ""
@@ -386,6 +440,7 @@ HANDLERS: dict[tuple[str, str], Callable[[argparse.Namespace], Coroutine[Any, An
     ("notification", "list"): partial(_list, "notification"),
     ("notification", "get"): partial(_get, "notification"),
     ("import", "rook"): import_rook,
+    ("release", "check"): release_check,
 }
 
 

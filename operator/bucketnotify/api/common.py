@@ -112,6 +112,20 @@ class Condition(Model):
     """When status last changed."""
 
 
+def conditions_field() -> Any:
+    """The ``conditions`` of a status: a list keyed by ``type`` for the API server
+    (``x-kubernetes-list-type: map``), so server-side apply merges the conditions of several
+    field managers by type instead of one manager's list replacing the other's."""
+    return Field(
+        default_factory=list,
+        max_length=16,
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["type"],
+        },
+    )
+
+
 def cel_rules(*rules: dict[str, str]) -> ConfigDict:
     """CEL validation rules of the API server (x-kubernetes-validations) for one object."""
     # pydantic merges this with the base model's config.

@@ -8,7 +8,7 @@ from typing import Literal, get_args
 
 from pydantic import Field, JsonValue
 
-from bucketnotify.api.common import Condition, GatewayRef, Model, cel_rules
+from bucketnotify.api.common import Condition, GatewayRef, Model, cel_rules, conditions_field
 
 __all__ = [
     "EVENT_TYPES",
@@ -263,7 +263,7 @@ class BucketNotificationStatus(Model):
 
     observed_generation: int | None = None
     """The metadata.generation last reconciled."""
-    conditions: list[Condition] = Field(default_factory=list, max_length=16)
+    conditions: list[Condition] = conditions_field()
     """Ready and the specific conditions."""
     bucket: str | None = None
     """The bucket: spec.bucket, or the one its ObjectBucketClaim names (bucketRef)."""

@@ -19,6 +19,7 @@ from bucketnotify.api.common import (
     GatewayRef,
     Model,
     cel_rules,
+    conditions_field,
 )
 
 __all__ = [
@@ -348,7 +349,7 @@ class TopicStatus(Model):
 
     observed_generation: int | None = None
     """The metadata.generation last reconciled."""
-    conditions: list[Condition] = Field(default_factory=list, max_length=16)
+    conditions: list[Condition] = conditions_field()
     """Ready and the specific conditions."""
     arn: str | None = None
     """ARN of the gateway topic."""

@@ -252,6 +252,29 @@ class Kube:
             raise
         return True
 
+    async def remove_finalizer(
+        self, plural: str, namespace: str, name: str, finalizer: str, finalizers: list[str]
+    ) -> bool:
+        """Remove ``finalizer`` from one of our objects whose finalizers were ``finalizers``
+        when read; False when they changed since (or it is gone): a JSON patch that tests the
+        entry first, so a finalizer another controller added meanwhile is never lost."""
+        if finalizer not in finalizers:
+            return True
+        at = f"/metadata/finalizers/{finalizers.index(finalizer)}"
+        try:
+            await self._api.request(
+                "PATCH",
+                _path(plural, namespace, name),
+                body=[{"op": "test", "path": at, "value": finalizer}, {"op": "remove", "path": at}],
+                content_type="application/json-patch+json",
+            )
+        except ApiError as exc:
+            # 422: the test failed (the list moved); 404: gone already.
+            if exc.status in (404, 409, 422):
+                return False
+            raise
+        return True
+
     async def config_maps(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         """The ConfigMaps of ``namespace`` with these labels (a label selector)."""
         listed = await self._api.get(
