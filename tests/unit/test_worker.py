@@ -17,7 +17,12 @@ from bucketnotify.delivery.model.delivered_ids import DeliveredCache
 from bucketnotify.delivery.model.outcomes import DeliveryPolicy
 from bucketnotify.delivery.model.push import Delivery
 from bucketnotify.delivery.model.queue import Entry, QueueLimits, QueueName
-from bucketnotify.delivery.rounds.worker import PROGRESS_S, DeadLetterSink, process_shard
+from bucketnotify.delivery.rounds.worker import (
+    PROGRESS_S,
+    DeadLetterSink,
+    RoundCutShort,
+    process_shard,
+)
 from bucketnotify.delivery.stores.localdir import LocalDirStore
 from tests.records import event
 
@@ -366,3 +371,20 @@ async def test_a_failed_removal_mid_round_is_retried_at_the_rounds_end(
     assert result.delivered == 200
     assert store.failures == 0, "a removal was tried mid-round"
     assert await store.list(QUEUE, 0) == []
+
+
+async def test_a_round_cut_short_still_says_what_it_left(tmp_path: Path) -> None:
+    """What a round leaves (``left``, ``oldest_left``: the health report's figures) is known
+    of a round whose removal failed too: everything it listed is still queued."""
+
+    class AwayStore(LocalDirStore):
+        async def remove(self, queue: QueueName, shard: int, entry_ids: Sequence[str]) -> None:
+            raise OSError("store away")
+
+    store = AwayStore(tmp_path)
+    await store.create(QUEUE, 1, QueueLimits())
+    await enqueue(store, [(f"e{i}", event(f"k{i}", n=i)) for i in range(3)])
+    with pytest.raises(RoundCutShort) as cut:
+        await round_(store, MockEndpoint(), T0)
+    assert cut.value.result.delivered == 3
+    assert (cut.value.result.left, cut.value.result.oldest_left) == (3, T0)

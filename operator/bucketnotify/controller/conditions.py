@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-__all__ = ["ready_condition", "ready_status", "set_condition"]
+__all__ = ["find_condition", "ready_condition", "ready_status", "set_condition"]
 
 
 def set_condition(
@@ -34,8 +34,12 @@ def set_condition(
     return [c for c in conditions if c.get("type") != type] + [updated]
 
 
+def find_condition(conditions: list[dict[str, Any]], type: str) -> dict[str, Any] | None:
+    return next((c for c in conditions if c.get("type") == type), None)
+
+
 def ready_condition(conditions: list[dict[str, Any]]) -> dict[str, Any] | None:
-    return next((c for c in conditions if c.get("type") == "Ready"), None)
+    return find_condition(conditions, "Ready")
 
 
 def ready_status(

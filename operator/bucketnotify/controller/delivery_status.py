@@ -26,7 +26,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from bucketnotify.api.topic import DeliverySettings
-from bucketnotify.controller.conditions import set_condition
+from bucketnotify.controller.conditions import find_condition, set_condition
 from bucketnotify.delivery_health import (
     DATA_KEY,
     GATEWAY_DELIVERS,
@@ -65,7 +65,7 @@ Snapshot = dict[str, Any]
 
 
 def _condition(status: dict[str, Any], type: str) -> dict[str, Any] | None:
-    return next((c for c in status.get("conditions") or [] if c.get("type") == type), None)
+    return find_condition(list(status.get("conditions") or []), type)
 
 
 def desired(

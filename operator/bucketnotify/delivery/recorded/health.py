@@ -52,9 +52,9 @@ class DeliveryHealth:
                 oldest=result.oldest_left, waiting=result.left
             )
 
-    def pushed(self, queue: QueueName, result: RoundResult, at: float | None = None) -> None:
+    def pushed(self, queue: QueueName, result: RoundResult) -> None:
         """After pushes (a round's, or one direct push)."""
-        now = time.time() if at is None else at
+        now = time.time()
         topic = self._topic(queue)
         if result.delivered:
             topic.last_success = now

@@ -104,12 +104,16 @@ async def process_shard(
         round_.result.fenced = True
         _pushes_only(round_.result, round_.refusals)
         return round_.result
-    await round_.drop(dead_letter)
-    await round_.remove()
-    await round_.write_back()
-    left = [e.ingest_time for e in entries if e.id not in round_.gone]
-    round_.result.left = len(left)
-    round_.result.oldest_left = min(left, default=None)
+    try:
+        await round_.drop(dead_letter)
+        await round_.remove()
+        await round_.write_back()
+    finally:
+        # Also of a round cut short (``RoundCutShort`` carries this result): what it could
+        # not remove is still there.
+        left = [e.ingest_time for e in entries if e.id not in round_.gone]
+        round_.result.left = len(left)
+        round_.result.oldest_left = min(left, default=None)
     return round_.result
 
 
