@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +50,7 @@ __all__ = [
     "merge",
     "partition_of",
     "report_name",
+    "report_of",
     "significant",
 ]
 
@@ -118,6 +120,15 @@ class Report(_Model):
 
     def fresh(self, now: float) -> bool:
         return now - self.updated <= 2 * self.interval + REPORT_SLACK_S
+
+
+def report_of(config_map: dict[str, Any]) -> Report | None:
+    """The report a ConfigMap holds, or None when it holds none (someone else's ConfigMap
+    with our label, or a report this release cannot read)."""
+    try:
+        return Report.model_validate(json.loads((config_map.get("data") or {})[DATA_KEY]))
+    except (KeyError, ValueError):  # pydantic's ValidationError is a ValueError
+        return None
 
 
 @dataclass(frozen=True)

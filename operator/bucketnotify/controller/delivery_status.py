@@ -17,18 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import json
 import logging
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from pydantic import ValidationError
-
 from bucketnotify.api.topic import DeliverySettings
 from bucketnotify.controller.conditions import find_condition, set_condition
 from bucketnotify.delivery_health import (
-    DATA_KEY,
     GATEWAY_DELIVERS,
     REPORT_LABEL,
     Delivering,
@@ -36,6 +32,7 @@ from bucketnotify.delivery_health import (
     delivery_status,
     judge,
     merge,
+    report_of,
     significant,
 )
 from bucketnotify.kube.apiserver import log_retried
@@ -156,11 +153,10 @@ class DeliveryStatusLoop:
     async def reports(self) -> list[Report]:
         reports = []
         for item in await self._kube.config_maps(self._namespace, f"{REPORT_LABEL}={self._group}"):
-            try:
-                reports.append(
-                    Report.model_validate(json.loads((item.get("data") or {})[DATA_KEY]))
-                )
-            except (KeyError, ValueError, ValidationError):
+            report = report_of(item)
+            if report is not None:
+                reports.append(report)
+            else:
                 log.warning(
                     "ConfigMap %s/%s is not a delivery health report; ignored",
                     self._namespace,

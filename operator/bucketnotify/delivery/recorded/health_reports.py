@@ -14,13 +14,12 @@ namespace.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import Any
 
 from bucketnotify.delivery.recorded.health import DeliveryHealth
-from bucketnotify.delivery_health import DATA_KEY, REPORT_LABEL, Report, report_name
+from bucketnotify.delivery_health import DATA_KEY, REPORT_LABEL, Report, report_name, report_of
 from bucketnotify.kube.apiserver import ApiClient, ApiError, log_retried, object_path
 
 __all__ = ["HealthReports"]
@@ -132,9 +131,8 @@ class HealthReports:
             name = item["metadata"]["name"]
             if name == self._name:
                 continue
-            try:
-                report = Report.model_validate(json.loads(item.get("data", {})[DATA_KEY]))
-            except (KeyError, ValueError):
+            report = report_of(item)
+            if report is None:
                 continue  # not ours to judge: someone else's ConfigMap with our label
             if now - report.updated > GONE_AFTER_INTERVALS * report.interval:
                 try:
