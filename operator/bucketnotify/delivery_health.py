@@ -97,6 +97,8 @@ class Backlog(_Model):
     bytes: int = Field(ge=0)
     at: float
     """When the survey looked (epoch s)."""
+    dead_letters: int | None = Field(default=None, ge=0)
+    """Dead letters kept in the Topic's dead-letter queue; None when it keeps none."""
 
 
 class TopicHealth(_Model):
@@ -107,6 +109,8 @@ class TopicHealth(_Model):
     """The first failed push after this replica's last success; None while pushes succeed."""
     shards: dict[int, ShardHealth] = Field(default_factory=dict)
     backlog: Backlog | None = None
+    dead_letters_discarded: float | None = None
+    """The last time this replica discarded a dead letter (the kept ones at their bounds)."""
 
 
 class Report(_Model):
@@ -147,6 +151,8 @@ class TopicDelivery:
     last_failure: float | None = None
     failure: str | None = None
     failing_since: float | None = None
+    dead_letters: int | None = None
+    dead_letters_discarded: float | None = None
 
 
 def merge(
@@ -211,6 +217,10 @@ def merge(
         last_failure=last_failure,
         failure=last.failure if last else None,
         failing_since=failing_since,
+        dead_letters=backlog.dead_letters if backlog else None,
+        dead_letters_discarded=max(
+            (h.dead_letters_discarded for h in seen if h.dead_letters_discarded), default=None
+        ),
     )
 
 
@@ -287,6 +297,8 @@ def delivery_status(delivery: TopicDelivery) -> dict[str, Any]:
         "lastFailureReason": delivery.failure,
         "failingSince": _time(delivery.failing_since),
         "unservedShards": delivery.unserved or None,
+        "deadLetters": delivery.dead_letters,
+        "deadLettersDiscardedTime": _time(delivery.dead_letters_discarded),
     }
     return {k: v for k, v in status.items() if v is not None}
 

@@ -142,6 +142,46 @@ class DeliveryMetrics:
             TOPIC,
             registry=r,
         )
+        self.dead_letters = Gauge(
+            "bucketnotify_dead_letters",
+            "Dead letters kept in a topic's dead-letter queue (spec.delivery.deadLetters.keep),"
+            " exported by the replica owning the topic's shard 0.",
+            TOPIC,
+            registry=r,
+        )
+        self.dead_letters_size = Gauge(
+            "bucketnotify_dead_letters_size",
+            "Bytes of the dead letters kept for a topic.",
+            TOPIC,
+            registry=r,
+        )
+        self.dead_letters_kept = Counter(
+            "bucketnotify_dead_letters_kept",
+            "Dropped events kept as dead letters in the topic's dead-letter queue.",
+            TOPIC,
+            registry=r,
+        )
+        self.dead_letters_discarded = Counter(
+            "bucketnotify_dead_letters_discarded",
+            "Dropped events not kept because the topic's dead letters reached"
+            " spec.delivery.deadLetters maxEntries or maxBytes (lost, unless a dead-letter"
+            " topic took them).",
+            TOPIC,
+            registry=r,
+        )
+        self.dead_letters_redriven = Counter(
+            "bucketnotify_dead_letters_redriven",
+            "Dead letters moved back into the topic's queue by `bucketnotify dead-letters"
+            " redrive` (counted from its tallies by the replica owning the topic's shard 0).",
+            TOPIC,
+            registry=r,
+        )
+        self.dead_letters_purged = Counter(
+            "bucketnotify_dead_letters_purged",
+            "Dead letters removed for good by `bucketnotify dead-letters purge`.",
+            TOPIC,
+            registry=r,
+        )
         self.ingest_commit_seconds = Histogram(
             "bucketnotify_ingest_commit_seconds",
             "Time to reserve and commit one ingest request's events to the queue.",
@@ -227,6 +267,10 @@ class DeliveryMetrics:
         "events_direct",
         "event_lost",
         "event_dead_lettered",
+        "dead_letters_kept",
+        "dead_letters_discarded",
+        "dead_letters_redriven",
+        "dead_letters_purged",
         "push_ok",
         "push_failed",
         "push_pending",
@@ -244,7 +288,13 @@ class DeliveryMetrics:
 
     def remove_topic(self, namespace: str, topic: str) -> None:
         """Stop exporting a Topic's series (the Topic is gone: bounded cardinality)."""
-        for name in (*self._per_topic, "topic_len", "topic_size"):
+        for name in (
+            *self._per_topic,
+            "topic_len",
+            "topic_size",
+            "dead_letters",
+            "dead_letters_size",
+        ):
             metric = getattr(self, name)
             with contextlib.suppress(KeyError):
                 metric.remove(namespace, topic)
@@ -253,8 +303,18 @@ class DeliveryMetrics:
         self.topic_len.labels(namespace, topic).set(entries)
         self.topic_size.labels(namespace, topic).set(size)
 
+    def set_dead_letter_stats(self, namespace: str, topic: str, entries: int, size: int) -> None:
+        self.dead_letters.labels(namespace, topic).set(entries)
+        self.dead_letters_size.labels(namespace, topic).set(size)
+
+    def drop_dead_letter_stats(self, namespace: str, topic: str) -> None:
+        for metric in (self.dead_letters, self.dead_letters_size):
+            with contextlib.suppress(KeyError):
+                metric.remove(namespace, topic)
+
     def drop_queue_stats(self, namespace: str, topic: str) -> None:
         """Another replica owns the queue's shard 0 now and exports its length."""
+        self.drop_dead_letter_stats(namespace, topic)
         for metric in (self.topic_len, self.topic_size):
             with contextlib.suppress(KeyError):
                 metric.remove(namespace, topic)

@@ -123,6 +123,35 @@ CASES: list[dict[str, Any]] = [
         ],
     },
     {
+        # shop/orders keeps 5 more dead letters every minute from minute 10; shop/kept holds
+        # 40 that were kept long ago and do not grow.
+        "interval": "1m",
+        "input_series": [
+            {
+                "series": 'bucketnotify_dead_letters{namespace="shop",topic="orders"}',
+                "values": "0x10 5+5x50",
+            },
+            {
+                "series": 'bucketnotify_dead_letters{namespace="shop",topic="kept"}',
+                "values": "40x60",
+            },
+        ],
+        "alert_rule_test": [
+            alert("BucketNotifyDeadLettersGrowing", "20m"),
+            alert(
+                "BucketNotifyDeadLettersGrowing",
+                "40m",
+                fired(
+                    {"severity": "warning", **TOPIC},
+                    "Dead letters of Topic shop/orders keep growing",
+                    "155 dead letters kept and more in the last 30 minutes: events expire or"
+                    " are refused. Fix the endpoint, then list and redrive them (bucketnotify"
+                    " dead-letters list|redrive); see docs/day-two.md.",
+                ),
+            ),
+        ],
+    },
+    {
         # Two replicas hold 16 partitions each; one goes at minute 10 and is not replaced.
         "interval": "1m",
         "input_series": [

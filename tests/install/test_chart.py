@@ -459,6 +459,7 @@ def test_alerts_ask_series_we_export_and_servicemonitors_keep_our_namespace_labe
         "BucketNotifyEventsLost",
         "BucketNotifyEndpointFailing",
         "BucketNotifyQueueGrowing",
+        "BucketNotifyDeadLettersGrowing",
         "BucketNotifyPartitionsUnowned",
         "BucketNotifyReconcileErrors",
         "BucketNotifyOperatorNotLeading",
@@ -472,7 +473,8 @@ def test_alerts_ask_series_we_export_and_servicemonitors_keep_our_namespace_labe
         assert alert["annotations"]["summary"] and alert["annotations"]["description"]
     for name in ("BucketNotifyEventsLost", "BucketNotifyEndpointFailing"):
         assert "by (namespace, topic)" in alerts[name]["expr"], name
-    assert "by (namespace, topic)" in alerts["BucketNotifyQueueGrowing"]["expr"]
+    for name in ("BucketNotifyQueueGrowing", "BucketNotifyDeadLettersGrowing"):
+        assert "by (namespace, topic)" in alerts[name]["expr"], name
     assert 'namespace="bucketnotify"' in alerts["BucketNotifyPartitionsUnowned"]["expr"]
     assert 'namespace="bucketnotify"' in alerts["BucketNotifyOperatorNotLeading"]["expr"]
     monitors = [o for o in objs if o["kind"] == "ServiceMonitor"]

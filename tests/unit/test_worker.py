@@ -14,7 +14,7 @@ import pytest
 from bucketnotify.delivery.endpoints.errors import RejectedError, UndeliverableError
 from bucketnotify.delivery.endpoints.testing import MockEndpoint
 from bucketnotify.delivery.model.delivered_ids import DeliveredCache
-from bucketnotify.delivery.model.outcomes import DeliveryPolicy
+from bucketnotify.delivery.model.outcomes import DeliveryPolicy, EventOutcome
 from bucketnotify.delivery.model.push import Delivery
 from bucketnotify.delivery.model.queue import Entry, QueueLimits, QueueName
 from bucketnotify.delivery.rounds.worker import (
@@ -177,8 +177,9 @@ async def test_dropped_events_go_to_the_dead_letter_sink_before_removal(
 
     taken: list[Entry] = []
 
-    async def sink(entries: Sequence[Entry]) -> None:
-        taken.extend(entries)
+    async def sink(drops: Sequence[EventOutcome]) -> set[str]:
+        taken.extend(d.entry for d in drops)
+        return set()
 
     result = await round_(store, MockEndpoint(handler), T0, dead_letter=sink)
     assert (result.delivered, result.expired, result.dead_lettered) == (1, 0, 1)
@@ -189,7 +190,7 @@ async def test_dropped_events_go_to_the_dead_letter_sink_before_removal(
 async def test_a_failing_dead_letter_sink_keeps_the_events(store: LocalDirStore) -> None:
     await enqueue(store, [("x", event("x", n=1))])
 
-    async def refuse(entries: Sequence[Entry]) -> None:
+    async def refuse(drops: Sequence[EventOutcome]) -> set[str]:
         raise LookupError("no such topic")
 
     policy = DeliveryPolicy(time_to_live_s=60)
@@ -200,8 +201,9 @@ async def test_a_failing_dead_letter_sink_keeps_the_events(store: LocalDirStore)
     assert [e.event_id for e in await store.list(QUEUE, 0)] == ["x"], "kept, not lost"
     taken: list[Entry] = []
 
-    async def sink(entries: Sequence[Entry]) -> None:
-        taken.extend(entries)
+    async def sink(drops: Sequence[EventOutcome]) -> set[str]:
+        taken.extend(d.entry for d in drops)
+        return set()
 
     result = await round_(store, down, T0 + 62, policy, dead_letter=sink)
     assert result.dead_lettered == 1 and [e.event_id for e in taken] == ["x"]
@@ -271,10 +273,10 @@ async def test_dead_lettered_outcomes_only_when_the_sink_took_them(
     def handler(delivery: Delivery) -> None:
         raise UndeliverableError("message too large")
 
-    async def take(entries: Sequence[Entry]) -> None:
-        pass
+    async def take(drops: Sequence[EventOutcome]) -> set[str]:
+        return set()
 
-    async def refuse(entries: Sequence[Entry]) -> None:
+    async def refuse(drops: Sequence[EventOutcome]) -> set[str]:
         raise LookupError("no such topic")
 
     refused = await round_(store, MockEndpoint(handler), T0, dead_letter=refuse)
@@ -289,6 +291,43 @@ async def test_dead_lettered_outcomes_only_when_the_sink_took_them(
         ("dead_lettered", "y", 1, "message too large"),
     ]
     assert await store.list(QUEUE, 0) == []
+
+
+async def test_a_drop_the_sink_had_no_room_for_is_lost_and_counted_so(
+    store: LocalDirStore,
+) -> None:
+    """A dead-letter queue at its bounds: the drop happens (the entry leaves the queue) and
+    counts as lost, not as dead-lettered."""
+    await enqueue(store, [("x", event("x", n=1)), ("y", event("y", n=2))])
+
+    def handler(delivery: Delivery) -> None:
+        raise UndeliverableError("message too large")
+
+    async def room_for_y(drops: Sequence[EventOutcome]) -> set[str]:
+        return {d.entry.id for d in drops if d.entry.event_id == "x"}
+
+    result = await round_(store, MockEndpoint(handler), T0, dead_letter=room_for_y)
+    assert (result.expired, result.dead_lettered, result.rejected) == (1, 1, 2)
+    assert sorted(outcomes(result)) == [
+        ("dead_lettered", "y", 1, "message too large"),
+        ("rejected", "x", 1, "message too large"),
+    ]
+    assert await store.list(QUEUE, 0) == []
+
+
+async def test_a_failed_push_keeps_its_first_and_last_failure_in_the_entry(
+    store: LocalDirStore,
+) -> None:
+    await enqueue(store, [("x", event("x", n=1))])
+    down = MockEndpoint.failing(RejectedError("503 Service Unavailable"))
+    await round_(store, down, T0)
+    (first,) = await store.list(QUEUE, 0)
+    assert first.attempts == 1 and first.last_error == "503 Service Unavailable"
+    assert first.first_failure == first.last_failure > 0
+    await round_(store, down, first.not_before + 1)
+    (second,) = await store.list(QUEUE, 0)
+    assert second.attempts == 2 and second.first_failure == first.first_failure
+    assert second.last_failure >= first.last_failure
 
 
 async def test_a_fenced_round_has_push_outcomes_but_no_drops(store: LocalDirStore) -> None:

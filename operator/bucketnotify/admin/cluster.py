@@ -18,6 +18,14 @@ import yaml
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings, SettingsError
 
+from bucketnotify.admin.dead_letters import (
+    Chosen,
+    Progress,
+    Selection,
+    choose,
+    purge,
+    redrive,
+)
 from bucketnotify.admin.errors import AdminError, NotFound, Unreachable
 from bucketnotify.api.common import GROUP, VERSION
 from bucketnotify.delivery.model.queue import (
@@ -40,10 +48,13 @@ __all__ = [
     "Cluster",
     "Kind",
     "QueueAccess",
+    "dead_letters_of",
     "default_namespace",
+    "move_back",
     "open_queues",
     "pending",
     "queue_stats",
+    "remove_for_good",
 ]
 
 Kind = Literal["topic", "notification"]
@@ -241,3 +252,29 @@ async def pending(
             entries = await store.list(queue, shard, max_entries - len(found))
             found += [(shard, entry) for entry in entries]
     return found
+
+
+async def dead_letters_of(store: QueueStore, kept: QueueName, selection: Selection) -> list[Chosen]:
+    """The dead letters ``selection`` takes (``NotFound``: the Topic keeps none)."""
+    with _store_errors(kept):
+        return await choose(store, kept, selection)
+
+
+async def move_back(
+    store: QueueStore,
+    *,
+    kept: QueueName,
+    into: QueueName,
+    shards: int,
+    letters: list[Chosen],
+    rate: float | None,
+) -> int:
+    with _store_errors(into):
+        return await redrive(store, kept=kept, into=into, shards=shards, letters=letters, rate=rate)
+
+
+async def remove_for_good(
+    store: QueueStore, *, kept: QueueName, letters: list[Chosen], progress: Progress | None
+) -> int:
+    with _store_errors(kept):
+        return await purge(store, kept=kept, letters=letters, progress=progress)

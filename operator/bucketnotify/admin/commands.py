@@ -1,6 +1,7 @@
 """The admin commands, the radosgw-admin ``topic`` commands of a Kubernetes cluster:
 
     bucketnotify topic list|get|rm|stats|dump
+    bucketnotify dead-letters list|show|redrive|purge
     bucketnotify notification list|get
     bucketnotify import rook -f FILE   (offline: Rook's notification objects as ours)
 
@@ -29,19 +30,26 @@ from bucketnotify.admin import rook
 from bucketnotify.admin.cluster import (
     Cluster,
     Kind,
+    QueueAccess,
+    dead_letters_of,
     default_namespace,
+    move_back,
     open_queues,
     pending,
     queue_stats,
+    remove_for_good,
 )
+from bucketnotify.admin.dead_letters import Chosen, Selection, Stopped, describe, parse_time
 from bucketnotify.admin.errors import AdminError, NotFound
 from bucketnotify.admin.output import document, table
 from bucketnotify.admin.release_check import check_release
 from bucketnotify.admin.views import (
+    DEAD_LETTER_COLUMNS,
     NOTIFICATION_COLUMNS,
     STATS_COLUMNS,
     TOPIC_COLUMNS,
     clean,
+    dead_letter_row,
     dump_entry,
     is_ready,
     notification_row,
@@ -50,11 +58,12 @@ from bucketnotify.admin.views import (
     topic_row,
 )
 from bucketnotify.api.topic import DeliverySettings
+from bucketnotify.delivery.model.dead_letters import dead_letter_queue
 from bucketnotify.delivery.model.queue import QueueName, QueueStats, ShardStats
 
 __all__ = ["COMMANDS", "EPILOG", "register", "run"]
 
-COMMANDS = ("topic", "notification", "import", "release")
+COMMANDS = ("topic", "dead-letters", "notification", "import", "release")
 
 EPILOG = """\
 exit codes:
@@ -69,8 +78,9 @@ environment:
               ~/.kube/config), as kubectl
   BUCKETNOTIFY_DELIVERY_STORE, BUCKETNOTIFY_DELIVERY_LEASE_NAMESPACE,
   BUCKETNOTIFY_DELIVERY_PARTITIONS, BUCKETNOTIFY_GATEWAY_*
-              topic stats and topic dump read the queues and Leases of the delivery
-              service: give them the delivery service's values
+              topic stats, topic dump and dead-letters read (and redrive, purge
+              write) the queues and Leases of the delivery service: give them the
+              delivery service's values
 """
 
 Row = Callable[[dict[str, Any], dt.datetime, bool], list[str]]
@@ -217,6 +227,8 @@ def register(commands: Actions) -> None:
     )
     dump.add_argument("--shard", type=_index, metavar="S", help="only shard S")
 
+    _dead_letter_commands(commands, common)
+
     notification = _group(commands, "notification", "BucketNotifications")
     _list_and_get(notification, "notification", common)
 
@@ -286,6 +298,66 @@ def register(commands: Actions) -> None:
 
 
 # --- the commands ---------------------------------------------------------------------------
+
+
+def _dead_letter_commands(commands: Actions, common: argparse.ArgumentParser) -> None:
+    letters = _group(
+        commands,
+        "dead-letters",
+        "the dead letters a persistent Topic keeps (spec.delivery.deadLetters.keep)",
+    )
+    selection = argparse.ArgumentParser(add_help=False)
+    selection.add_argument("name", help="the Topic")
+    selection.add_argument("--prefix", metavar="KEY", help="only objects whose key starts so")
+    selection.add_argument(
+        "--since",
+        metavar="TIME",
+        help="only those dropped at or after TIME (RFC 3339, or a duration ago: 30m, 2h)",
+    )
+    selection.add_argument("--until", metavar="TIME", help="only those dropped before TIME")
+    selection.add_argument("--count", type=_count, metavar="N", help="at most N, the oldest first")
+    listing = _action(
+        letters,
+        "list",
+        "the dead letters, oldest first: object, event, why and when each was dropped",
+        _with(common, selection),
+    )
+    _output(listing, "table")
+    show = _action(
+        letters,
+        "show",
+        "dead letters in full (the event as the gateway sent it)",
+        common,
+    )
+    show.add_argument("name", help="the Topic")
+    show.add_argument("id", nargs="+", help="the dead letters' ids (the ID column of list)")
+    _output(show, "yaml")
+    redrive = _action(
+        letters,
+        "redrive",
+        "move dead letters back into the Topic's queue, to be delivered again",
+        _with(common, selection),
+        epilog="Each event goes back unchanged (its identity, eventTime and body); its"
+        " timeToLive and maxRetries count afresh. A redrive moves: killed at any point and"
+        " run again, it loses nothing, and an event already delivered is not pushed again."
+        " The replicas pick the events up at their next survey of the queue"
+        " (statsIntervalSeconds).\n\n",
+    )
+    redrive.add_argument(
+        "--rate", type=_seconds, metavar="PER_SECOND", help="at most this many events a second"
+    )
+    purge = _action(
+        letters,
+        "purge",
+        "remove dead letters for good",
+        _with(common, selection),
+        epilog="Without --prefix, --since, --until or --count it asks for --all.\n\n",
+    )
+    purge.add_argument("--all", action="store_true", help="every dead letter of the Topic")
+
+
+def _with(*parents: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(add_help=False, parents=list(parents))
 
 
 def _namespace(args: argparse.Namespace) -> str:
@@ -397,6 +469,99 @@ async def topic_dump(args: argparse.Namespace) -> Done:
     return Done(document([dump_entry(shard, entry) for shard, entry in found], "json"))
 
 
+def _selection(args: argparse.Namespace, ids: tuple[str, ...] = ()) -> Selection:
+    now = time.time()
+    try:
+        since = parse_time(args.since, now) if getattr(args, "since", None) else None
+        until = parse_time(args.until, now) if getattr(args, "until", None) else None
+    except ValueError as exc:
+        raise AdminError(f"--since/--until: {exc}") from None
+    return Selection(
+        prefix=getattr(args, "prefix", None),
+        since=since,
+        until=until,
+        count=getattr(args, "count", None),
+        ids=ids,
+    )
+
+
+async def _dead_letters(
+    args: argparse.Namespace, queues: QueueAccess, selection: Selection
+) -> tuple[QueueName, dict[str, Any], list[Chosen]]:
+    namespace = _namespace(args)
+    async with await Cluster.connect(args.request_timeout) as cluster:
+        topic = await _persistent_topic(cluster, namespace, args.name)
+    queue = QueueName(namespace, args.name)
+    kept = dead_letter_queue(queue)
+    try:
+        chosen = await dead_letters_of(queues.store, kept, selection)
+    except NotFound:
+        keeps = ((topic["spec"].get("delivery") or {}).get("deadLetters") or {}).get("keep")
+        if keeps:
+            return queue, topic, []  # nothing dropped yet since keep was set
+        raise AdminError(
+            f"topic {queue} keeps no dead letters: set spec.delivery.deadLetters.keep: true"
+        ) from None
+    return queue, topic, chosen
+
+
+async def dead_letters_list(args: argparse.Namespace) -> Done:
+    async with open_queues() as queues:
+        queue, _, chosen = await _dead_letters(args, queues, _selection(args))
+    if args.output != "table":
+        return Done(document([describe(c) for c in chosen], args.output))
+    if not chosen:
+        return Done("", f"topic {queue} has no dead letters that match\n")
+    return Done(table(DEAD_LETTER_COLUMNS, [dead_letter_row(c) for c in chosen]))
+
+
+async def dead_letters_show(args: argparse.Namespace) -> Done:
+    async with open_queues() as queues:
+        queue, _, chosen = await _dead_letters(args, queues, Selection(ids=tuple(args.id)))
+    missing = sorted(set(args.id) - {c.entry.id for c in chosen})
+    if missing:
+        raise NotFound(f"topic {queue} has no dead letter {', '.join(missing)}")
+    found = [describe(c) for c in chosen]
+    return Done(document(found[0] if len(found) == 1 else found, args.output))
+
+
+async def dead_letters_redrive(args: argparse.Namespace) -> Done:
+    async with open_queues() as queues:
+        queue, topic, chosen = await _dead_letters(args, queues, _selection(args))
+        if not chosen:
+            return Done("", f"topic {queue} has no dead letters that match: nothing redriven\n")
+        try:
+            moved = await move_back(
+                queues.store,
+                kept=dead_letter_queue(queue),
+                into=queue,
+                shards=_shards(topic),
+                letters=chosen,
+                rate=args.rate,
+            )
+        except Stopped as exc:
+            raise AdminError(
+                f"redrove {exc.moved} of {len(chosen)} dead letters of topic {queue}, then its"
+                f" queue was full ({exc}); run the command again once the queue has room"
+            ) from None
+    return Done(f"redrove {moved} dead letters into topic {queue}\n")
+
+
+async def dead_letters_purge(args: argparse.Namespace) -> Done:
+    selection = _selection(args)
+    if selection.everything and selection.count is None and not args.all:
+        raise AdminError(
+            "purge removes dead letters for good: say which (--prefix, --since, --until,"
+            " --count) or --all"
+        )
+    async with open_queues() as queues:
+        queue, _, chosen = await _dead_letters(args, queues, selection)
+        removed = await remove_for_good(
+            queues.store, kept=dead_letter_queue(queue), letters=chosen, progress=None
+        )
+    return Done(f"purged {removed} dead letters of topic {queue}\n")
+
+
 def _yaml_documents(names: list[str]) -> list[Any]:
     documents: list[Any] = []
     for name in names:
@@ -437,6 +602,10 @@ HANDLERS: dict[tuple[str, str], Callable[[argparse.Namespace], Coroutine[Any, An
     ("topic", "rm"): topic_rm,
     ("topic", "stats"): topic_stats,
     ("topic", "dump"): topic_dump,
+    ("dead-letters", "list"): dead_letters_list,
+    ("dead-letters", "show"): dead_letters_show,
+    ("dead-letters", "redrive"): dead_letters_redrive,
+    ("dead-letters", "purge"): dead_letters_purge,
     ("notification", "list"): partial(_list, "notification"),
     ("notification", "get"): partial(_get, "notification"),
     ("import", "rook"): import_rook,

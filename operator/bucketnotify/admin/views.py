@@ -11,7 +11,9 @@ import datetime as dt
 import json
 from typing import Any
 
+from bucketnotify.admin.dead_letters import Chosen
 from bucketnotify.api.topic import ENDPOINT_KINDS
+from bucketnotify.delivery.model.event import object_of
 from bucketnotify.delivery.model.queue import Entry, QueueName, QueueStats
 from bucketnotify.delivery.peers.ownership import (
     LeaseHolder,
@@ -21,10 +23,12 @@ from bucketnotify.delivery.peers.ownership import (
 )
 
 __all__ = [
+    "DEAD_LETTER_COLUMNS",
     "NOTIFICATION_COLUMNS",
     "STATS_COLUMNS",
     "TOPIC_COLUMNS",
     "clean",
+    "dead_letter_row",
     "dump_entry",
     "is_ready",
     "notification_row",
@@ -47,6 +51,18 @@ TOPIC_COLUMNS = [
 ]
 NOTIFICATION_COLUMNS = ["NAME", "BUCKET", "TOPIC", "EVENTS", "FILTERS", "READY", "AGE"]
 STATS_COLUMNS = ["SHARD", "ENTRIES", "BYTES", "RESERVATIONS", "PARTITION", "OWNER"]
+DEAD_LETTER_COLUMNS = [
+    "ID",
+    "BUCKET",
+    "KEY",
+    "EVENT",
+    "EVENT TIME",
+    "ATTEMPTS",
+    "FIRST FAILURE",
+    "LAST FAILURE",
+    "DROPPED",
+    "REASON",
+]
 
 NONE = "-"
 
@@ -222,3 +238,25 @@ def dump_entry(shard: int, entry: Entry) -> dict[str, Any]:
         # Not JSON (the ingest only stores JSON, so this is someone else's write): as text.
         document["body"] = entry.body.decode("utf-8", "replace")
     return document
+
+
+def dead_letter_row(chosen: Chosen) -> list[str]:
+    """One dead letter for people: where, what, and why it was dropped."""
+    letter = chosen.letter
+    record = letter.record() or {}
+    bucket, key = object_of(record)
+    reason = letter.reason
+    if letter.last_error and letter.last_error not in reason:
+        reason = f"{reason}; last error: {letter.last_error}"
+    return [
+        chosen.entry.id,
+        bucket or NONE,
+        key or NONE,
+        str(record.get("eventName") or NONE),
+        str(record.get("eventTime") or NONE),
+        str(letter.attempts),
+        _timestamp(letter.first_failure) if letter.first_failure else NONE,
+        _timestamp(letter.last_failure) if letter.last_failure else NONE,
+        _timestamp(letter.dropped_at),
+        " ".join(reason.split())[:120],
+    ]

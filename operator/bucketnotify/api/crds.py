@@ -63,6 +63,12 @@ TOPIC = CrdInfo(
                 "jsonPath": ".status.delivery.lastFailureTime",
                 "priority": 1,
             },
+            {
+                "name": "Dead Letters",
+                "type": "integer",
+                "jsonPath": ".status.delivery.deadLetters",
+                "priority": 1,
+            },
         ),
     ],
 )

@@ -26,6 +26,7 @@ __all__ = [
     "ENDPOINT_KINDS",
     "AmqpEndpoint",
     "Credentials",
+    "DeadLetterSettings",
     "DeliverySettings",
     "Endpoint",
     "HttpEndpoint",
@@ -216,6 +217,21 @@ class Credentials(NamedTuple):
         return f"Credentials(username={self.username!r}, password='***')"
 
 
+class DeadLetterSettings(Model):
+    """Dead letters kept in the queue store: listed, shown, redriven and purged with
+    ``bucketnotify dead-letters``."""
+
+    keep: bool = False
+    """Keep the events this Topic drops (past timeToLive or maxRetries, or refused for good
+    by the endpoint) in the queue store, beside or instead of a deadLetterTopic."""
+    max_entries: int = Field(default=10_000, ge=1, le=1_000_000)
+    """Dead letters kept at most; past it (or maxBytes) further drops are discarded, counted
+    (bucketnotify_dead_letters_discarded_total), logged once and shown in
+    status.delivery.deadLettersDiscardedTime."""
+    max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
+    """Bytes of dead letters kept at most."""
+
+
 class DeliverySettings(Model):
     """How the delivery service takes persistent topics over from the gateway."""
 
@@ -231,6 +247,8 @@ class DeliverySettings(Model):
     """Entries a topic's queue may hold before the ingest answers 503."""
     dead_letter_topic: str | None = Field(default=None, min_length=1, max_length=253)
     """Topic (same namespace) that receives events dropped by timeToLive or maxRetries."""
+    dead_letters: DeadLetterSettings | None = None
+    """Keep dropped events in the queue store, to list and redrive them."""
     retry_backoff: Literal["fixed", "exponential"] = "fixed"
     """The pause before an event's next attempt. fixed: retrySleepDuration every time, as
     the gateway does. exponential: retrySleepDuration (1 s when unset or 0) doubled with
@@ -342,6 +360,11 @@ class DeliveryStatus(Model):
     """Pushes fail, none has succeeded since this time."""
     unserved_shards: list[int] | None = Field(default=None, max_length=1024)
     """Shards no delivery replica serves."""
+    dead_letters: int | None = Field(default=None, ge=0)
+    """Dead letters kept in the queue store (spec.delivery.deadLetters.keep)."""
+    dead_letters_discarded_time: dt.datetime | None = None
+    """The last time a dead letter was discarded because the kept ones reached
+    spec.delivery.deadLetters.maxEntries or maxBytes."""
 
 
 class TopicStatus(Model):

@@ -120,7 +120,7 @@ class DeliveryService:
         self.gate = ShardGate()
         """Order between the ingest's direct pushes, commits and rounds (``direct``)."""
         self.delivered = DeliveredIds(store)
-        self.dead_letters = DeadLetters(self.topics)
+        self.dead_letters = DeadLetters(self.topics, store, self.metrics, self.health)
         self.loops = ShardLoops(
             topics=self.topics,
             store=store,

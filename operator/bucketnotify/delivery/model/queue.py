@@ -85,6 +85,12 @@ class Entry:
     """Delivery attempts made so far."""
     not_before: float = 0.0
     """Epoch seconds before which it must not be retried."""
+    first_failure: float = 0.0
+    """Epoch seconds of its first failed push a round saw; 0 while none failed."""
+    last_failure: float = 0.0
+    """Epoch seconds of its last failed push; 0 while none failed."""
+    last_error: str = ""
+    """What its last failed push said (redacted by the endpoint), for its dead letter."""
 
 
 @dataclass(frozen=True)
@@ -195,7 +201,8 @@ class QueueStore(Protocol):
         """Remove these entries (delivered or dropped); unknown ids are ignored."""
 
     async def update(self, queue: QueueName, shard: int, entries: Sequence[Entry]) -> None:
-        """Persist ``attempts`` and ``not_before`` of these entries (kept in place, in order)."""
+        """Persist the delivery state of these entries (``attempts``, ``not_before`` and the
+        failures), kept in place, in order."""
 
     async def stats(self, queue: QueueName, now: float) -> QueueStats:
         """Entries, bytes and live reservations per shard."""

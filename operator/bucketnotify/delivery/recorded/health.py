@@ -32,6 +32,7 @@ class _Topic:
     failing_since: float | None = None
     shards: dict[int, ShardHealth] = field(default_factory=dict)
     backlog: Backlog | None = None
+    dead_letters_discarded: float | None = None
 
 
 class DeliveryHealth:
@@ -67,9 +68,23 @@ class DeliveryHealth:
             if topic.failing_since is None and not result.delivered:
                 topic.failing_since = now
 
-    def backlog(self, queue: QueueName, events: int, size: int, at: float) -> None:
-        """The survey of the queue (by the owner of its shard 0)."""
-        self._topic(queue).backlog = Backlog(events=events, bytes=size, at=at)
+    def backlog(
+        self,
+        queue: QueueName,
+        events: int,
+        size: int,
+        at: float,
+        dead_letters: int | None = None,
+    ) -> None:
+        """The survey of the queue (by the owner of its shard 0), and of its dead-letter
+        queue if it has one."""
+        self._topic(queue).backlog = Backlog(
+            events=events, bytes=size, at=at, dead_letters=dead_letters
+        )
+
+    def dead_letters_discarded(self, queue: QueueName, at: float) -> None:
+        """A dead letter found no room in the Topic's dead-letter queue."""
+        self._topic(queue).dead_letters_discarded = at
 
     def forget(self, queue: QueueName) -> None:
         self._topics.pop(str(queue), None)
@@ -101,6 +116,7 @@ class DeliveryHealth:
                 failing_since=topic.failing_since,
                 shards=dict(topic.shards),
                 backlog=topic.backlog,
+                dead_letters_discarded=topic.dead_letters_discarded,
             )
         return Report(
             replica=replica,

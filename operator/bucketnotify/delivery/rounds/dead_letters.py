@@ -1,20 +1,37 @@
-"""A Topic's dead-letter Topic: where its dropped events (past ``timeToLive`` or
-``maxRetries``) are committed before they leave its queue, each to the shard of its object
-(``delivery.model.event``), by the rounds and the direct pushes alike."""
+"""Where a Topic's dropped events (past ``timeToLive`` or ``maxRetries``, or refused for
+good) go before they leave its queue, for the rounds and the direct pushes alike:
+
+- its dead-letter Topic's queue, each to the shard of its object (``delivery.model.event``);
+- its own dead-letter queue in the store (``spec.delivery.deadLetters.keep``), with why it
+  was dropped (``delivery.model.dead_letters``). That queue has bounds of its own: a drop
+  past them is discarded, and that is never silent (counted, logged once per episode, and
+  in the Topic's status by way of the health report).
+
+A sink that raises took nothing: the round keeps the events queued and offers them again.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import time
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+from bucketnotify.delivery.model.dead_letters import SHARDS, DeadLetter, dead_letter_queue
 from bucketnotify.delivery.model.event import event_shard
-from bucketnotify.delivery.model.queue import Entry, QueueName
+from bucketnotify.delivery.model.outcomes import EventOutcome
+from bucketnotify.delivery.model.queue import QueueFull, QueueName, QueueNotFound, QueueStore
+from bucketnotify.delivery.recorded.health import DeliveryHealth
 from bucketnotify.delivery.rounds.worker import DeadLetterSink
 from bucketnotify.delivery.topics.ingest_tokens import TopicKey
 from bucketnotify.delivery.topics.table import TopicRuntime
+from bucketnotify.metrics import DeliveryMetrics
 
 __all__ = ["DeadLetters", "QueueCommitter"]
+
+log = logging.getLogger(__name__)
 
 
 class QueueCommitter(Protocol):
@@ -31,28 +48,115 @@ class QueueCommitter(Protocol):
 class DeadLetters:
     """The dead-letter sinks of the Topics served."""
 
-    def __init__(self, topics: Mapping[TopicKey, TopicRuntime]) -> None:
+    def __init__(
+        self,
+        topics: Mapping[TopicKey, TopicRuntime],
+        store: QueueStore,
+        metrics: DeliveryMetrics,
+        health: DeliveryHealth,
+    ) -> None:
         self._topics = topics
+        self._store = store
+        self._metrics = metrics
+        self._health = health
+        self._full: set[QueueName] = set()
+        """Dead-letter queues that discarded a drop and have not kept one since."""
         self.committer: QueueCommitter | None = None
         """Set by the service once the ingest exists (the ingest's direct pushes need the
         rounds, and so these sinks, first)."""
 
     def sink(self, runtime: TopicRuntime) -> DeadLetterSink | None:
-        """Where the dropped events of ``runtime`` go; None without a dead-letter Topic."""
-        if runtime.dead_letter is None:
+        """Where the dropped events of ``runtime`` go; None when they are lost."""
+        if runtime.dead_letter is None and runtime.kept_dead_letters is None:
             return None
-        key = (runtime.queue.namespace, runtime.dead_letter)
 
-        async def sink(entries: Sequence[Entry]) -> None:
-            target = self._topics.get(key)
-            if target is None or target.draining:
-                raise LookupError(f"{key[0]}/{key[1]} is not a persistent Topic")
-            if self.committer is None:
-                raise LookupError("the ingest does not take commits yet")
-            by_shard: dict[int, list[tuple[str, bytes]]] = {}
-            for entry in entries:
-                shard = event_shard(json.loads(entry.body), target.shards)
-                by_shard.setdefault(shard, []).append((entry.event_id, entry.body))
-            await self.committer.commit(target.queue, by_shard)
+        async def sink(drops: Sequence[EventOutcome]) -> set[str]:
+            if runtime.dead_letter is not None:
+                await self._to_topic(runtime, runtime.dead_letter, drops)
+            if runtime.kept_dead_letters is None:
+                return set()
+            discarded = await self._keep(runtime, drops)
+            # Also handed to a dead-letter Topic: not lost, whatever the store kept.
+            return set() if runtime.dead_letter is not None else discarded
 
         return sink
+
+    async def _to_topic(
+        self, runtime: TopicRuntime, name: str, drops: Sequence[EventOutcome]
+    ) -> None:
+        key = (runtime.queue.namespace, name)
+        target = self._topics.get(key)
+        if target is None or target.draining:
+            raise LookupError(f"{key[0]}/{key[1]} is not a persistent Topic")
+        if self.committer is None:
+            raise LookupError("the ingest does not take commits yet")
+        by_shard: dict[int, list[tuple[str, bytes]]] = {}
+        for drop in drops:
+            entry = drop.entry
+            shard = event_shard(json.loads(entry.body), target.shards)
+            by_shard.setdefault(shard, []).append((entry.event_id, entry.body))
+        await self.committer.commit(target.queue, by_shard)
+
+    async def _keep(self, runtime: TopicRuntime, drops: Sequence[EventOutcome]) -> set[str]:
+        """Commit the drops to the Topic's dead-letter queue; the entry ids of those its
+        bounds had no room for."""
+        assert runtime.kept_dead_letters is not None
+        queue = dead_letter_queue(runtime.queue)
+        letters = [(d.entry.id, d.entry.event_id, DeadLetter.of(d).encode()) for d in drops]
+        try:
+            await self._commit(queue, letters)
+            discarded: list[str] = []
+        except QueueNotFound:
+            # Not made yet by this replica (the Topic's settings changed while another
+            # served it): made now, with its bounds.
+            await self._store.create(queue, SHARDS, runtime.kept_dead_letters)
+            discarded = await self._one_by_one(queue, letters)
+        except QueueFull:
+            discarded = await self._one_by_one(queue, letters)
+        kept = len(letters) - len(discarded)
+        namespace, topic = runtime.queue.namespace, runtime.queue.topic
+        if kept:
+            self._metrics.dead_letters_kept.labels(namespace, topic).inc(kept)
+        if discarded:
+            self._metrics.dead_letters_discarded.labels(namespace, topic).inc(len(discarded))
+            self._health.dead_letters_discarded(runtime.queue, time.time())
+            if queue not in self._full:
+                self._full.add(queue)
+                limits = runtime.kept_dead_letters
+                log.warning(
+                    "%s: dead letters discarded: the kept ones reached their bounds"
+                    " (spec.delivery.deadLetters maxEntries %d, maxBytes %d); purge or"
+                    " redrive them (bucketnotify dead-letters), or raise the bounds;"
+                    " said once until one is kept again",
+                    runtime.queue,
+                    limits.max_entries,
+                    limits.max_bytes,
+                )
+        elif kept:
+            self._full.discard(queue)
+        return set(discarded)
+
+    async def _commit(self, queue: QueueName, letters: Sequence[tuple[str, str, bytes]]) -> None:
+        now = time.time()
+        events = [(event_id, body) for _, event_id, body in letters]
+        reservation = await self._store.reserve(
+            queue, 0, len(events), sum(len(b) for _, b in events), now
+        )
+        try:
+            await self._store.commit(reservation, events, now)
+        except BaseException:
+            with contextlib.suppress(Exception):  # else it expires and is reclaimed
+                await self._store.abort(reservation)
+            raise
+
+    async def _one_by_one(
+        self, queue: QueueName, letters: Sequence[tuple[str, str, bytes]]
+    ) -> list[str]:
+        """Each that fits: a full dead-letter queue still takes the small ones."""
+        discarded = []
+        for letter in letters:
+            try:
+                await self._commit(queue, [letter])
+            except QueueFull:
+                discarded.append(letter[0])
+        return discarded

@@ -25,7 +25,7 @@ from bucketnotify.delivery.model.queue import Entry, QueueName, QueueStore
 from bucketnotify.delivery.recorded.accounting import Accounting
 from bucketnotify.delivery.rounds.dead_letters import DeadLetters
 from bucketnotify.delivery.rounds.direct import ShardGate
-from bucketnotify.delivery.rounds.worker import LIST_BATCH
+from bucketnotify.delivery.rounds.worker import ERROR_KEPT, LIST_BATCH
 from bucketnotify.delivery.topics.table import TopicKey, TopicRuntime
 from bucketnotify.records import Outcome
 
@@ -108,23 +108,24 @@ class DirectPusher:
         or is lost, as a round would drop it; False when the dead-letter topic refuses it
         (then it is queued, and the rounds offer it again)."""
         sink = self._dead_letters.sink(runtime)
+        taken = sink is not None
         if sink is None:
             result.expired = 1
         else:
             try:
-                await sink([refused.entry])
+                taken = refused.entry.id not in await sink([refused])
             except Exception as exc:
                 log.warning(
-                    "%s: dead-letter topic refused an undeliverable event, queueing it: %s",
+                    "%s: the dead letters refused an undeliverable event, queueing it: %s",
                     runtime.queue,
                     exc,
                 )
                 return False
-            result.dead_lettered = 1
+            result.dead_lettered, result.expired = (1, 0) if taken else (0, 1)
         result.rejected = 1
         if refused.error:
             result.errors.append(refused.error)
-        outcome = dropped(refused, dead_lettered=sink is not None)
+        outcome = dropped(refused, dead_lettered=taken)
         result.outcomes.append(replace(outcome, at=time.time()))
         return True
 
@@ -141,7 +142,12 @@ class DirectPusher:
             # As a round would have written it back: maxRetries and the retry delay count
             # the direct push.
             entry = replace(
-                found[-1], attempts=1, not_before=time.time() + runtime.policy.retry_delay(1)
+                found[-1],
+                attempts=1,
+                not_before=time.time() + runtime.policy.retry_delay(1),
+                first_failure=failed.at,
+                last_failure=failed.at,
+                last_error=(failed.error or "")[:ERROR_KEPT],
             )
             await self._store.update(queue, shard, [entry])
             self._accounting.metrics.push_retries.labels(queue.namespace, queue.topic).inc()

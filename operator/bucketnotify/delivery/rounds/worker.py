@@ -51,8 +51,9 @@ __all__ = [
     "process_shard",
 ]
 
-DeadLetterSink = Callable[[Sequence[Entry]], Awaitable[None]]
-"""Takes dropped entries durably (another Topic's queue) or raises."""
+DeadLetterSink = Callable[[Sequence[EventOutcome]], Awaitable[set[str]]]
+"""Takes drops durably (another Topic's queue, the Topic's dead-letter queue) or raises
+(then it took none); answers the entry ids it had no room for, which are lost."""
 
 LIST_BATCH = 1024
 # A round has at most this many pushes started (the endpoints' default in-flight bound), and
@@ -65,6 +66,8 @@ FENCE_WINDOW = 64
 # this long of acknowledged pushes (plus those in flight) for the next owner to repeat,
 # not the whole round. Short rounds still make one removal at their end.
 PROGRESS_S = 0.5
+ERROR_KEPT = 200
+"""Characters of a failed push's error kept in its entry (for its dead letter)."""
 
 
 class RoundCutShort(Exception):
@@ -276,35 +279,38 @@ class _Round:
             result.outcomes.append(verdict)
             self.blocked.add(object_of(record))
             self.retry.append(
-                Entry(
-                    id=entry.id,
-                    event_id=entry.event_id,
-                    body=entry.body,
-                    ingest_time=entry.ingest_time,
+                replace(
+                    entry,
                     attempts=entry.attempts + 1,
                     not_before=self.now + self.policy.retry_delay(entry.attempts + 1),
+                    first_failure=entry.first_failure or verdict.at,
+                    last_failure=verdict.at,
+                    last_error=(verdict.error or "")[:ERROR_KEPT],
                 )
             )
 
     async def drop(self, dead_letter: DeadLetterSink | None) -> None:
-        """Hand what is dropped to the dead-letter topic, if there is one; when it refuses,
-        nothing is dropped (refused pushes count as failed attempts and stay queued)."""
+        """Hand what is dropped to the dead-letter sink, if there is one; when it refuses,
+        nothing is dropped (refused pushes count as failed attempts and stay queued); what
+        it had no room for is dropped and lost."""
         result = self.result
         if not self.dropped or dead_letter is None:
             return
         result.expired -= len(self.dropped)
         try:
-            await dead_letter(self.dropped)
+            lost = await dead_letter([self.drops[e.id] for e in self.dropped])
         except Exception as exc:
-            result.errors.append(f"dead-letter topic refused {len(self.dropped)} events: {exc}")
+            result.errors.append(f"the dead letters refused {len(self.dropped)} events: {exc}")
             for entry in self.dropped:
                 if (kept := not_dropped(self.drops.pop(entry.id))) is not None:
                     result.outcomes.append(kept)
             self.dropped = []
             return
-        result.dead_lettered = len(self.dropped)
+        result.expired += len(lost)
+        result.dead_lettered = len(self.dropped) - len(lost)
         for entry in self.dropped:
-            self.drops[entry.id] = dropped(self.drops[entry.id], dead_lettered=True)
+            if entry.id not in lost:
+                self.drops[entry.id] = dropped(self.drops[entry.id], dead_lettered=True)
 
     async def remove(self) -> None:
         """Remove what was delivered, repeated or dropped; the drops stand from then on."""

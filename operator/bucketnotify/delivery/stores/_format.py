@@ -144,6 +144,10 @@ def encode_batch(entries: Sequence[Entry]) -> bytes:
             "attempts": entry.attempts,
             "not_before": entry.not_before,
         }
+        if entry.first_failure:  # written only once a push failed: most entries never do
+            line["first_failure"] = entry.first_failure
+            line["last_failure"] = entry.last_failure
+            line["last_error"] = entry.last_error
         try:
             line["body"] = entry.body.decode("utf-8")
             lines.append(compact_json.dumps(line) + b"\n")
@@ -168,6 +172,9 @@ def decode_batch(batch: str, data: bytes) -> list[Entry]:
                 ingest_time=float(row["ingest_time"]),
                 attempts=int(row["attempts"]),
                 not_before=float(row["not_before"]),
+                first_failure=float(row.get("first_failure", 0.0)),
+                last_failure=float(row.get("last_failure", 0.0)),
+                last_error=str(row.get("last_error", "")),
             )
         )
     return sorted(entries, key=lambda e: e.id)
@@ -184,7 +191,14 @@ def updated(entry: Entry, update: Entry | None) -> Entry:
     """``entry`` with the delivery state of ``update``; all else stays as committed."""
     if update is None:
         return entry
-    return replace(entry, attempts=update.attempts, not_before=update.not_before)
+    return replace(
+        entry,
+        attempts=update.attempts,
+        not_before=update.not_before,
+        first_failure=update.first_failure,
+        last_failure=update.last_failure,
+        last_error=update.last_error,
+    )
 
 
 def encode_meta(shards: int, limits: QueueLimits) -> bytes:

@@ -19,8 +19,16 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import astuple
 
-from bucketnotify.delivery.model.queue import QueueStore
+from bucketnotify.delivery.model.dead_letters import (
+    DEAD_LETTERS_SHARD,
+    TALLY_SHARD,
+    dead_letter_queue,
+    tallies,
+    topic_queue_of,
+)
+from bucketnotify.delivery.model.queue import QueueName, QueueStore
 from bucketnotify.delivery.peers.ownership import Ownership
 from bucketnotify.delivery.recorded.health import DeliveryHealth
 from bucketnotify.delivery.topics.table import ShardRunner, TopicTable
@@ -79,16 +87,18 @@ class QueueLifecycle:
                 runtime.empty_sweeps += 1
                 if runtime.empty_sweeps >= DRAINED_SWEEPS:
                     await self._table.retire(key, reason="its Topic is no longer persistent")
-        # Queues of Topics deleted while no replica was running.
+        # Queues of Topics deleted while no replica was running, and their dead letters. A
+        # Topic that is no longer persistent keeps its dead letters (to redrive or purge).
         orphans = {
-            q
-            for q in self._table.stored
-            if self._table.in_scope(q.namespace)
-            and (q.namespace, q.topic) not in self._table.topics
+            topic_queue_of(q) or q for q in self._table.stored if self._table.in_scope(q.namespace)
         }
         for queue in orphans:
+            if (queue.namespace, queue.topic) in self._table.topics:
+                continue
             if await self._kube.get_object("topics", queue.namespace, queue.topic) is None:
-                await self._table.retire((queue.namespace, queue.topic), reason="its Topic is gone")
+                await self._table.retire(
+                    (queue.namespace, queue.topic), reason="its Topic is gone", dead_letters=True
+                )
 
     async def survey(self) -> None:
         """Look at each queue whose shard 0 this replica owns, once (``QueueStore.glance``):
@@ -124,8 +134,43 @@ class QueueLifecycle:
             if not lead:
                 continue
             self.metrics.set_queue_stats(*key, stats.entries, stats.bytes)
-            self._health.backlog(queue, stats.entries, stats.bytes, now)
+            dead_letters = await self._dead_letters(
+                runtime.queue, keeps=bool(runtime.kept_dead_letters), now=now
+            )
+            self._health.backlog(queue, stats.entries, stats.bytes, now, dead_letters)
             if stats.expired:
                 reclaimed = await self._store.reclaim(queue, now)
                 if reclaimed:
                     log.warning("%s: reclaimed %d abandoned reservations", queue, reclaimed)
+
+    async def _dead_letters(self, queue: QueueName, *, keeps: bool, now: float) -> int | None:
+        """How many dead letters ``queue``'s Topic keeps (its gauges set); None when it has
+        no dead-letter queue."""
+        kept = dead_letter_queue(queue)
+        if not keeps and kept not in self._table.stored:
+            self.metrics.drop_dead_letter_stats(queue.namespace, queue.topic)
+            return None
+        try:
+            stats = await self._store.glance(kept, now)
+        except LookupError:
+            return None
+        held = stats.shards.get(DEAD_LETTERS_SHARD)
+        entries, size = (held.entries, held.bytes) if held else (0, 0)
+        self.metrics.set_dead_letter_stats(queue.namespace, queue.topic, entries, size)
+        if stats.expired:
+            await self._store.reclaim(kept, now)
+        counted = stats.shards.get(TALLY_SHARD)
+        if counted is not None and counted.entries:
+            await self._count_tallies(queue, kept)
+        return entries
+
+    async def _count_tallies(self, queue: QueueName, kept: QueueName) -> None:
+        """What the admin CLI redrove and purged, into this replica's counters; removed
+        once counted (a crash in between counts them twice: a metric, not an event)."""
+        found = await self._store.list(kept, TALLY_SHARD, 1024)
+        for what, amount in tallies(found).items():
+            if what == "redriven":
+                self.metrics.dead_letters_redriven.labels(*astuple(queue)).inc(amount)
+            elif what == "purged":
+                self.metrics.dead_letters_purged.labels(*astuple(queue)).inc(amount)
+        await self._store.remove(kept, TALLY_SHARD, [e.id for e in found])

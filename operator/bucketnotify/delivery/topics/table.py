@@ -38,6 +38,8 @@ from bucketnotify.api.topic import (
 from bucketnotify.delivery.endpoints.base import Endpoint
 from bucketnotify.delivery.endpoints.errors import ConfigurationError
 from bucketnotify.delivery.endpoints.factory import open_endpoint
+from bucketnotify.delivery.model.dead_letters import SHARDS as DEAD_LETTER_SHARDS
+from bucketnotify.delivery.model.dead_letters import dead_letter_queue
 from bucketnotify.delivery.model.delivered_ids import DeliveredCache
 from bucketnotify.delivery.model.outcomes import DeliveryPolicy
 from bucketnotify.delivery.model.queue import QueueLimits, QueueName, QueueStore, StoreUnavailable
@@ -88,6 +90,8 @@ class TopicRuntime:
     """Sweeps in a row that found the draining queue empty."""
     dead_letter: str | None = None
     """Topic (same namespace) whose queue takes this one's dropped events."""
+    kept_dead_letters: QueueLimits | None = None
+    """The bounds of this Topic's own dead-letter queue, when it keeps its dead letters."""
     delivered: dict[int, DeliveredCache] = field(default_factory=dict)
     delivered_saved: dict[int, tuple[int, float]] = field(default_factory=dict)
     """Per shard: ``DeliveredCache.added`` at the last save to the store, and when."""
@@ -275,7 +279,7 @@ class TopicTable:
                     self._unserved.pop(key, None)
         for key in set(self.topics) - seen:
             if key[0] not in unlisted:
-                await self.retire(key, reason="its Topic was deleted")
+                await self.retire(key, reason="its Topic was deleted", dead_letters=True)
         # Drop the ingest of Topics the list no longer shows even without a runtime.
         for key in set(self.ingest_topics) - seen:
             if key[0] not in unlisted:
@@ -401,6 +405,7 @@ class TopicTable:
             problem=problem[0] if problem else None,
             draining=draining,
             dead_letter=delivery.dead_letter_topic if delivery else None,
+            kept_dead_letters=self._dead_letter_limits(spec),
             delivered=old.delivered if old is not None else {},
             endpoint_kind=spec.endpoint.kind,
             uid=uid,
@@ -447,7 +452,19 @@ class TopicTable:
             reservation_timeout_s=self._reservation_timeout_s,
         )
         await self._store.create(queue, shards, limits)
+        if (kept := self._dead_letter_limits(spec)) is not None:
+            await self._store.create(dead_letter_queue(queue), DEAD_LETTER_SHARDS, kept)
         return shards
+
+    def _dead_letter_limits(self, spec: TopicSpec) -> QueueLimits | None:
+        settings = spec.delivery.dead_letters if spec.delivery else None
+        if settings is None or not settings.keep:
+            return None
+        return QueueLimits(
+            max_entries=settings.max_entries,
+            max_bytes=settings.max_bytes,
+            reservation_timeout_s=self._reservation_timeout_s,
+        )
 
     def _open_endpoint(
         self,
@@ -474,8 +491,9 @@ class TopicTable:
         except ConfigurationError as exc:
             return None, (str(exc), "EndpointInvalid")
 
-    async def retire(self, key: TopicKey, *, reason: str) -> None:
-        """Stop serving ``key`` and delete its queue (counting what was still in it)."""
+    async def retire(self, key: TopicKey, *, reason: str, dead_letters: bool = False) -> None:
+        """Stop serving ``key`` and delete its queue (counting what was still in it), and
+        with ``dead_letters`` (its Topic is gone) its dead-letter queue too."""
         runtime = self.topics.pop(key, None)
         self.ingest_topics.pop(key, None)
         queue = QueueName(*key)
@@ -489,6 +507,14 @@ class TopicTable:
                 log.warning("queue %s deleted (%s): %d events lost", queue, reason, stats.entries)
         await self._store.delete(queue)
         self.stored.discard(queue)
+        kept = dead_letter_queue(queue)
+        if dead_letters:
+            with contextlib.suppress(LookupError):
+                stats = await self._store.stats(kept, time.time())
+                if stats.entries:
+                    log.warning("dead letters of %s deleted (%s): %d", queue, reason, stats.entries)
+            await self._store.delete(kept)
+            self.stored.discard(kept)
         self.metrics.remove_topic(*key)
         self.events.forget(*key)
         self.health.forget(queue)
