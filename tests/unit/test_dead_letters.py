@@ -39,7 +39,7 @@ T0 = 1_800_000_000.0
 
 
 def test_the_dead_letter_queue_has_a_name_no_topic_can_have() -> None:
-    assert KEPT == QueueName("shop", "orders_dead-letters")
+    assert QueueName("shop", "orders_dead-letters") == KEPT
     assert topic_queue_of(KEPT) == QUEUE
     assert topic_queue_of(QUEUE) is None
 
