@@ -92,3 +92,24 @@ def test_a_dumped_body_that_is_not_json_is_shown_as_text() -> None:
         "notBefore": None,
         "body": "not json \ufffd",
     }
+
+
+def test_a_dumped_entry_that_failed_shows_its_first_and_last_failure() -> None:
+    entry = Entry(
+        id="b.000000",
+        event_id="e",
+        body=b"{}",
+        ingest_time=0.5,
+        attempts=2,
+        not_before=9.0,
+        first_failure=1.0,
+        last_failure=8.0,
+        last_error="503 Service Unavailable",
+    )
+    dumped = dump_entry(0, entry)
+    assert (dumped["firstFailure"], dumped["lastFailure"], dumped["lastError"]) == (
+        "1970-01-01T00:00:01.000000Z",
+        "1970-01-01T00:00:08.000000Z",
+        "503 Service Unavailable",
+    )
+    assert dumped["notBefore"] == "1970-01-01T00:00:09.000000Z" and dumped["attempts"] == 2

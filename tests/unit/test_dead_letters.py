@@ -176,3 +176,15 @@ def test_the_status_counts_dead_letters_and_dates_a_discard() -> None:
     status = delivery_status(merge("shop", "orders", 1, [report], T0))
     assert status["deadLetters"] == 7
     assert status["deadLettersDiscardedTime"] == "2027-01-15T07:59:00Z"
+
+
+async def test_a_drop_kept_twice_is_listed_once_and_moved_with_its_copy(tmp_path: Path) -> None:
+    """A replica killed between keeping a drop and removing it from the Topic's queue keeps
+    it again at the next round: one dead letter to the user, both entries gone with it."""
+    store = await kept_store(tmp_path, ["a/1", "a/1", "b/1"])
+    chosen = await choose(store, KEPT, Selection())
+    assert [(c.letter.event_id, len(c.copies)) for c in chosen] == [("id-a/1", 1), ("id-b/1", 0)]
+    await redrive(store, kept=KEPT, into=QUEUE, shards=3, letters=chosen[:1], rate=None)
+    shard = event_shard(event("a/1"), 3)
+    assert [e.event_id for e in await store.list(QUEUE, shard)] == ["id-a/1"]
+    assert [c.letter.event_id for c in await choose(store, KEPT, Selection())] == ["id-b/1"]

@@ -490,13 +490,16 @@ async def _dead_letters(
 ) -> tuple[QueueName, dict[str, Any], list[Chosen]]:
     namespace = _namespace(args)
     async with await Cluster.connect(args.request_timeout) as cluster:
-        topic = await _persistent_topic(cluster, namespace, args.name)
+        # Not only of a persistent Topic: one that stopped being persistent keeps its dead
+        # letters, to list and purge (a redrive needs its queue: ``dead_letters_redrive``).
+        topic = await cluster.get("topic", namespace, args.name)
     queue = QueueName(namespace, args.name)
     kept = dead_letter_queue(queue)
     try:
         chosen = await dead_letters_of(queues.store, kept, selection)
     except NotFound:
-        keeps = ((topic["spec"].get("delivery") or {}).get("deadLetters") or {}).get("keep")
+        spec = topic.get("spec") or {}
+        keeps = ((spec.get("delivery") or {}).get("deadLetters") or {}).get("keep")
         if keeps:
             return queue, topic, []  # nothing dropped yet since keep was set
         raise AdminError(
@@ -528,6 +531,11 @@ async def dead_letters_show(args: argparse.Namespace) -> Done:
 async def dead_letters_redrive(args: argparse.Namespace) -> Done:
     async with open_queues() as queues:
         queue, topic, chosen = await _dead_letters(args, queues, _selection(args))
+        if not (topic.get("spec") or {}).get("persistent"):
+            raise AdminError(
+                f"topic {queue} is not persistent: the gateway pushes its events itself, so"
+                " there is no queue to redrive into; set persistent: true first, or purge"
+            )
         if not chosen:
             return Done("", f"topic {queue} has no dead letters that match: nothing redriven\n")
         try:

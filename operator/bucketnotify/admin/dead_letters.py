@@ -78,6 +78,14 @@ class Selection:
 class Chosen:
     entry: Entry
     letter: DeadLetter
+    copies: tuple[Entry, ...] = ()
+    """Later dead letters of the same event: a replica killed between keeping a drop and
+    removing it from the Topic's queue keeps it again at the next round. Redriven and
+    purged with it, never listed apart."""
+
+    @property
+    def entry_ids(self) -> list[str]:
+        return [self.entry.id, *(c.id for c in self.copies)]
 
 
 async def choose(store: QueueStore, queue: QueueName, selection: Selection) -> list[Chosen]:
@@ -85,14 +93,21 @@ async def choose(store: QueueStore, queue: QueueName, selection: Selection) -> l
     first. Entries that are no dead letter (someone else's write) are left alone."""
     # A dead-letter queue is bounded (maxEntries), so one listing holds all of it.
     entries = await store.list(queue, DEAD_LETTERS_SHARD, 10**9)
-    chosen: list[Chosen] = []
+    first: dict[str, tuple[Entry, DeadLetter]] = {}
+    copies: dict[str, list[Entry]] = {}
     for entry in entries:
         try:
             letter = DeadLetter.decode(entry)
         except ValueError:
             continue
+        if letter.event_id in first:
+            copies.setdefault(letter.event_id, []).append(entry)
+        else:
+            first[letter.event_id] = (entry, letter)
+    chosen: list[Chosen] = []
+    for event_id, (entry, letter) in first.items():
         if selection.takes(letter, entry):
-            chosen.append(Chosen(entry, letter))
+            chosen.append(Chosen(entry, letter, tuple(copies.get(event_id, ()))))
             if selection.count is not None and len(chosen) >= selection.count:
                 break
     return chosen
@@ -129,7 +144,7 @@ async def redrive(
                 await _commit(store, into, shard, events)
         except QueueFull as exc:
             raise Stopped(moved, exc) from exc
-        await store.remove(kept, DEAD_LETTERS_SHARD, [c.entry.id for c in part])
+        await store.remove(kept, DEAD_LETTERS_SHARD, [i for c in part for i in c.entry_ids])
         moved += len(part)
         await _count(store, kept, "redriven", len(part))
         if progress is not None:
@@ -147,7 +162,7 @@ async def purge(
     removed = 0
     for at in range(0, len(letters), CHUNK):
         part = letters[at : at + CHUNK]
-        await store.remove(kept, DEAD_LETTERS_SHARD, [c.entry.id for c in part])
+        await store.remove(kept, DEAD_LETTERS_SHARD, [i for c in part for i in c.entry_ids])
         removed += len(part)
         await _count(store, kept, "purged", len(part))
         if progress is not None:

@@ -232,6 +232,10 @@ def dump_entry(shard: int, entry: Entry) -> dict[str, Any]:
         "ingestTime": _timestamp(entry.ingest_time),
         "notBefore": _timestamp(entry.not_before) if entry.not_before else None,
     }
+    if entry.first_failure:
+        document["firstFailure"] = _timestamp(entry.first_failure)
+        document["lastFailure"] = _timestamp(entry.last_failure)
+        document["lastError"] = entry.last_error
     try:
         document["event"] = json.loads(entry.body)
     except ValueError:
