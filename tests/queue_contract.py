@@ -19,6 +19,7 @@ from typing import Protocol
 
 import pytest
 
+from bucketnotify.delivery.model.dead_letters import dead_letter_queue
 from bucketnotify.delivery.model.queue import (
     Entry,
     QueueFull,
@@ -332,6 +333,34 @@ class QueueStoreContract:
         await store.create(OTHER, 1, LIMITS)
         assert sorted(await store.queues()) == [QUEUE, OTHER]
         assert sorted(await reopen().queues()) == [QUEUE, OTHER]
+
+    async def test_a_dead_letter_queue_is_a_queue_of_its_own_beside_its_topics(
+        self, store: QueueStore, reopen: Reopen
+    ) -> None:
+        kept = dead_letter_queue(QUEUE)
+        await store.create(kept, 2, LIMITS)
+        await put(store, 0, b"queued")
+        await put(store, 0, b"dead", queue=kept)
+        assert sorted(await reopen().queues()) == sorted([QUEUE, kept])
+        assert bodies(await store.list(QUEUE, 0)) == [b"queued"]
+        assert bodies(await store.list(kept, 0)) == [b"dead"]
+        await store.delete(QUEUE)
+        assert bodies(await reopen().list(kept, 0)) == [b"dead"]
+
+    async def test_update_keeps_an_entrys_failures(self, store: QueueStore, reopen: Reopen) -> None:
+        (entry,) = await put(store, 2, b"1")
+        failed = replace(
+            entry,
+            attempts=1,
+            not_before=NOW + 1,
+            first_failure=NOW,
+            last_failure=NOW,
+            last_error="503 Service Unavailable",
+        )
+        await store.update(QUEUE, 2, [failed])
+        again = replace(failed, attempts=2, last_failure=NOW + 5, last_error="timeout")
+        await store.update(QUEUE, 2, [again])
+        assert await reopen().list(QUEUE, 2) == [again]
 
     async def test_delete_removes_the_queue_and_everything_in_it(
         self, store: QueueStore, reopen: Reopen
