@@ -144,7 +144,7 @@ CASES: list[dict[str, Any]] = [
                 fired(
                     {"severity": "warning", **TOPIC},
                     "Dead letters of Topic shop/orders keep growing",
-                    "155 dead letters kept and more in the last 30 minutes: events expire or"
+                    "150 dead letters kept and more in the last 30 minutes: events expire or"
                     " are refused. Fix the endpoint, then list and redrive them (bucketnotify"
                     " dead-letters list|redrive); see docs/day-two.md.",
                 ),
