@@ -65,6 +65,16 @@ def replica_settings() -> dict[str, str]:
     return {"STATS_INTERVAL_SECONDS": "1"}
 
 
+@pytest.fixture()
+def env(kube: LocalService, queues: Path, namespace: str) -> dict[str, str]:
+    """The admin CLI's settings: the delivery service's store and Leases."""
+    return {
+        "KUBECONFIG": kube["KUBECONFIG_ADMIN"],
+        "BUCKETNOTIFY_DELIVERY_STORE": f"dir://{queues}",
+        "BUCKETNOTIFY_DELIVERY_LEASE_NAMESPACE": namespace,
+    }
+
+
 def cli(env: dict[str, str], *args: str) -> Any:
     return asyncio.run(run_cli(env, *args))
 
@@ -138,7 +148,7 @@ def redrive_process(env: dict[str, str], *args: str) -> subprocess.Popen[bytes]:
 
 def test_dead_letters_are_listed_redriven_after_a_kill_halfway_and_purged(
     kubectl: Kubectl,
-    kube: LocalService,
+    env: dict[str, str],
     namespace: str,
     queues: Path,
     start_operator: StartOperator,
@@ -147,11 +157,6 @@ def test_dead_letters_are_listed_redriven_after_a_kill_halfway_and_purged(
 ) -> None:
     program, port = replica
     start_operator(ingest_url=f"http://127.0.0.1:{port}")
-    env = {
-        "KUBECONFIG": kube["KUBECONFIG_ADMIN"],
-        "BUCKETNOTIFY_DELIVERY_STORE": f"dir://{queues}",
-        "BUCKETNOTIFY_DELIVERY_LEASE_NAMESPACE": namespace,
-    }
     s3 = s3_client(rgw)
     keys = [f"outage/{n}" for n in range(6)]
     with RecordingHttpServer(keep_alive=False) as endpoint:
@@ -281,7 +286,7 @@ def test_dead_letters_are_listed_redriven_after_a_kill_halfway_and_purged(
 
 def test_dead_letters_past_their_bounds_are_discarded_and_said(
     kubectl: Kubectl,
-    kube: LocalService,
+    env: dict[str, str],
     namespace: str,
     queues: Path,
     start_operator: StartOperator,
@@ -290,10 +295,6 @@ def test_dead_letters_past_their_bounds_are_discarded_and_said(
 ) -> None:
     program, port = replica
     start_operator(ingest_url=f"http://127.0.0.1:{port}")
-    env = {
-        "KUBECONFIG": kube["KUBECONFIG_ADMIN"],
-        "BUCKETNOTIFY_DELIVERY_STORE": f"dir://{queues}",
-    }
     s3 = s3_client(rgw)
     with RecordingHttpServer(keep_alive=False) as endpoint:
         endpoint.status = 503

@@ -491,6 +491,15 @@ class TopicTable:
         except ConfigurationError as exc:
             return None, (str(exc), "EndpointInvalid")
 
+    async def _delete(self, queue: QueueName, lost: str) -> None:
+        """Delete ``queue``; what it still held is said with ``lost`` (a %d format)."""
+        with contextlib.suppress(LookupError):
+            stats = await self._store.stats(queue, time.time())
+            if stats.entries:
+                log.warning(lost, stats.entries)
+        await self._store.delete(queue)
+        self.stored.discard(queue)
+
     async def retire(self, key: TopicKey, *, reason: str, dead_letters: bool = False) -> None:
         """Stop serving ``key`` and delete its queue (counting what was still in it), and
         with ``dead_letters`` (its Topic is gone) its dead-letter queue too."""
@@ -501,20 +510,11 @@ class TopicTable:
             await self._runner.release(queue)
             if runtime.endpoint is not None:
                 await runtime.endpoint.aclose()
-        with contextlib.suppress(LookupError):
-            stats = await self._store.stats(queue, time.time())
-            if stats.entries:
-                log.warning("queue %s deleted (%s): %d events lost", queue, reason, stats.entries)
-        await self._store.delete(queue)
-        self.stored.discard(queue)
-        kept = dead_letter_queue(queue)
+        await self._delete(queue, f"queue {queue} deleted ({reason}): %d events lost")
         if dead_letters:
-            with contextlib.suppress(LookupError):
-                stats = await self._store.stats(kept, time.time())
-                if stats.entries:
-                    log.warning("dead letters of %s deleted (%s): %d", queue, reason, stats.entries)
-            await self._store.delete(kept)
-            self.stored.discard(kept)
+            await self._delete(
+                dead_letter_queue(queue), f"dead letters of {queue} deleted ({reason}): %d"
+            )
         self.metrics.remove_topic(*key)
         self.events.forget(*key)
         self.health.forget(queue)
