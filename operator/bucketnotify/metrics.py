@@ -96,7 +96,8 @@ class DeliveryMetrics:
         )
         self.event_dead_lettered = Counter(
             "bucketnotify_event_dead_lettered",
-            "Events dropped from a topic and committed to its dead-letter topic's queue.",
+            "Events dropped from a topic and committed to its dead-letter topic's queue or kept"
+            " as dead letters in the store.",
             TOPIC,
             registry=r,
         )

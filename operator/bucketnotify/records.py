@@ -47,7 +47,8 @@ class Outcome(enum.StrEnum):
     REJECTED = "rejected"
     """Dropped because retrying cannot help (e.g. too large for the broker): lost."""
     DEAD_LETTERED = "dead_lettered"
-    """Dropped from this topic and committed to its dead-letter topic's queue."""
+    """Dropped from this topic and committed to its dead-letter topic's queue, or kept as a
+    dead letter in the store (a redrive may bring it back: later records follow)."""
     DUPLICATE = "duplicate"
     """A copy of an already delivered event (the gateway re-sent it), removed unsent."""
 
