@@ -7,7 +7,7 @@ PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 LOCAL := deploy/local
-SERVICES := kube ceph rabbitmq kafka
+SERVICES := kube ceph rabbitmq rabbitmq-mtls kafka
 # The Ceph releases besides the default (tentacle, 20.2) that the compatibility tier runs the
 # gateway-facing tests against (deploy/local/ceph.sh, CEPH_RELEASE).
 COMPAT_RELEASES ?= reef pacific

@@ -73,10 +73,19 @@ def rabbitmq() -> Iterator[LocalService]:
 
 
 @pytest.fixture(scope="session")
+def rabbitmq_mtls() -> Iterator[LocalService]:
+    """A second RabbitMQ node whose AMQPS listener (``AMQPS_PORT``, CA ``AMQP_CA_PEM``)
+    requires a client certificate: ``AMQP_CLIENT_CERT``, ``AMQP_CLIENT_KEY``,
+    ``AMQP_CLIENT_ENCRYPTED_KEY`` and ``AMQP_CLIENT_KEY_PASSWORD`` (files) hold one."""
+    yield from _service("rabbitmq-mtls")
+
+
+@pytest.fixture(scope="session")
 def kafka() -> Iterator[LocalService]:
     """A single KRaft Kafka broker; ``KAFKA_BOOTSTRAP`` (PLAINTEXT), ``KAFKA_SASL_BOOTSTRAP``
     (SASL_PLAINTEXT: ``KAFKA_SCRAM_USER``/``KAFKA_SCRAM_PASSWORD``), ``KAFKA_SSL_BOOTSTRAP``
-    (SSL, its CA in the file ``KAFKA_CA_PEM``)."""
+    (SSL, its CA in the file ``KAFKA_CA_PEM``), ``KAFKA_MTLS_BOOTSTRAP`` (SSL that requires
+    a client certificate: ``KAFKA_CLIENT_CERT``, ``KAFKA_CLIENT_KEY``, ... files)."""
     yield from _service("kafka")
 
 

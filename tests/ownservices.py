@@ -29,6 +29,7 @@ PORT_VARIABLES = {
         "KAFKA_SASL_PORT",
         "KAFKA_SSL_PORT",
         "KAFKA_SASL_SSL_PORT",
+        "KAFKA_MTLS_PORT",
     ),
 }
 # A second node of the same name would clash with the shared broker's in epmd and logs.

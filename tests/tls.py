@@ -1,4 +1,5 @@
-"""Test PKI made with the openssl CLI: CAs and server certificates for 127.0.0.1.
+"""Test PKI made with the openssl CLI: CAs, server certificates for 127.0.0.1 and client
+certificates.
 
 Each call makes fresh keys in a directory of the test's own; nothing is shared or reused.
 """
@@ -9,6 +10,8 @@ import ssl
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+
+from bucketnotify.api.topic import ClientCertificate
 
 
 @dataclass(frozen=True)
@@ -69,3 +72,45 @@ def issue_server_certificate(
         "-days", "2", "-extfile", ext, "-out", cert, cwd=directory,
     )  # fmt: skip
     return ServerCertificate(cert, key)
+
+
+def issue_client_certificate(
+    ca: CertificateAuthority, directory: Path, name: str, *, password: str | None = None
+) -> ClientCertificate:
+    """A client certificate (clientAuth) for ``name`` signed by ``ca``, its key in PEM,
+    encrypted with ``password`` when given: what a ``kubernetes.io/tls`` Secret holds."""
+    directory.mkdir(parents=True, exist_ok=True)
+    cert, key, csr = (directory / f"{name}.{ext}" for ext in ("crt", "key", "csr"))
+    ext = directory / f"{name}.ext"
+    ext.write_text("extendedKeyUsage=clientAuth\nbasicConstraints=CA:FALSE\n")
+    _openssl(
+        "req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
+        "-keyout", key, "-out", csr, cwd=directory,
+    )  # fmt: skip
+    _openssl(
+        "x509", "-req", "-in", csr, "-CA", ca.cert, "-CAkey", ca.key, "-CAcreateserial",
+        "-days", "2", "-extfile", ext, "-out", cert, cwd=directory,
+    )  # fmt: skip
+    if password is not None:
+        encrypted = directory / f"{name}-encrypted.key"
+        _openssl(
+            "pkey", "-in", key, "-aes256", "-passout", f"pass:{password}", "-out", encrypted,
+            cwd=directory,
+        )  # fmt: skip
+        key = encrypted
+    return ClientCertificate(cert.read_text(), key.read_text(), password)
+
+
+def client_certificate_of(
+    files: dict[str, str], prefix: str, *, encrypted: bool = False
+) -> ClientCertificate:
+    """The client certificate a local service's env names (``<prefix>_CLIENT_CERT``,
+    ``_KEY``, ``_ENCRYPTED_KEY``, ``_KEY_PASSWORD``: files)."""
+    cert = Path(files[f"{prefix}_CLIENT_CERT"]).read_text()
+    if not encrypted:
+        return ClientCertificate(cert, Path(files[f"{prefix}_CLIENT_KEY"]).read_text())
+    return ClientCertificate(
+        cert,
+        Path(files[f"{prefix}_CLIENT_ENCRYPTED_KEY"]).read_text(),
+        Path(files[f"{prefix}_CLIENT_KEY_PASSWORD"]).read_text().strip(),
+    )

@@ -19,6 +19,9 @@
 #                                    by a CA generated at each start; no client certificate
 #   SASL_SSL        KAFKA_SASL_SSL_PORT  the SASL_PLAINTEXT mechanisms and user over the SSL
 #                                    listener's TLS (what a production cluster runs)
+#   MTLS (SSL)      KAFKA_MTLS_PORT  the SSL listener's TLS, and a client certificate signed by
+#                                    the same CA required (KAFKA_CLIENT_CERT, _KEY,
+#                                    _ENCRYPTED_KEY and KAFKA_CLIENT_KEY_PASSWORD: its files)
 # The SCRAM credentials go into the metadata log when the storage is formatted
 # (`StorageTool format --add-scram`), so they exist before the broker takes its first request.
 # $BN_RUN/kafka/env holds KAFKA_BOOTSTRAP KAFKA_SASL_BOOTSTRAP KAFKA_SSL_BOOTSTRAP
@@ -27,7 +30,7 @@
 #
 # Overrides: KAFKA_VERSION (3.9.x; 4.x drops the log4j 1.x setup used here), KAFKA_PORT (19092),
 # KAFKA_CONTROLLER_PORT (19093), KAFKA_SASL_PORT (19094), KAFKA_SSL_PORT (19095),
-# KAFKA_SASL_SSL_PORT (19096),
+# KAFKA_SASL_SSL_PORT (19096), KAFKA_MTLS_PORT (19097),
 # KAFKA_SCRAM_USER, KAFKA_SCRAM_PASSWORD, KAFKA_HEAP_OPTS (-Xmx512m), KAFKA_START_TIMEOUT (90).
 SERVICE=kafka
 source "$(dirname "$0")/lib.sh"
@@ -38,6 +41,7 @@ KAFKA_CONTROLLER_PORT=${KAFKA_CONTROLLER_PORT:-19093}
 KAFKA_SASL_PORT=${KAFKA_SASL_PORT:-19094}
 KAFKA_SSL_PORT=${KAFKA_SSL_PORT:-19095}
 KAFKA_SASL_SSL_PORT=${KAFKA_SASL_SSL_PORT:-19096}
+KAFKA_MTLS_PORT=${KAFKA_MTLS_PORT:-19097}
 # Test credentials (this broker listens on loopback only). They end up in a sed replacement and
 # in a JAAS string, so they are restricted to characters that need no quoting in either.
 KAFKA_SCRAM_USER=${KAFKA_SCRAM_USER:-bntest}
@@ -92,7 +96,7 @@ check_credentials() {
 # The TLS listeners' CA and certificate (make_server_tls), the key and chain in a PKCS#12
 # keystore for the broker.
 make_tls() {
-  make_server_tls "$dir/tls" "bucketnotify local Kafka CA"
+  make_server_tls "$dir/tls" "bucketnotify local Kafka CA" clients
   (
     umask 077
     cd "$dir/tls"
@@ -107,11 +111,11 @@ write_config() {
   mkdir -p "$dir/data"
   local listeners="PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT"
   local clients="SASL_PLAINTEXT://127.0.0.1:$KAFKA_SASL_PORT,SSL://127.0.0.1:$KAFKA_SSL_PORT"
-  clients+=",SASL_SSL://127.0.0.1:$KAFKA_SASL_SSL_PORT"
+  clients+=",SASL_SSL://127.0.0.1:$KAFKA_SASL_SSL_PORT,MTLS://127.0.0.1:$KAFKA_MTLS_PORT"
   listeners+=",$clients"
   local advertised="PLAINTEXT://127.0.0.1:$KAFKA_PORT,$clients"
   local protocol_map="PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
-  protocol_map+=",SASL_PLAINTEXT:SASL_PLAINTEXT,SSL:SSL,SASL_SSL:SASL_SSL"
+  protocol_map+=",SASL_PLAINTEXT:SASL_PLAINTEXT,SSL:SSL,SASL_SSL:SASL_SSL,MTLS:SSL"
   # The file holds the PLAIN password and the keystore password: readable by us only.
   (
     umask 077
@@ -123,6 +127,7 @@ write_config() {
       -e "s|@SASL_USER@|$KAFKA_SCRAM_USER|g" \
       -e "s|@SASL_PASSWORD@|$KAFKA_SCRAM_PASSWORD|g" \
       -e "s|@KEYSTORE@|$dir/tls/server.p12|" \
+      -e "s|@TRUSTSTORE@|$dir/tls/ca.crt|" \
       -e "s|@KEYSTORE_PASSWORD@|$(cat "$dir/tls/keystore.password")|g" \
       "$TEMPLATES/server.properties.tmpl" >"$dir/server.properties"
   )
@@ -161,7 +166,8 @@ launch() {
   # unfenced, i.e. it can take produce and metadata requests.
   local deadline=$((SECONDS + START_TIMEOUT))
   until tail -c "+$from" "$logfile" | grep -q 'Kafka Server started' && port_open "$KAFKA_PORT" &&
-    port_open "$KAFKA_SASL_PORT" && port_open "$KAFKA_SSL_PORT" && port_open "$KAFKA_SASL_SSL_PORT"; do
+    port_open "$KAFKA_SASL_PORT" && port_open "$KAFKA_SSL_PORT" &&
+    port_open "$KAFKA_SASL_SSL_PORT" && port_open "$KAFKA_MTLS_PORT"; do
     pid_alive "$pidfile" || fail "Kafka exited during startup"
     ((SECONDS < deadline)) || fail "Kafka did not become ready within ${START_TIMEOUT}s"
     sleep 0.3
@@ -192,7 +198,7 @@ start() {
   ensure_libs
   local port
   for port in "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT" "$KAFKA_SASL_PORT" "$KAFKA_SSL_PORT" \
-    "$KAFKA_SASL_SSL_PORT"; do
+    "$KAFKA_SASL_SSL_PORT" "$KAFKA_MTLS_PORT"; do
     port_open "$port" && die "port $port is already in use (ss -ltnp 'sport = :$port')"
   done
 
@@ -213,6 +219,11 @@ start() {
     "KAFKA_SSL_BOOTSTRAP=127.0.0.1:$KAFKA_SSL_PORT" \
     "KAFKA_SASL_SSL_BOOTSTRAP=127.0.0.1:$KAFKA_SASL_SSL_PORT" \
     "KAFKA_CA_PEM=$dir/tls/ca.crt" \
+    "KAFKA_MTLS_BOOTSTRAP=127.0.0.1:$KAFKA_MTLS_PORT" \
+    "KAFKA_CLIENT_CERT=$dir/tls/client.crt" \
+    "KAFKA_CLIENT_KEY=$dir/tls/client.key" \
+    "KAFKA_CLIENT_ENCRYPTED_KEY=$dir/tls/client-encrypted.key" \
+    "KAFKA_CLIENT_KEY_PASSWORD=$dir/tls/client-key.password" \
     "KAFKA_SCRAM_USER=$KAFKA_SCRAM_USER" \
     "KAFKA_SCRAM_PASSWORD=$KAFKA_SCRAM_PASSWORD" \
     "KAFKA_LOG=$logfile" \

@@ -138,11 +138,14 @@ write_env() {
   mv "$file.tmp" "$file"
 }
 
-# make_server_tls DIR CA_NAME: in DIR, a CA (ca.crt) and a server certificate for 127.0.0.1
-# and localhost signed by it (server.crt, server.key), new at each start of a service. The
-# CA's key is deleted once it has signed: nothing else is ever signed with it.
+# make_server_tls DIR CA_NAME [clients]: in DIR, a CA (ca.crt) and a server certificate for
+# 127.0.0.1 and localhost signed by it (server.crt, server.key), new at each start of a
+# service. With `clients`, the CA also signs a client certificate (client.crt, client.key,
+# and the same key encrypted with the password in client-key.password as
+# client-encrypted.key), for listeners that require one. The CA's key is deleted once it has
+# signed: nothing else is ever signed with it.
 make_server_tls() {
-  local tls=$1 name=$2
+  local tls=$1 name=$2 clients=${3:-}
   command -v openssl >/dev/null || apt_ensure openssl
   mkdir -p "$tls"
   (
@@ -156,6 +159,17 @@ make_server_tls() {
       "basicConstraints=CA:FALSE" >server.ext
     openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 30 \
       -extfile server.ext -out server.crt
+    if [[ $clients == clients ]]; then
+      openssl req -newkey rsa:2048 -nodes -subj "/CN=bucketnotify-delivery" \
+        -keyout client.key -out client.csr
+      printf '%s\n' "extendedKeyUsage=clientAuth" "basicConstraints=CA:FALSE" >client.ext
+      openssl x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 30 \
+        -extfile client.ext -out client.crt
+      od -An -tx1 -N12 /dev/urandom | tr -d ' \n' >client-key.password
+      openssl pkey -in client.key -aes256 -passout file:client-key.password \
+        -out client-encrypted.key
+      rm -f client.csr client.ext
+    fi
     rm -f ca.key ca.srl server.csr server.ext
   ) >"$tls.log" 2>&1 || die_with_log "making the TLS listener's certificates failed" "$tls.log"
   chmod 644 "$tls/ca.crt"

@@ -17,19 +17,35 @@
 # rabbitmqctl wrapper already pointed at this node (e.g. `$RABBITMQCTL list_queues -p
 # bucketnotify`).
 #
+# With RABBITMQ_MTLS=1 (deploy/local/rabbitmq-mtls.sh) it is a second node beside the first,
+# rabbitmq-mtls, whose AMQPS listener requires a client certificate signed by its CA (RabbitMQ
+# has one set of TLS options for all its listeners, so one node cannot offer both): state in
+# $BN_RUN/rabbitmq-mtls, ports 15675 and 15676, and in its env file also AMQP_CLIENT_CERT,
+# AMQP_CLIENT_KEY, AMQP_CLIENT_ENCRYPTED_KEY and AMQP_CLIENT_KEY_PASSWORD (files).
+#
 # Overrides: RABBITMQ_PORT (AMQP, 15673), RABBITMQ_TLS_PORT (AMQPS, 15674),
 # RABBITMQ_DIST_PORT (Erlang distribution, AMQP+10000),
 # RABBITMQ_EPMD_PORT (14369), RABBITMQ_NODE, AMQP_USER, AMQP_PASSWORD, RABBITMQ_START_TIMEOUT.
-SERVICE=rabbitmq
+MTLS=${RABBITMQ_MTLS:-}
+SERVICE=rabbitmq${MTLS:+-mtls}
 source "$(dirname "$0")/lib.sh"
 
-AMQP_PORT=${RABBITMQ_PORT:-15673}
-AMQPS_PORT=${RABBITMQ_TLS_PORT:-15674}
+if [[ -n $MTLS ]]; then
+  AMQP_PORT=${RABBITMQ_PORT:-15675}
+  AMQPS_PORT=${RABBITMQ_TLS_PORT:-15676}
+  VERIFY=verify_peer
+  FAIL_IF_NO_PEER_CERT=true
+else
+  AMQP_PORT=${RABBITMQ_PORT:-15673}
+  AMQPS_PORT=${RABBITMQ_TLS_PORT:-15674}
+  VERIFY=verify_none
+  FAIL_IF_NO_PEER_CERT=false
+fi
 # Non-default distribution and epmd ports: a system RabbitMQ (25672, epmd 4369) and ours then
 # share nothing, and the epmd we start is ours to stop.
 DIST_PORT=${RABBITMQ_DIST_PORT:-$((AMQP_PORT + 10000))}
 EPMD_PORT=${RABBITMQ_EPMD_PORT:-14369}
-NODE=${RABBITMQ_NODE:-bucketnotify@localhost}
+NODE=${RABBITMQ_NODE:-bucketnotify${MTLS:+-mtls}@localhost}
 AMQP_USER=${AMQP_USER:-bntest}
 AMQP_PASSWORD=${AMQP_PASSWORD:-bntest-secret-1}
 START_TIMEOUT=${RABBITMQ_START_TIMEOUT:-60}
@@ -38,7 +54,7 @@ START_TIMEOUT=${RABBITMQ_START_TIMEOUT:-60}
 # would drop every setting below.
 RMQ_BIN=/usr/lib/rabbitmq/bin
 TEMPLATES=$(cd "$(dirname "$0")/rabbitmq" && pwd)
-dir=$BN_RUN/rabbitmq
+dir=$BN_RUN/$SERVICE
 pidfile=$dir/pid
 logfile=$dir/rabbitmq.log
 envfile=$dir/env
@@ -48,7 +64,7 @@ ctl=$dir/rabbitmqctl
 # inherit fd 9, or it would hold the lock for as long as it runs.
 lock() {
   mkdir -p "$BN_RUN"
-  exec 9>"$BN_RUN/.rabbitmq.lock"
+  exec 9>"$BN_RUN/.$SERVICE.lock"
   flock 9
 }
 
@@ -87,8 +103,9 @@ write_config() {
   od -An -tx1 -N20 /dev/urandom | tr -d ' \n' >"$dir/home/.erlang.cookie"
   chmod 400 "$dir/home/.erlang.cookie"
   echo '[].' >"$dir/enabled_plugins"
-  make_server_tls "$dir/tls" "bucketnotify local RabbitMQ CA"
+  make_server_tls "$dir/tls" "bucketnotify local RabbitMQ CA" "${MTLS:+clients}"
   sed -e "s|@AMQP_PORT@|$AMQP_PORT|" -e "s|@AMQPS_PORT@|$AMQPS_PORT|" \
+    -e "s|@VERIFY@|$VERIFY|" -e "s|@FAIL_IF_NO_PEER_CERT@|$FAIL_IF_NO_PEER_CERT|" \
     -e "s|@TLS@|$dir/tls|g" -e "s|@DEFINITIONS@|$dir/definitions.json|" \
     "$TEMPLATES/rabbitmq.conf.tmpl" >"$dir/rabbitmq.conf"
   sed -e "s|@GUEST_HASH@|$(password_hash guest)|" \
@@ -211,7 +228,11 @@ start() {
     "AMQP_PASSWORD=$AMQP_PASSWORD" \
     "RABBITMQ_NODE=$NODE" \
     "RABBITMQ_LOG=$logfile" \
-    "RABBITMQCTL=$ctl"
+    "RABBITMQCTL=$ctl" \
+    ${MTLS:+"AMQP_CLIENT_CERT=$dir/tls/client.crt"} \
+    ${MTLS:+"AMQP_CLIENT_KEY=$dir/tls/client.key"} \
+    ${MTLS:+"AMQP_CLIENT_ENCRYPTED_KEY=$dir/tls/client-encrypted.key"} \
+    ${MTLS:+"AMQP_CLIENT_KEY_PASSWORD=$dir/tls/client-key.password"}
   log "ready on 127.0.0.1:$AMQP_PORT after $((SECONDS - began))s (details in $envfile)"
 }
 
@@ -240,9 +261,9 @@ restart() {
 
 status() {
   if pid_alive "$pidfile" && [[ -f $envfile ]] && port_open "$AMQP_PORT"; then
-    echo "rabbitmq: running as $NODE on 127.0.0.1:$AMQP_PORT (pid $(cat "$pidfile"), $envfile)"
+    echo "$SERVICE: running as $NODE on 127.0.0.1:$AMQP_PORT (pid $(cat "$pidfile"), $envfile)"
   else
-    echo "rabbitmq: not running"
+    echo "$SERVICE: not running"
     return 1
   fi
 }

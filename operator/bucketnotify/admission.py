@@ -93,6 +93,8 @@ async def _review_topic(namespace: str, raw: dict[str, Any], exists: Exists) -> 
         wanted.append(("Secret", credentials[0].secret_name, credentials[1]))
     if (ca := spec.endpoint.ca_ref()) is not None:
         wanted.append((ca[0].kind, ca[0].name, ca[1]))
+    if (client := spec.endpoint.client_certificate_ref()) is not None:
+        wanted.append(("Secret", client[0].secret_name, client[1]))
     if spec.delivery is not None and spec.delivery.dead_letter_topic:
         wanted.append(("Topic", spec.delivery.dead_letter_topic, "spec.delivery.deadLetterTopic"))
     return Verdict(True, warnings=await _missing(namespace, wanted, exists))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import ssl
 import subprocess
 import time
 import uuid
@@ -19,6 +20,7 @@ from pathlib import Path
 import aio_pika
 import pytest
 
+from bucketnotify.api.topic import ClientCertificate
 from devstack.servers.recording import RecordingHttpServer
 from devstack.servers.tcpproxy import TcpProxy
 from tests.delivery import push_records, wait_ready
@@ -26,7 +28,7 @@ from tests.kubectl import Kubectl
 from tests.localservices import LocalService
 from tests.processes import Program, free_port
 from tests.resources import apply, token_secret
-from tests.tls import issue_server_certificate, make_ca
+from tests.tls import issue_client_certificate, issue_server_certificate, make_ca
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.usefixtures("crds")
@@ -302,5 +304,80 @@ def ca_config_map(kubectl: Kubectl, namespace: str, pem: str) -> None:
             "kind": "ConfigMap",
             "metadata": {"name": "ca-rot", "namespace": namespace},
             "data": {"ca.crt": pem},
+        }
+    )
+
+
+def test_a_rotated_client_certificate_is_used_without_a_restart_and_nothing_is_lost(
+    kubectl: Kubectl, namespace: str, start_replica: StartReplica, tmp_path: Path
+) -> None:
+    """The receiver requires a client certificate of its CA; the Topic's Secret holds one of
+    another CA, so pushes are refused (the events wait, the reason is the receiver's) until
+    the Secret holds the right one, which the replica reads within SECRET_REFRESH_SECONDS:
+    every event arrives once, the key never in the log."""
+    trusted, other = make_ca(tmp_path / "t", "trusted-ca"), make_ca(tmp_path / "o", "other-ca")
+    server = issue_server_certificate(trusted, tmp_path / "srv", "receiver")
+    context = server.server_context()
+    context.verify_mode = ssl.CERT_REQUIRED
+    context.load_verify_locations(trusted.cert)
+    wrong = issue_client_certificate(other, tmp_path / "wrong", "delivery")
+    right = issue_client_certificate(trusted, tmp_path / "right", "delivery", password="pw-tls")
+    with RecordingHttpServer(ssl_context=context) as receiver:
+        ca_config_map(kubectl, namespace, trusted.pem)
+        tls_secret(kubectl, namespace, wrong)
+        apply(
+            kubectl,
+            namespace,
+            "Topic",
+            "mtls",
+            {
+                "endpoint": {
+                    "http": {
+                        "url": f"{receiver.url}/hook",
+                        "caRef": {"kind": "ConfigMap", "name": "ca-rot"},
+                        "clientCertificateRef": {
+                            "secretName": "client-tls",
+                            "keyPasswordKey": "password",
+                        },
+                    }
+                },
+                "persistent": True,
+                "retrySleepDuration": 1,
+                "delivery": {"shards": 1},
+            },
+        )
+        token = token_secret(kubectl, namespace, "mtls")
+        port, replica = start_replica()
+        try:
+            waiting = [f"waiting-{i}" for i in range(5)]
+            assert push_records(port, namespace, "mtls", token, waiting) == 200
+            time.sleep(2 * REFRESH_S + 1)
+            got: list[str] = []
+            assert collect(receiver, got) == [], "refused without the right certificate"
+
+            tls_secret(kubectl, namespace, right)
+            wait_until(lambda: collect(receiver, got), lambda k: sorted(k) == waiting, 30, "all")
+            assert sorted(got) == waiting
+            assert replica.process.poll() is None, "the replica kept running"
+            log = replica.log()
+            for secret in (wrong.private_key, right.private_key, "pw-tls"):
+                assert secret not in log
+        finally:
+            replica.stop()
+            print(f"--- delivery log ---\n{replica.log()[-4000:]}")
+
+
+def tls_secret(kubectl: Kubectl, namespace: str, client: ClientCertificate) -> None:
+    """The Secret ``client-tls`` of type kubernetes.io/tls (as cert-manager writes one)."""
+    data = {"tls.crt": client.certificate, "tls.key": client.private_key}
+    if client.password is not None:
+        data["password"] = client.password
+    kubectl.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "kubernetes.io/tls",
+            "metadata": {"name": "client-tls", "namespace": namespace},
+            "stringData": data,
         }
     )

@@ -99,6 +99,51 @@ BAD_TOPICS: list[tuple[str, dict[str, Any], str]] = [
         "caRef needs useSSL: true",
     ),
     (
+        "http-client-certificate-without-tls",
+        {
+            "endpoint": {"http": {"url": "http://x", "clientCertificateRef": {"secretName": "c"}}},
+            "persistent": True,
+        },
+        "clientCertificateRef needs an https:// url",
+    ),
+    (
+        "amqp-client-certificate-without-tls",
+        {
+            "endpoint": {
+                "amqp": {
+                    "url": "amqp://b",
+                    "exchange": "ex",
+                    "clientCertificateRef": {"secretName": "c"},
+                }
+            },
+            "persistent": True,
+        },
+        "clientCertificateRef needs an amqps:// url",
+    ),
+    (
+        "kafka-client-certificate-without-ssl",
+        {
+            "endpoint": {
+                "kafka": {"url": "kafka://b:9092", "clientCertificateRef": {"secretName": "c"}}
+            },
+            "persistent": True,
+        },
+        "clientCertificateRef needs useSSL: true",
+    ),
+    (
+        "client-certificate-on-non-persistent",
+        {
+            "endpoint": {
+                "kafka": {
+                    "url": "kafka://b:9093",
+                    "useSSL": True,
+                    "clientCertificateRef": {"secretName": "c"},
+                }
+            }
+        },
+        "clientCertificateRef needs persistent: true: a Topic the gateway pushes itself",
+    ),
+    (
         "retries-on-non-persistent",
         {"endpoint": HTTP, "maxRetries": 3},
         "timeToLive, maxRetries, retrySleepDuration and delivery apply only to persistent topics",

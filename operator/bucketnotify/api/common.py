@@ -56,6 +56,20 @@ class CredentialsRef(Model):
     """Key of the password in the Secret."""
 
 
+class ClientCertificateRef(Model):
+    """A client certificate and its private key, kept in a Secret (of type
+    ``kubernetes.io/tls`` as cert-manager writes them), never inline in the object."""
+
+    secret_name: str = Field(min_length=1, max_length=253)
+    """Name of the Secret in the object's namespace."""
+    certificate_key: str = Field(default="tls.crt", min_length=1, max_length=253)
+    """Key of the PEM certificate (and the intermediates after it) in the Secret."""
+    private_key_key: str = Field(default="tls.key", min_length=1, max_length=253)
+    """Key of the PEM private key in the Secret."""
+    key_password_key: str | None = Field(default=None, min_length=1, max_length=253)
+    """Key of the private key's password in the Secret, when the key is encrypted."""
+
+
 class GatewaySecretKeys(Model):
     """The key names of a gateway Secret made by another tool, where they differ from ours."""
 

@@ -14,6 +14,7 @@ from pydantic import Field
 
 from bucketnotify.api.common import (
     CARef,
+    ClientCertificateRef,
     Condition,
     CredentialsRef,
     GatewayRef,
@@ -25,6 +26,7 @@ from bucketnotify.api.common import (
 __all__ = [
     "ENDPOINT_KINDS",
     "AmqpEndpoint",
+    "ClientCertificate",
     "Credentials",
     "DeadLetterSettings",
     "DeliverySettings",
@@ -69,6 +71,10 @@ class HttpEndpoint(Model):
             "rule": "!has(self.caRef) || self.url.startsWith('https://')",
             "message": "caRef needs an https:// url",
         },
+        {
+            "rule": "!has(self.clientCertificateRef) || self.url.startsWith('https://')",
+            "message": "clientCertificateRef needs an https:// url",
+        },
     )
 
     url: str = Field(max_length=URL_MAX)
@@ -77,6 +83,8 @@ class HttpEndpoint(Model):
     """Validate the server certificate (gateway attribute verify-ssl)."""
     ca_ref: CARef | None = None
     """CA bundle that authenticates the server instead of the system CAs."""
+    client_certificate_ref: ClientCertificateRef | None = None
+    """Client certificate presented to the server (mutual TLS); persistent Topics only."""
     cloud_events: bool = False
     """Add CloudEvents binary-mode headers (gateway attribute cloudevents)."""
 
@@ -90,6 +98,10 @@ class AmqpEndpoint(Model):
         {
             "rule": "!has(self.caRef) || self.url.startsWith('amqps://')",
             "message": "caRef needs an amqps:// url",
+        },
+        {
+            "rule": "!has(self.clientCertificateRef) || self.url.startsWith('amqps://')",
+            "message": "clientCertificateRef needs an amqps:// url",
         },
         {
             "rule": "!has(self.vhost) || !self.url.matches('^amqps?://[^/]+/.+')",
@@ -109,6 +121,8 @@ class AmqpEndpoint(Model):
     """Validate the broker certificate (amqps only)."""
     ca_ref: CARef | None = None
     """CA bundle that authenticates the broker instead of the system CAs."""
+    client_certificate_ref: ClientCertificateRef | None = None
+    """Client certificate presented to the broker (mutual TLS); persistent Topics only."""
     credentials_ref: CredentialsRef | None = None
     """User and password; the broker's default is guest/guest."""
 
@@ -135,6 +149,10 @@ class KafkaEndpoint(Model):
             "rule": "!has(self.caRef) || self.useSSL",
             "message": "caRef needs useSSL: true",
         },
+        {
+            "rule": "!has(self.clientCertificateRef) || self.useSSL",
+            "message": "clientCertificateRef needs useSSL: true",
+        },
     )
 
     url: str = Field(max_length=URL_MAX)
@@ -149,6 +167,8 @@ class KafkaEndpoint(Model):
     """Validate the broker certificate when useSSL is true."""
     ca_ref: CARef | None = None
     """CA bundle that authenticates the brokers instead of the system CAs."""
+    client_certificate_ref: ClientCertificateRef | None = None
+    """Client certificate presented to the brokers (mutual TLS); persistent Topics only."""
     ack_level: Literal["none", "broker"] = "broker"
     """none: sent is delivered; broker: wait for the broker's acknowledgement."""
     sasl: KafkaSasl | None = None
@@ -196,6 +216,14 @@ class Endpoint(Model):
             return None
         return chosen.ca_ref, f"spec.endpoint.{self.kind}.caRef"
 
+    def client_certificate_ref(self) -> tuple[ClientCertificateRef, str] | None:
+        """The Secret holding the client certificate the endpoint presents, and where the
+        spec names it; None when it presents none."""
+        chosen = self.http or self.amqp or self.kafka
+        if chosen is None or chosen.client_certificate_ref is None:
+            return None
+        return chosen.client_certificate_ref, f"spec.endpoint.{self.kind}.clientCertificateRef"
+
     def secret_names(self) -> set[str]:
         """The Secrets (in the Topic's namespace) the endpoint reads."""
         names = set()
@@ -203,6 +231,8 @@ class Endpoint(Model):
             names.add(credentials[0].secret_name)
         if (ca := self.ca_ref()) is not None and ca[0].kind == "Secret":
             names.add(ca[0].name)
+        if (client := self.client_certificate_ref()) is not None:
+            names.add(client[0].secret_name)
         return names
 
 
@@ -215,6 +245,18 @@ class Credentials(NamedTuple):
 
     def __repr__(self) -> str:
         return f"Credentials(username={self.username!r}, password='***')"
+
+
+class ClientCertificate(NamedTuple):
+    """What a ``clientCertificateRef`` holds: the PEM certificate chain, the PEM private key
+    and the key's password; neither of the last two shows in a repr."""
+
+    certificate: str
+    private_key: str
+    password: str | None = None
+
+    def __repr__(self) -> str:
+        return "ClientCertificate(certificate=..., private_key='***', password='***')"
 
 
 class DeadLetterSettings(Model):
@@ -280,6 +322,14 @@ CLOUD_EVENTS_NEED_PERSISTENT = (
 )
 
 
+CLIENT_CERTIFICATE_NEEDS_PERSISTENT = (
+    "clientCertificateRef needs persistent: true: a Topic the gateway pushes itself can"
+    " present only a certificate kept in files on the gateway's own hosts (Ceph 20.2.3 and"
+    " later, for Kafka only), which a Topic cannot name; with persistent: true the delivery"
+    " service presents the Secret's certificate, on HTTP, AMQP and Kafka alike"
+)
+
+
 INGEST_TOKEN_SUFFIX = "-ingest-token"  # noqa: S105 - a Secret name suffix
 """A persistent Topic's ingest token is the Secret ``<name>-ingest-token``."""
 PERSISTENT_NAME_MAX = 253 - len(INGEST_TOKEN_SUFFIX)
@@ -299,6 +349,13 @@ class TopicSpec(Model):
             " && !has(self.retrySleepDuration) && !has(self.delivery))",
             "message": "timeToLive, maxRetries, retrySleepDuration and delivery apply"
             " only to persistent topics; set persistent: true or remove them",
+        },
+        {
+            "rule": "self.persistent || !(has(self.endpoint.http)"
+            " && has(self.endpoint.http.clientCertificateRef) || has(self.endpoint.amqp)"
+            " && has(self.endpoint.amqp.clientCertificateRef) || has(self.endpoint.kafka)"
+            " && has(self.endpoint.kafka.clientCertificateRef))",
+            "message": CLIENT_CERTIFICATE_NEEDS_PERSISTENT,
         },
         {
             "rule": "self.persistent || !has(self.endpointTopic)",

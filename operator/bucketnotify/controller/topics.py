@@ -190,6 +190,9 @@ async def _desired(
     try:
         connection = await gateway_connection(kube, namespace, spec.gateway_ref, settings)
         credentials = await endpoint_credentials(kube, namespace, spec)
+        # Read for its presence only: the delivery service presents it (a persistent Topic
+        # is the only kind that may name one), and a missing one must show here too.
+        await kube.endpoint_client_certificate(namespace, spec.endpoint)
     except SecretMissing as exc:
         # Retried: the operator watches only the Secrets it labelled, so a Secret created
         # after its Topic (unlabelled) reaches no handler; the retry reads it.

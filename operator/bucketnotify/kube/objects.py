@@ -18,7 +18,7 @@ from typing import Any
 
 from bucketnotify import logs
 from bucketnotify.api.common import GROUP, VERSION, CARef
-from bucketnotify.api.topic import Credentials, Endpoint
+from bucketnotify.api.topic import ClientCertificate, Credentials, Endpoint
 from bucketnotify.kube.apiserver import (
     ApiClient,
     ApiError,
@@ -330,6 +330,26 @@ class Kube:
             if key not in data:
                 raise SecretMissing(f"Secret {namespace}/{ref.secret_name} has no key {key!r}")
         return Credentials(data[ref.username_key], data[ref.password_key])
+
+    async def endpoint_client_certificate(
+        self, namespace: str, endpoint: Endpoint
+    ) -> ClientCertificate | None:
+        """The certificate, key and key password an endpoint's ``clientCertificateRef``
+        names; None when it names none. Raises ``SecretMissing`` for a missing Secret or
+        key."""
+        found = endpoint.client_certificate_ref()
+        if found is None:
+            return None
+        ref = found[0]
+        data = await self.secret_data(namespace, ref.secret_name)
+        keys = [ref.certificate_key, ref.private_key_key]
+        if ref.key_password_key is not None:
+            keys.append(ref.key_password_key)
+        for key in keys:
+            if key not in data:
+                raise SecretMissing(f"Secret {namespace}/{ref.secret_name} has no key {key!r}")
+        password = data[ref.key_password_key] if ref.key_password_key is not None else None
+        return ClientCertificate(data[ref.certificate_key], data[ref.private_key_key], password)
 
     async def endpoint_ca(self, namespace: str, endpoint: Endpoint) -> str | None:
         """The PEM bundle an endpoint's ``caRef`` names; None for the system's CAs."""

@@ -34,7 +34,7 @@ import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
 from pamqp.commands import Basic
 
-from bucketnotify.api.topic import AmqpEndpoint, Credentials
+from bucketnotify.api.topic import AmqpEndpoint, ClientCertificate, Credentials
 from bucketnotify.delivery.endpoints.base import BaseEndpoint, EndpointSettings, InFlightLimit
 from bucketnotify.delivery.endpoints.errors import (
     AuthenticationError,
@@ -103,6 +103,7 @@ class AmqpPusher(BaseEndpoint):
         ca_pem: str | None,
         settings: EndpointSettings,
         in_flight: InFlightLimit | None = None,
+        client: ClientCertificate | None = None,
     ) -> None:
         login, password = credentials or DEFAULT_CREDENTIALS
         super().__init__(settings=settings, in_flight=in_flight, secrets=(login, password))
@@ -113,7 +114,7 @@ class AmqpPusher(BaseEndpoint):
         self._ack_level = spec.ack_level
         self._ssl_context: ssl.SSLContext | None = None
         if self._target.tls:
-            self._ssl_context = client_context(verify=spec.verify_ssl, ca_pem=ca_pem)
+            self._ssl_context = client_context(verify=spec.verify_ssl, ca_pem=ca_pem, client=client)
         self._lock = asyncio.Lock()
         self._connection: AbstractConnection | None = None
         self._connection_lost = False

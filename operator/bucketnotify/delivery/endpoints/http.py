@@ -27,7 +27,7 @@ import aiohttp
 import httpx
 from yarl import URL
 
-from bucketnotify.api.topic import HttpEndpoint
+from bucketnotify.api.topic import ClientCertificate, HttpEndpoint
 from bucketnotify.delivery.endpoints.base import BaseEndpoint, EndpointSettings, InFlightLimit
 from bucketnotify.delivery.endpoints.errors import (
     ConfigurationError,
@@ -100,6 +100,7 @@ class HttpPusher(BaseEndpoint):
         ca_pem: str | None,
         settings: EndpointSettings,
         in_flight: InFlightLimit | None = None,
+        client: ClientCertificate | None = None,
     ) -> None:
         super().__init__(settings=settings, in_flight=in_flight)
         parsed = _parse_url(spec.url)
@@ -108,7 +109,7 @@ class HttpPusher(BaseEndpoint):
         self._cloud_events = spec.cloud_events
         self._ssl: ssl.SSLContext | bool = True
         if parsed.scheme == "https":
-            self._ssl = client_context(verify=spec.verify_ssl, ca_pem=ca_pem)
+            self._ssl = client_context(verify=spec.verify_ssl, ca_pem=ca_pem, client=client)
         self._proxy = env_proxy(self._url)
         self._session: aiohttp.ClientSession | None = None
 

@@ -37,7 +37,7 @@ from aiokafka import errors as kafka_errors
 from aiokafka.abc import AbstractTokenProvider
 from aiokafka.conn import create_conn
 
-from bucketnotify.api.topic import KafkaEndpoint
+from bucketnotify.api.topic import ClientCertificate, KafkaEndpoint
 from bucketnotify.delivery.endpoints.base import BaseEndpoint, EndpointSettings, InFlightLimit
 from bucketnotify.delivery.endpoints.errors import (
     AuthenticationError,
@@ -133,6 +133,7 @@ class KafkaPusher(BaseEndpoint):
         ca_pem: str | None,
         settings: EndpointSettings,
         in_flight: InFlightLimit | None = None,
+        client: ClientCertificate | None = None,
     ) -> None:
         sasl = spec.sasl
         secrets: tuple[str, ...] = tuple(credentials) if credentials and sasl else ()
@@ -143,7 +144,7 @@ class KafkaPusher(BaseEndpoint):
         self._acks: int | str = 0 if spec.ack_level == "none" else "all"
         self._ssl_context: ssl.SSLContext | None = None
         if spec.use_ssl:
-            self._ssl_context = client_context(verify=spec.verify_ssl, ca_pem=ca_pem)
+            self._ssl_context = client_context(verify=spec.verify_ssl, ca_pem=ca_pem, client=client)
         # What both the producer and a diagnosing connection use to reach a broker.
         self._conn_options: dict[str, Any] = {
             "client_id": CLIENT_ID,

@@ -25,10 +25,11 @@ import hashlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from bucketnotify.api.common import GROUP, VERSION
 from bucketnotify.api.topic import (
+    ClientCertificate,
     Credentials,
     DeliverySettings,
     TopicSpec,
@@ -70,6 +71,14 @@ looked up a moment later is an event kept rather than refused."""
 UNLISTED_WARN_EVERY_S = 60.0
 """How often a namespace whose Topics cannot be listed is named in a WARNING, and a Topic
 that cannot be served for a while (the API server throttling or away) in another."""
+
+
+class EndpointInputs(NamedTuple):
+    """What an endpoint is opened with besides its spec, read from Secrets and ConfigMaps."""
+
+    credentials: Credentials | None
+    ca_pem: str | None
+    client: ClientCertificate | None
 
 
 @dataclass
@@ -347,11 +356,12 @@ class TopicTable:
         runtime = self.topics[key]
         self.tokens.take(key, runtime.queue, runtime.shards, tokens, started)
 
-    async def _endpoint_inputs(
-        self, namespace: str, spec: TopicSpec
-    ) -> tuple[Credentials | None, str | None]:
-        credentials = await self.kube.endpoint_credentials(namespace, spec.endpoint)
-        return credentials, await self.kube.endpoint_ca(namespace, spec.endpoint)
+    async def _endpoint_inputs(self, namespace: str, spec: TopicSpec) -> EndpointInputs:
+        return EndpointInputs(
+            await self.kube.endpoint_credentials(namespace, spec.endpoint),
+            await self.kube.endpoint_ca(namespace, spec.endpoint),
+            await self.kube.endpoint_client_certificate(namespace, spec.endpoint),
+        )
 
     async def _open(
         self, key: TopicKey, spec: TopicSpec, generation: int, uid: str, *, draining: bool
@@ -365,13 +375,14 @@ class TopicTable:
         problem: tuple[str, str] | None = None
         """What keeps the endpoint from opening, and its Event reason."""
         try:
-            credentials, ca_pem = await self._endpoint_inputs(namespace, spec)
-            # The credentials as a plain tuple: their own repr hides the password, and a
-            # rotated password must change the fingerprint.
+            inputs = await self._endpoint_inputs(namespace, spec)
+            # Credentials and certificate as plain tuples: their own reprs hide the secrets,
+            # and a rotated password or certificate must change the fingerprint.
             fingerprint = _fingerprint(
                 spec.model_dump(),
-                tuple(credentials) if credentials else None,
-                ca_pem,
+                tuple(inputs.credentials) if inputs.credentials else None,
+                inputs.ca_pem,
+                tuple(inputs.client) if inputs.client else None,
                 generation,
                 shards,
                 draining,
@@ -383,7 +394,7 @@ class TopicTable:
             old.secrets_read_at = time.monotonic()
             return
         if problem is None:
-            endpoint, problem = self._open_endpoint(name, spec, credentials, ca_pem)
+            endpoint, problem = self._open_endpoint(name, spec, inputs)
         if problem is not None and (old is None or old.problem != problem[0]):
             # Events keep being accepted and wait in the queue until this is fixed.
             log.error("topic %s/%s: not delivering: %s", namespace, name, problem[0])
@@ -467,14 +478,10 @@ class TopicTable:
         )
 
     def _open_endpoint(
-        self,
-        name: str,
-        spec: TopicSpec,
-        credentials: tuple[str, str] | None,
-        ca_pem: str | None,
+        self, name: str, spec: TopicSpec, inputs: EndpointInputs
     ) -> tuple[Endpoint | None, tuple[str, str] | None]:
         """The endpoint, or what keeps it from opening as specified (and the reason)."""
-        if credentials is not None and not self._allow_cleartext:
+        if inputs.credentials is not None and not self._allow_cleartext:
             refusal = broker_cleartext_refusal(spec)
             if refusal is not None:
                 return None, (refusal, "CleartextCredentials")
@@ -483,8 +490,9 @@ class TopicTable:
                 open_endpoint(
                     spec.endpoint,
                     endpoint_topic=endpoint_topic_name(name, spec),
-                    credentials=credentials,
-                    ca_pem=ca_pem,
+                    credentials=inputs.credentials,
+                    ca_pem=inputs.ca_pem,
+                    client=inputs.client,
                 ),
                 None,
             )
