@@ -56,22 +56,34 @@ def issue_server_certificate(
     ca: CertificateAuthority, directory: Path, name: str
 ) -> ServerCertificate:
     """A certificate for 127.0.0.1 and localhost signed by ``ca``."""
+    cert, key = _issue(
+        ca,
+        directory,
+        name,
+        "/CN=127.0.0.1",
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+        "extendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE\n",
+    )
+    return ServerCertificate(cert, key)
+
+
+def _issue(
+    ca: CertificateAuthority, directory: Path, name: str, subject: str, extensions: str
+) -> tuple[Path, Path]:
+    """A key and a certificate for ``subject`` with ``extensions``, signed by ``ca``."""
     directory.mkdir(parents=True, exist_ok=True)
     cert, key, csr = (directory / f"{name}.{ext}" for ext in ("crt", "key", "csr"))
     ext = directory / f"{name}.ext"
-    ext.write_text(
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
-        "extendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE\n"
-    )
+    ext.write_text(extensions)
     _openssl(
-        "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
+        "req", "-newkey", "rsa:2048", "-nodes", "-subj", subject,
         "-keyout", key, "-out", csr, cwd=directory,
     )  # fmt: skip
     _openssl(
         "x509", "-req", "-in", csr, "-CA", ca.cert, "-CAkey", ca.key, "-CAcreateserial",
         "-days", "2", "-extfile", ext, "-out", cert, cwd=directory,
     )  # fmt: skip
-    return ServerCertificate(cert, key)
+    return cert, key
 
 
 def issue_client_certificate(
@@ -79,18 +91,13 @@ def issue_client_certificate(
 ) -> ClientCertificate:
     """A client certificate (clientAuth) for ``name`` signed by ``ca``, its key in PEM,
     encrypted with ``password`` when given: what a ``kubernetes.io/tls`` Secret holds."""
-    directory.mkdir(parents=True, exist_ok=True)
-    cert, key, csr = (directory / f"{name}.{ext}" for ext in ("crt", "key", "csr"))
-    ext = directory / f"{name}.ext"
-    ext.write_text("extendedKeyUsage=clientAuth\nbasicConstraints=CA:FALSE\n")
-    _openssl(
-        "req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
-        "-keyout", key, "-out", csr, cwd=directory,
-    )  # fmt: skip
-    _openssl(
-        "x509", "-req", "-in", csr, "-CA", ca.cert, "-CAkey", ca.key, "-CAcreateserial",
-        "-days", "2", "-extfile", ext, "-out", cert, cwd=directory,
-    )  # fmt: skip
+    cert, key = _issue(
+        ca,
+        directory,
+        name,
+        f"/CN={name}",
+        "extendedKeyUsage=clientAuth\nbasicConstraints=CA:FALSE\n",
+    )
     if password is not None:
         encrypted = directory / f"{name}-encrypted.key"
         _openssl(
