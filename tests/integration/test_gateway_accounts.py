@@ -151,7 +151,7 @@ def test_a_user_moved_into_an_account_moves_its_topic_at_the_next_write(
     Topic stays Synced on its old topic until its next write (a spec change, or a repair),
     which moves it to the account's topic; the old topic is left as it was, and deleting the
     Topic deletes the account's topic only."""
-    start_operator()
+    operator = start_operator()
     uid = f"bn-mv-{uuid.uuid4().hex[:6]}"
     keys = user_keys(rgw, uid)
     gateway_secret(kubectl, namespace, "mover", rgw["RGW_ENDPOINT"], *keys)
@@ -187,6 +187,9 @@ def test_a_user_moved_into_an_account_moves_its_topic_at_the_next_write(
     assert status["conditions"][0]["reason"] == "Synced"
     left = sns.get_topic_attributes(TopicArn=old)["Attributes"]
     assert "127.0.0.1:9/old" in left["EndPoint"], "the old topic stays as it was"
+
+    said = [line for line in operator.log().splitlines() if "is left on the gateway" in line]
+    assert len(said) == 1 and old in said[0] and status["arn"] in said[0], said
 
     kubectl.run("delete", "topic", "before", "-n", namespace, "--wait=true")
     assert topic_arn(sns, status["arn"]) is None, "the account's topic goes with the Topic"

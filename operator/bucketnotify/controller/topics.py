@@ -348,6 +348,19 @@ async def reconcile_topic(
         finally:
             # Even a failed write may have changed it.
             gateway.listing.forget(topic_name)
+        if held and arn is not None and probe != arn and arn_topic_name(arn) == topic_name:
+            # Same name, another ARN: the gateway user now lives in an account (Ceph 19+),
+            # whose CreateTopic made the account's topic. The old one is the user's still,
+            # and notifications may name it until their next check: left, and said.
+            logger.warning(
+                "gateway topic of Topic %s/%s is now %s (its gateway user's account changed);"
+                " the topic it had, %s, is left on the gateway: delete it as that user once"
+                " the Topic's BucketNotifications name the new one",
+                namespace,
+                name,
+                arn,
+                probe,
+            )
     except NotReconcilable as exc:
         refused = outcome(False, exc.reason, str(exc), retry=exc.retry)
         if exc.reason == "NameConflict" and status.get("arn"):
