@@ -348,7 +348,12 @@ async def reconcile_topic(
         finally:
             # Even a failed write may have changed it.
             gateway.listing.forget(topic_name)
-        if held and arn is not None and probe != arn and arn_topic_name(arn) == topic_name:
+        if (
+            held
+            and arn is not None
+            and probe != arn
+            and arn_topic_name(arn) == arn_topic_name(probe) == topic_name
+        ):
             # Same name, another ARN: the gateway user now lives in an account (Ceph 19+),
             # whose CreateTopic made the account's topic. The old one is the user's still,
             # and notifications may name it until their next check: left, and said.
