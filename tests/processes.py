@@ -10,7 +10,7 @@ from typing import Any
 
 from devstack.programs import BIN, Program, free_port
 
-__all__ = ["BIN", "Program", "Result", "free_port", "run_cli"]
+__all__ = ["BIN", "Program", "Result", "base_env", "free_port", "run_cli"]
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class Result:
         return json.loads(self.out)
 
 
-def _base_env() -> dict[str, str]:
+def base_env() -> dict[str, str]:
     # The caller's own settings must not leak into what a test asserts.
     return {
         k: v
@@ -38,7 +38,7 @@ async def run_cli(env: dict[str, str], *args: str) -> Result:
     process = await asyncio.create_subprocess_exec(
         str(BIN / "bucketnotify"),
         *args,
-        env={**_base_env(), **env},
+        env={**base_env(), **env},
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )

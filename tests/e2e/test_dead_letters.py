@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
-import os
 import re
 import shlex
 import signal
@@ -31,7 +30,7 @@ from tests.delivery import scrape
 from tests.kubectl import Kubectl
 from tests.localservices import REPO, LocalService
 from tests.operator import StartOperator
-from tests.processes import BIN, Program, run_cli
+from tests.processes import BIN, Program, base_env, run_cli
 from tests.resources import apply, condition
 from tests.s3 import s3_client
 from tests.waiting import wait_until
@@ -133,14 +132,9 @@ def topic_with_kept_dead_letters(
 
 
 def redrive_process(env: dict[str, str], *args: str) -> subprocess.Popen[bytes]:
-    base = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("BUCKETNOTIFY_") and k != "KUBECONFIG"
-    }
     return subprocess.Popen(
         [str(BIN / "bucketnotify"), "dead-letters", "redrive", *args],
-        env={**base, **env},
+        env={**base_env(), **env},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )

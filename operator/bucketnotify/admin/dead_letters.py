@@ -29,6 +29,7 @@ from bucketnotify.delivery.model.dead_letters import (
     DEAD_LETTERS_SHARD,
     TALLY_SHARD,
     DeadLetter,
+    append,
     tally,
 )
 from bucketnotify.delivery.model.event import event_shard, object_of
@@ -141,7 +142,7 @@ async def redrive(
             by_shard.setdefault(shard, []).append((chosen.letter.event_id, chosen.letter.body))
         try:
             for shard, events in by_shard.items():
-                await _commit(store, into, shard, events)
+                await append(store, into, shard, events)
         except QueueFull as exc:
             raise Stopped(moved, exc) from exc
         await store.remove(kept, DEAD_LETTERS_SHARD, [i for c in part for i in c.entry_ids])
@@ -178,27 +179,12 @@ class Stopped(Exception):
         self.moved = moved
 
 
-async def _commit(
-    store: QueueStore, queue: QueueName, shard: int, events: Sequence[tuple[str, bytes]]
-) -> None:
-    now = time.time()
-    reservation = await store.reserve(
-        queue, shard, len(events), sum(len(b) for _, b in events), now
-    )
-    try:
-        await store.commit(reservation, events, now)
-    except BaseException:
-        with contextlib.suppress(Exception):  # it expires and is reclaimed
-            await store.abort(reservation)
-        raise
-
-
 async def _count(store: QueueStore, kept: QueueName, what: str, amount: int) -> None:
     """The tally the replicas export; a tally that finds no room is not worth a failed
     command (the events moved): the metric undercounts, nothing else."""
     body = tally(what, amount)
     with contextlib.suppress(QueueFull):
-        await _commit(store, kept, TALLY_SHARD, [(f"tally-{time.time_ns()}", body)])
+        await append(store, kept, TALLY_SHARD, [(f"tally-{time.time_ns()}", body)])
 
 
 def parse_time(text: str, now: float) -> float:

@@ -15,13 +15,15 @@ redrives and purges them (``admin.dead_letters``).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from bucketnotify.delivery.model.outcomes import EventOutcome
-from bucketnotify.delivery.model.queue import Entry, QueueName
+from bucketnotify.delivery.model.queue import Entry, QueueName, QueueStore
 from bucketnotify.records import Outcome
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
     "SUFFIX",
     "TALLY_SHARD",
     "DeadLetter",
+    "append",
     "dead_letter_queue",
     "tallies",
     "tally",
@@ -144,6 +147,24 @@ class DeadLetter:
 
 def _time(value: Any) -> float | None:
     return None if value is None else float(value)
+
+
+async def append(
+    store: QueueStore, queue: QueueName, shard: int, events: Sequence[tuple[str, bytes]]
+) -> None:
+    """Reserve room for ``events`` in one shard of a queue and commit them (``QueueFull``
+    when there is none): how the replicas keep dead letters and the admin CLI moves and
+    tallies them, one writer's small batches that need no group commit."""
+    now = time.time()
+    reservation = await store.reserve(
+        queue, shard, len(events), sum(len(body) for _, body in events), now
+    )
+    try:
+        await store.commit(reservation, events, now)
+    except BaseException:
+        with contextlib.suppress(Exception):  # else it expires and is reclaimed
+            await store.abort(reservation)
+        raise
 
 
 def tally(what: str, amount: int) -> bytes:

@@ -12,14 +12,13 @@ A sink that raises took nothing: the round keeps the events queued and offers th
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from bucketnotify.delivery.model.dead_letters import SHARDS, DeadLetter, dead_letter_queue
+from bucketnotify.delivery.model.dead_letters import SHARDS, DeadLetter, append, dead_letter_queue
 from bucketnotify.delivery.model.event import event_shard
 from bucketnotify.delivery.model.outcomes import EventOutcome
 from bucketnotify.delivery.model.queue import QueueFull, QueueName, QueueNotFound, QueueStore
@@ -137,17 +136,7 @@ class DeadLetters:
         return set(discarded)
 
     async def _commit(self, queue: QueueName, letters: Sequence[tuple[str, str, bytes]]) -> None:
-        now = time.time()
-        events = [(event_id, body) for _, event_id, body in letters]
-        reservation = await self._store.reserve(
-            queue, 0, len(events), sum(len(b) for _, b in events), now
-        )
-        try:
-            await self._store.commit(reservation, events, now)
-        except BaseException:
-            with contextlib.suppress(Exception):  # else it expires and is reclaimed
-                await self._store.abort(reservation)
-            raise
+        await append(self._store, queue, 0, [(event_id, body) for _, event_id, body in letters])
 
     async def _one_by_one(
         self, queue: QueueName, letters: Sequence[tuple[str, str, bytes]]
