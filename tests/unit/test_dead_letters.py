@@ -142,7 +142,7 @@ async def test_a_redrive_moves_each_into_its_objects_shard_and_leaves_a_tally(
     left = await choose(store, KEPT, Selection())
     assert [c.letter.event_id for c in left] == ["id-b/1"]
     assert tallies(await store.list(KEPT, TALLY_SHARD)) == {"redriven": 2}
-    assert await purge(store, kept=KEPT, letters=left, progress=None) == 1
+    assert await purge(store, kept=KEPT, letters=left) == 1
     assert await choose(store, KEPT, Selection()) == []
     assert tallies(await store.list(KEPT, TALLY_SHARD)) == {"redriven": 2, "purged": 1}
 

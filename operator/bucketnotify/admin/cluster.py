@@ -20,7 +20,6 @@ from pydantic_settings import BaseSettings, SettingsError
 
 from bucketnotify.admin.dead_letters import (
     Chosen,
-    Progress,
     Selection,
     choose,
     purge,
@@ -273,8 +272,6 @@ async def move_back(
         return await redrive(store, kept=kept, into=into, shards=shards, letters=letters, rate=rate)
 
 
-async def remove_for_good(
-    store: QueueStore, *, kept: QueueName, letters: list[Chosen], progress: Progress | None
-) -> int:
+async def remove_for_good(store: QueueStore, *, kept: QueueName, letters: list[Chosen]) -> int:
     with _store_errors(kept):
-        return await purge(store, kept=kept, letters=letters, progress=progress)
+        return await purge(store, kept=kept, letters=letters)

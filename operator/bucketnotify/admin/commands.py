@@ -564,9 +564,7 @@ async def dead_letters_purge(args: argparse.Namespace) -> Done:
         )
     async with open_queues() as queues:
         queue, _, chosen = await _dead_letters(args, queues, selection)
-        removed = await remove_for_good(
-            queues.store, kept=dead_letter_queue(queue), letters=chosen, progress=None
-        )
+        removed = await remove_for_good(queues.store, kept=dead_letter_queue(queue), letters=chosen)
     return Done(f"purged {removed} dead letters of topic {queue}\n")
 
 

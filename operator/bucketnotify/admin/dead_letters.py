@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bucketnotify.delivery.model.dead_letters import (
@@ -35,7 +35,7 @@ from bucketnotify.delivery.model.dead_letters import (
 from bucketnotify.delivery.model.event import event_shard, object_of
 from bucketnotify.delivery.model.queue import Entry, QueueFull, QueueName, QueueStore
 
-__all__ = ["Chosen", "Selection", "choose", "purge", "redrive"]
+__all__ = ["Chosen", "Selection", "Stopped", "choose", "purge", "redrive"]
 
 CHUNK = 100
 """Dead letters moved per commit and removal when no ``--rate`` is given."""
@@ -114,9 +114,6 @@ async def choose(store: QueueStore, queue: QueueName, selection: Selection) -> l
     return chosen
 
 
-Progress = Callable[[int], None]
-
-
 async def redrive(
     store: QueueStore,
     *,
@@ -125,11 +122,10 @@ async def redrive(
     shards: int,
     letters: Sequence[Chosen],
     rate: float | None,
-    progress: Progress | None = None,
 ) -> int:
     """Move ``letters`` from dead-letter queue ``kept`` into Topic queue ``into`` (of
-    ``shards`` shards), at most ``rate`` per second; how many moved. Raises ``QueueFull``
-    (with those moved before it in ``Stopped``) when the Topic's queue has no room."""
+    ``shards`` shards), at most ``rate`` per second; how many moved. Raises ``Stopped``
+    (saying how many moved) when the Topic's queue has no room."""
     chunk = 1 if rate is not None else CHUNK
     moved = 0
     started = time.monotonic()
@@ -148,17 +144,13 @@ async def redrive(
         await store.remove(kept, DEAD_LETTERS_SHARD, [i for c in part for i in c.entry_ids])
         moved += len(part)
         await _count(store, kept, "redriven", len(part))
-        if progress is not None:
-            progress(moved)
         if rate is not None:
             # Paced from the start, not per event: a slow store does not slow it twice.
             await asyncio.sleep(max(0.0, started + moved / rate - time.monotonic()))
     return moved
 
 
-async def purge(
-    store: QueueStore, *, kept: QueueName, letters: Sequence[Chosen], progress: Progress | None
-) -> int:
+async def purge(store: QueueStore, *, kept: QueueName, letters: Sequence[Chosen]) -> int:
     """Remove ``letters`` for good; how many."""
     removed = 0
     for at in range(0, len(letters), CHUNK):
@@ -166,8 +158,6 @@ async def purge(
         await store.remove(kept, DEAD_LETTERS_SHARD, [i for c in part for i in c.entry_ids])
         removed += len(part)
         await _count(store, kept, "purged", len(part))
-        if progress is not None:
-            progress(removed)
     return removed
 
 
