@@ -188,6 +188,7 @@ async def _operate(settings: OperatorSettings, api: ApiClient) -> None:
                 learned=lambda endpoint, release: metrics.gateway_info.labels(
                     endpoint, release.name
                 ).set(1),
+                counted=lambda operation: metrics.gateway_requests.labels(operation).inc(),
             ),
             object_locks=ObjectLocks(),
             metrics=metrics,

@@ -356,6 +356,14 @@ class OperatorMetrics:
             " number written together.",
             registry=r,
         )
+        self.gateway_requests = Counter(
+            "bucketnotify_gateway_requests",
+            "HTTP requests the operator sent to its gateways, by operation (ListTopics,"
+            " CreateTopic, GetBucketNotificationConfiguration...), retries included: over a"
+            " drift interval with nothing changing, what the drift checks cost the gateway.",
+            ("operation",),
+            registry=r,
+        )
         self.leader = Gauge(
             "bucketnotify_operator_leader",
             "1 while this operator replica holds the leader Lease and reconciles, else 0;"

@@ -633,19 +633,29 @@ def test_notifications_of_one_bucket_applied_together_are_written_together(
     stored = {config.id: config for config in notifications.list(bucket)}
     assert sorted(stored) == names
     assert all(stored[n].key_filters == (FilterRule("prefix", f"{n}/"),) for n in names)
-    puts = proxy.sent().count(f"PUT /{bucket}?notification HTTP/1.1".encode())
+    sent = proxy.sent()
+    puts = sent.count(f"PUT /{bucket}?notification HTTP/1.1".encode())
+    gets = sent.count(f"GET /{bucket}?notification HTTP/1.1".encode())
     proxy.stop()
     print(f"{len(names)} notifications of one bucket written in {puts} PUTs")
     assert 1 <= puts < len(names)
     # The operator's own count of the same (the Topic's gateway topic is no bucket write).
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics") as answer:
-        samples = {
-            s.name: s.value
-            for family in text_string_to_metric_families(answer.read().decode())
-            for s in family.samples
-        }
+        families = list(text_string_to_metric_families(answer.read().decode()))
+    samples = {s.name: s.value for family in families for s in family.samples}
     assert samples["bucketnotify_bucket_writes_total"] == puts
     assert samples["bucketnotify_bucket_write_notifications_total"] == len(names)
+    # Its count of requests by operation: the bucket's through the proxy, exactly; the
+    # Topic's went to the default gateway, beside the proxy.
+    requests = {
+        s.labels["operation"]: s.value
+        for family in families
+        for s in family.samples
+        if s.name == "bucketnotify_gateway_requests_total"
+    }
+    assert requests["PutBucketNotificationConfiguration"] == puts
+    assert requests["GetBucketNotificationConfiguration"] == gets >= 1
+    assert requests["CreateTopic"] >= 1
 
 
 def test_drift_checks_of_one_bucket_share_its_reads(

@@ -32,7 +32,7 @@ What Ceph 16.2 does, measured on the test gateway (docs/gateway-compatibility.md
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from urllib.parse import quote
 
@@ -189,6 +189,15 @@ class NotificationClient:
 
     def close(self) -> None:
         self._http.close()
+
+    def count_requests(self, counted: Callable[[str], None]) -> None:
+        """Call ``counted(operation)`` for every HTTP request sent (the topic client's
+        requests are its own to count)."""
+
+        def on_request(request: httpx.Request) -> None:
+            counted(_OPERATIONS.get(request.method, request.method))
+
+        self._http.event_hooks["request"].append(on_request)
 
     def __enter__(self) -> NotificationClient:
         return self
@@ -395,6 +404,14 @@ class NotificationClient:
             ) from None
         except httpx.HTTPError as exc:
             raise GatewayError(f"{operation}: {type(exc).__name__}") from None
+
+
+# The S3 names of what a request of ``_exchange`` is (all go to ``/<bucket>?notification``).
+_OPERATIONS = {
+    "GET": "GetBucketNotificationConfiguration",
+    "PUT": "PutBucketNotificationConfiguration",
+    "DELETE": "DeleteBucketNotification",
+}
 
 
 def _check(config: NotificationConfig, kind: GatewayKind) -> None:

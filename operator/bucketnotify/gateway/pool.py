@@ -74,10 +74,14 @@ class Gateway:
         lock: asyncio.Lock,
         retry: WriteRetry,
         listing_reuse_s: float = 0.0,
+        counted: Callable[[str], None] | None = None,
     ):
         self.connection = connection
         self.topics = TopicClient(connection)
         self.notifications = NotificationClient(connection, topics=self.topics)
+        if counted is not None:
+            self.topics.count_requests(counted)
+            self.notifications.count_requests(counted)
         self.listing = TopicListing(
             lambda: self.read(self.topics.list_all),
             lambda arn: self.read(self.topics.get, arn),
@@ -118,7 +122,8 @@ class GatewayPool:
     the write locks, one per endpoint, are kept for good (one per gateway is few).
     ``listing_reuse_s``: how old a topic listing a drift check may use (0: none);
     ``release``: the Ceph release of every gateway, when a setting names it;
-    ``learned(endpoint, release)``: called once per gateway when its release is known."""
+    ``learned(endpoint, release)``: called once per gateway when its release is known;
+    ``counted(operation)``: called for every request sent to a gateway."""
 
     def __init__(
         self,
@@ -127,9 +132,11 @@ class GatewayPool:
         listing_reuse_s: float = 0.0,
         release: str | None = None,
         learned: Callable[[str, GatewayRelease], None] | None = None,
+        counted: Callable[[str], None] | None = None,
     ) -> None:
         self._retry = retry or WriteRetry()
         self._learned = learned
+        self._counted = counted
         # Per endpoint, like the locks: a release is the gateway's, whichever user asks.
         self._set_release = release_named(release) if release else None
         self._releases: dict[str, GatewayRelease] = {}
@@ -154,6 +161,7 @@ class GatewayPool:
                         lock,
                         self._retry,
                         self._listing_reuse_s,
+                        self._counted,
                     )
                     self._gateways[connection] = gateway
         self._gateways.move_to_end(connection)

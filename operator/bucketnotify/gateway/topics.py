@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl
@@ -88,6 +88,10 @@ class TopicClient:
     def close(self) -> None:
         self._sns.close()
 
+    def count_requests(self, counted: Callable[[str], None]) -> None:
+        """Call ``counted(operation)`` for every HTTP request sent, retries included."""
+        self._sns.meta.events.register("before-send.sns", _counting(counted))
+
     def upsert(self, name: str, attributes: Mapping[str, str]) -> str:
         """Create the topic, or replace its attributes when it exists; return its ARN."""
         with mapped_errors(f"CreateTopic {name}"):
@@ -153,6 +157,14 @@ class TopicClient:
 
 
 RAW_BODY = "bucketnotify:body"
+
+
+def _counting(counted: Callable[[str], None]) -> Callable[..., None]:
+    def before_send(event_name: str, **_: Any) -> None:
+        # botocore names the event "before-send.<service>.<Operation>".
+        counted(event_name.rsplit(".", 1)[-1])
+
+    return before_send
 
 
 def _keep_body(http_response: Any, parsed: dict[str, Any], **_: Any) -> None:
