@@ -200,7 +200,7 @@ RAMP_EVENTS ?= 500
 RAMP_SCENARIOS ?= gateway-sync,gateway-persistent,relay-sync,bucketnotify-sync,bucketnotify-sync-s3
 
 .PHONY: bench
-bench: install services-install ## the ingest alone, delivery vs the gateway (and a ramp of clients: RAMP), idle cost, failover, operator at scale, delivery status writes at 1,000 Topics (BENCH_ARGS, IDLE_ARGS, FAILOVER_ARGS="--rounds 1", OPERATOR_ARGS="--topics 100 --notifications 100", STATUS_ARGS="--topics 200")
+bench: install services-install ## the ingest alone, delivery vs the gateway (and a ramp of clients: RAMP), idle cost, failover, operator at scale, delivery status writes at 1,000 Topics, the whole system at 10,000 + 10,000 objects (BENCH_ARGS, IDLE_ARGS, FAILOVER_ARGS="--rounds 1", OPERATOR_ARGS="--topics 100 --notifications 100", STATUS_ARGS="--topics 200", SCALE_ARGS="--topics 1000 --notifications 1000 --buckets 100")
 	@# Each runs even when one before it failed: the figures of the others are still worth having.
 	rc=0; \
 	$(BIN)/python -m bench.ingest || rc=1; \
@@ -210,6 +210,7 @@ bench: install services-install ## the ingest alone, delivery vs the gateway (an
 	$(BIN)/python -m bench.failover $(FAILOVER_ARGS) || rc=1; \
 	$(BIN)/python -m bench.operator_scale $(OPERATOR_ARGS) || rc=1; \
 	$(BIN)/python -m bench.status_writes $(STATUS_ARGS) || rc=1; \
+	$(BIN)/python -m bench.scale $(SCALE_ARGS) || rc=1; \
 	exit $$rc
 
 REPORT_OUT ?= /tmp/bucketnotify-local/report

@@ -66,6 +66,48 @@ def wait_all_ready(
         time.sleep(1)
 
 
+def start_replicas(
+    count: int,
+    kube: Service,
+    gateway_env: dict[str, str],
+    namespace: str,
+    store_bucket: str,
+    log_dir: Path,
+    stack: contextlib.ExitStack,
+    profile: bool = False,
+) -> tuple[list[Program], Balancer]:
+    """``count`` delivery replicas (``replica-1`` ...) serving ``namespace`` with their
+    queues in the S3 store ``store_bucket``, and the round-robin proxy before them; stopped
+    by ``stack``."""
+    replicas: list[Program] = []
+    ports = []
+    for i in range(count):
+        identity = f"replica-{i + 1}"
+        port = free_port()
+        program = Program(
+            ["delivery"],
+            {
+                "KUBECONFIG": kube["KUBECONFIG_ADMIN"],
+                "BUCKETNOTIFY_DELIVERY_STORE": f"s3://{store_bucket}",
+                "BUCKETNOTIFY_DELIVERY_LISTEN_PORT": str(port),
+                "BUCKETNOTIFY_DELIVERY_LEASE_NAMESPACE": namespace,
+                "BUCKETNOTIFY_DELIVERY_NAMESPACES": json.dumps([namespace]),
+                "BUCKETNOTIFY_DELIVERY_IDENTITY": identity,
+                "BUCKETNOTIFY_DELIVERY_PARTITIONS": str(PARTITIONS),
+                **gateway_env,
+            },
+            name=identity,
+            log_dir=log_dir,
+            profile=profile,
+        )
+        stack.callback(program.stop)
+        replicas.append(program)
+        ports.append(port)
+    for program, port in zip(replicas, ports, strict=True):
+        wait_for_port(port, 60, program)
+    return replicas, stack.enter_context(Balancer(ports))
+
+
 @dataclass
 class Deployment:
     """``topics`` persistent Topics delivered by the replicas, each notified of PUTs under
@@ -108,33 +150,10 @@ def deploy(
         f"deleting queue bucket {store_bucket}",
         lambda: delete_everything([s3], store_bucket),
     )
-    identities = [f"replica-{i + 1}" for i in range(args.replicas)]
-    replicas: list[Program] = []
-    ports = []
-    for identity in identities:
-        port = free_port()
-        program = Program(
-            ["delivery"],
-            {
-                "KUBECONFIG": kube["KUBECONFIG_ADMIN"],
-                "BUCKETNOTIFY_DELIVERY_STORE": f"s3://{store_bucket}",
-                "BUCKETNOTIFY_DELIVERY_LISTEN_PORT": str(port),
-                "BUCKETNOTIFY_DELIVERY_LEASE_NAMESPACE": namespace,
-                "BUCKETNOTIFY_DELIVERY_NAMESPACES": json.dumps([namespace]),
-                "BUCKETNOTIFY_DELIVERY_IDENTITY": identity,
-                "BUCKETNOTIFY_DELIVERY_PARTITIONS": str(PARTITIONS),
-                **gateway_env,
-            },
-            name=identity,
-            log_dir=log_dir,
-            profile=args.profile,
-        )
-        stack.callback(program.stop)
-        replicas.append(program)
-        ports.append(port)
-    for program, port in zip(replicas, ports, strict=True):
-        wait_for_port(port, 60, program)
-    proxy = stack.enter_context(Balancer(ports))
+    replicas, proxy = start_replicas(
+        args.replicas, kube, gateway_env, namespace, store_bucket, log_dir, stack, args.profile
+    )
+    identities = [r.name for r in replicas]
     operator = Program(
         ["operator"],
         {

@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
 import logging
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 
+from bucketnotify.api.topic import ingest_token_secret
+from bucketnotify.delivery.model.timings import ServiceTimings
 from bucketnotify.delivery.peers.ownership import Ownership
 from bucketnotify.delivery.service import DeliveryService
 from bucketnotify.delivery.stores.localdir import LocalDirStore
-from bucketnotify.kube.apiserver import ApiError
+from bucketnotify.delivery.topics.table import SECRETS_LISTED_FROM
+from bucketnotify.kube.apiserver import ApiClient, ApiError
 from bucketnotify.metrics import DeliveryMetrics
 from tests.delivery import OwnsEverything
 from tests.kubeapi import api_client
@@ -116,4 +122,209 @@ async def test_a_namespace_that_cannot_be_listed_keeps_its_topics_and_the_others
             for runtime in service.topics.values():
                 if runtime.endpoint is not None:
                     await runtime.endpoint.aclose()
+            await service.events.aclose()
+
+
+class RequestLog:
+    """The requests a replica's own client sends (method and path), the API server real."""
+
+    def __init__(self, api: ApiClient) -> None:
+        self.sent: list[tuple[str, str]] = []
+        send = api.request
+
+        async def request(method: str, path: str, **kwargs: Any) -> Any:
+            self.sent.append((method, path))
+            return await send(method, path, **kwargs)
+
+        api.request = request  # type: ignore[method-assign]
+
+    def take(self) -> list[tuple[str, str]]:
+        sent, self.sent = self.sent, []
+        return sent
+
+
+def secret_reads(sent: list[tuple[str, str]], namespace: str) -> tuple[int, int]:
+    """(LISTs of the namespace's Secrets, GETs of one Secret) among ``sent``."""
+    listing = f"/api/v1/namespaces/{namespace}/secrets"
+    lists = sum(1 for m, p in sent if m == "GET" and p == listing)
+    gets = sum(1 for m, p in sent if m == "GET" and p.startswith(listing + "/"))
+    return lists, gets
+
+
+@pytest.mark.usefixtures("crds")
+async def test_the_secrets_of_many_topics_are_read_again_with_one_list_of_their_namespace(
+    kube: LocalService, kubectl: Kubectl, namespace: str, tmp_path: Path
+) -> None:
+    """Every Topic's Secrets are read again every ``secret_refresh_s``: with thousands of
+    persistent Topics one read each is hundreds of requests a second per replica, so where
+    SECRETS_LISTED_FROM Topics of a namespace or more are due, a refresh lists the
+    namespace's Secrets once instead, and still takes a rotated token."""
+    count = SECRETS_LISTED_FROM + 2
+    names = [f"hook-{i}" for i in range(count)]
+    endpoint = {"endpoint": {"http": {"url": "http://127.0.0.1:9/"}}, "persistent": True}
+    for name in names:
+        apply(kubectl, namespace, "Topic", name, endpoint)
+    tokens = {name: token_secret(kubectl, namespace, name) for name in names}
+    async with api_client(kube["KUBECONFIG_ADMIN"]) as api:
+        sent = RequestLog(api)
+        service = DeliveryService(
+            api=api,
+            store=LocalDirStore(tmp_path),
+            ownership=cast(Ownership, OwnsEverything()),
+            namespaces=[namespace],
+            metrics=DeliveryMetrics(),
+            # Every refresh is a re-read of every Topic's Secrets.
+            timings=ServiceTimings(secret_refresh_s=0.001),
+        )
+        try:
+
+            async def refreshed_until(done: Callable[[], bool]) -> int:
+                """Refreshes until ``done``: the list is answered from the API server's
+                watch cache, a moment behind the Secrets just written."""
+                for refreshes in range(1, 51):
+                    await service.refresh()
+                    if done():
+                        return refreshes
+                    await asyncio.sleep(0.1)
+                raise AssertionError("not seen after 50 refreshes")
+
+            def accepted(name: str, token: str) -> bool:
+                topic = service.ingest_topics.get((namespace, name))
+                return topic is not None and topic.accepts(token)
+
+            refreshes = await refreshed_until(lambda: all(accepted(n, tokens[n]) for n in names))
+            assert secret_reads(sent.take(), namespace) == (refreshes, 0)
+
+            rotated = "rotated-" + uuid.uuid4().hex
+            kubectl.apply(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "metadata": {"name": ingest_token_secret(names[0]), "namespace": namespace},
+                    "data": {"token": base64.b64encode(rotated.encode()).decode()},
+                }
+            )
+            refreshes = await refreshed_until(lambda: accepted(names[0], rotated))
+            # The old one is still taken for the overlap, as after any rotation.
+            assert accepted(names[0], tokens[names[0]])
+            assert secret_reads(sent.take(), namespace) == (refreshes, 0)
+        finally:
+            await service.table.aclose()
+            await service.events.aclose()
+
+
+@pytest.mark.usefixtures("crds")
+async def test_a_replica_that_may_not_list_secrets_reads_each_and_says_so_once(
+    kube: LocalService, kubectl: Kubectl, namespace: str, tmp_path: Path, caplog: Any
+) -> None:
+    """A Role of an older release grants ``get`` of Secrets and no watch of Topics: the list
+    of Secrets and the watch are refused once, each said in one WARNING, and the Secrets are
+    read one by one, the Topics listed at every refresh, from then on; no Topic goes
+    unserved for it."""
+    kubectl.run(
+        "create", "role", "reader", "-n", namespace, "--verb=get,list",
+        "--resource=topics.bucketnotify.io",
+    )  # fmt: skip
+    kubectl.run("create", "role", "secrets", "-n", namespace, "--verb=get", "--resource=secrets")
+    for role in ("reader", "secrets"):
+        kubectl.run(
+            "create", "rolebinding", role, "-n", namespace, f"--role={role}",
+            "--user=bucketnotify-nobody",
+        )  # fmt: skip
+    count = SECRETS_LISTED_FROM
+    names = [f"hook-{i}" for i in range(count)]
+    endpoint = {"endpoint": {"http": {"url": "http://127.0.0.1:9/"}}, "persistent": True}
+    for name in names:
+        apply(kubectl, namespace, "Topic", name, endpoint)
+    tokens = {name: token_secret(kubectl, namespace, name) for name in names}
+    async with api_client(kube["KUBECONFIG_NOBODY"]) as api:
+        sent = RequestLog(api)
+        service = DeliveryService(
+            api=api,
+            store=LocalDirStore(tmp_path),
+            ownership=cast(Ownership, OwnsEverything()),
+            namespaces=[namespace],
+            metrics=DeliveryMetrics(),
+            timings=ServiceTimings(secret_refresh_s=0.001),
+        )
+        try:
+            with caplog.at_level(logging.WARNING, logger="bucketnotify.delivery.topics"):
+                for _ in range(50):  # RBAC takes a moment to see the new bindings
+                    try:
+                        await service.refresh()
+                    except ApiError as exc:
+                        assert exc.status == 403
+                    if len(service.ingest_topics) == count:
+                        break
+                    await asyncio.sleep(0.2)
+                # Nor may it watch Topics: it lists them at every refresh instead.
+                await asyncio.wait_for(service.table.watch.run(), 30)
+                assert service.table.watch.refused
+                sent.take()
+                await service.refresh()
+            for name in names:
+                assert service.ingest_topics[(namespace, name)].accepts(tokens[name])
+            sent_now = sent.take()
+            assert secret_reads(sent_now, namespace) == (0, count)
+            assert topic_lists(sent_now, namespace) == 1
+            for warned in ("may not list Secrets", "may not watch Topics"):
+                assert len([r for r in caplog.records if warned in r.getMessage()]) == 1
+        finally:
+            await service.table.aclose()
+            await service.events.aclose()
+
+
+def topic_lists(sent: list[tuple[str, str]], namespace: str) -> int:
+    listing = f"/apis/bucketnotify.io/v1alpha1/namespaces/{namespace}/topics"
+    return sum(1 for m, p in sent if m == "GET" and p == listing)
+
+
+@pytest.mark.usefixtures("crds")
+async def test_topics_are_followed_with_a_watch_not_listed_at_every_refresh(
+    kube: LocalService, kubectl: Kubectl, namespace: str, tmp_path: Path
+) -> None:
+    """Listing every Topic every few seconds costs a replica the decoding of all of them
+    (most of an idle replica's CPU at 10,000 Topics): once its watch has listed them, a
+    refresh reads the Topics the watch keeps, and a Topic added or deleted reaches the
+    table without any further list."""
+    endpoint = {"endpoint": {"http": {"url": "http://127.0.0.1:9/"}}, "persistent": True}
+    apply(kubectl, namespace, "Topic", "first", endpoint)
+    token_secret(kubectl, namespace, "first")
+    async with api_client(kube["KUBECONFIG_ADMIN"]) as api:
+        sent = RequestLog(api)
+        service = DeliveryService(
+            api=api,
+            store=LocalDirStore(tmp_path),
+            ownership=cast(Ownership, OwnsEverything()),
+            namespaces=[namespace],
+            metrics=DeliveryMetrics(),
+        )
+        watching = asyncio.create_task(service.table.watch.run())
+        try:
+            for _ in range(100):
+                if service.table.watch.ready:
+                    break
+                await asyncio.sleep(0.05)
+            assert service.table.watch.ready
+            assert topic_lists(sent.take(), namespace) == 1  # the watch's own
+
+            await service.refresh()
+            assert set(service.ingest_topics) == {(namespace, "first")}
+            apply(kubectl, namespace, "Topic", "second", endpoint)
+            token_secret(kubectl, namespace, "second")
+            kubectl.run("delete", "topic", "first", "-n", namespace)
+            for _ in range(100):
+                await service.refresh()
+                if set(service.topics) == {(namespace, "second")}:
+                    break
+                await asyncio.sleep(0.05)
+            assert set(service.topics) == {(namespace, "second")}
+            assert (namespace, "second") in service.ingest_topics
+            assert topic_lists(sent.take(), namespace) == 0
+            assert not watching.done()
+        finally:
+            watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watching
+            await service.table.aclose()
             await service.events.aclose()

@@ -246,6 +246,7 @@ class DeliveryService:
         self._stop = stop
         await self._ownership.start()
         last_refresh = last_sweep = last_stats = -1e9
+        watching = asyncio.create_task(self.table.watch.run(), name="topic watch")
         try:
             while not stop.is_set():
                 now = time.monotonic()
@@ -281,6 +282,9 @@ class DeliveryService:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.timings.round_interval_s)
         finally:
+            watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watching
             # Rounds finish their removals before the Leases are handed back, so the next
             # owner starts from what this replica actually delivered.
             await self.loops.stop()

@@ -23,7 +23,7 @@ import os
 import random
 import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -66,6 +66,9 @@ out and the operator lost its leadership (measured at 5,000 BucketNotifications)
 DEFAULT_TIMEOUT_S = 60.0
 """A request without a timeout of its own: an API server that never answers must not hold
 a handler (or a Lease round) forever."""
+WATCH_TIMEOUT_S = 300
+"""How long the API server keeps one watch open before it ends it; the watcher then goes on
+from where it was."""
 
 RELOAD_RETRY_S = 10.0
 """After a failed re-read of expired credentials, how long the old ones go on being used."""
@@ -353,6 +356,7 @@ class ApiClient:
             # A watch event or LIST page of large objects fits (etcd's bound is 1.5 MiB).
             read_bufsize=2**21,
         )
+        self._watch_session: aiohttp.ClientSession | None = None
         self._refresh = asyncio.Lock()
         self._reload_after = 0.0
         """After a failed re-read, when to try again (monotonic)."""
@@ -363,6 +367,8 @@ class ApiClient:
 
     async def close(self) -> None:
         await self._session.close()
+        if self._watch_session is not None:
+            await self._watch_session.close()
 
     async def __aenter__(self) -> ApiClient:
         return self
@@ -439,6 +445,48 @@ class ApiClient:
 
     async def get(self, path: str, **kwargs: Any) -> Any:
         return await self.request("GET", path, **kwargs)
+
+    async def watch(
+        self, path: str, resource_version: str, *, timeout_s: int = WATCH_TIMEOUT_S
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The watch events of a collection after ``resource_version`` (``type`` and
+        ``object``; bookmarks included), until the API server ends the watch after about
+        ``timeout_s``. ``ApiError`` for an error status (a 410 comes as an ERROR event
+        instead, when the version is too old), ``aiohttp.ClientError`` or ``TimeoutError``
+        when the stream breaks.
+
+        Watches have a connection each, outside the ``connections`` bound of requests: a
+        replica scoped to many namespaces holds one per namespace for as long as it runs."""
+        if self._watch_session is None:
+            self._watch_session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, ssl=self._info.as_ssl_context()),
+                proxy=proxy_for(self._info),
+                trust_env=False,
+                read_bufsize=2**21,
+            )
+        params = {
+            "watch": "true",
+            "allowWatchBookmarks": "true",
+            "resourceVersion": resource_version,
+            "timeoutSeconds": str(timeout_s),
+        }
+        headers = {**await self._headers(), "Accept": "application/json"}
+        async with self._watch_session.get(
+            self.server + path,
+            params=params,
+            headers=headers,
+            # No total: the stream lasts timeout_s; a silent one (bookmarks come every
+            # minute) is a broken connection.
+            timeout=aiohttp.ClientTimeout(
+                total=None, sock_connect=DEFAULT_TIMEOUT_S, sock_read=timeout_s + 90
+            ),
+        ) as response:
+            if response.status >= 400:
+                raise ApiError(response.status, response.reason or "", await response.text())
+            async for line in response.content:
+                if line.strip():
+                    event: dict[str, Any] = json.loads(line)
+                    yield event
 
     async def create(self, path: str, body: Any, **kwargs: Any) -> Any:
         return await self.request("POST", path, body=body, **kwargs)

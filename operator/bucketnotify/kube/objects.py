@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import copy
 import logging
 import secrets
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any
 
 from bucketnotify import logs
@@ -69,14 +71,39 @@ class Kube:
         """(namespace, name) -> the resourceVersion our label patch made, the latest ones."""
         self._labelling: dict[tuple[str, str], asyncio.Event] = {}
         """(namespace, name) -> set when the label patch under way has its answer."""
+        self._listed: Mapping[str, Mapping[str, dict[str, Any]]] = {}
+        """Secrets already listed, by namespace and name (``reading_from``)."""
+
+    async def list_secrets(self, namespace: str) -> dict[str, dict[str, Any]]:
+        """Every Secret of ``namespace`` by name, from the API server's watch cache: one
+        request where re-reading the Secrets of thousands of Topics would make one each."""
+        listed = await self._api.get(
+            _core_path("secrets", namespace), params={"resourceVersion": "0"}
+        )
+        items: list[dict[str, Any]] = listed.get("items") or []
+        return {item["metadata"]["name"]: item for item in items}
+
+    def reading_from(self, listed: Mapping[str, Mapping[str, dict[str, Any]]]) -> Kube:
+        """A view of this client whose Secret reads in the namespaces of ``listed``
+        (namespace -> name -> Secret, from ``list_secrets``) answer from it; a Secret the
+        list did not hold does not exist. Every other read goes to the API server."""
+        view = copy.copy(self)
+        view._listed = listed
+        return view
 
     async def secret_data(self, namespace: str, name: str) -> dict[str, str]:
-        try:
-            secret = await self._api.get(_core_path("secrets", namespace, name))
-        except ApiError as exc:
-            if exc.status == 404:
-                raise SecretMissing(f"Secret {namespace}/{name} does not exist") from None
-            raise
+        listed = self._listed.get(namespace)
+        if listed is not None:
+            secret = listed.get(name)
+            if secret is None:
+                raise SecretMissing(f"Secret {namespace}/{name} does not exist")
+        else:
+            try:
+                secret = await self._api.get(_core_path("secrets", namespace, name))
+            except ApiError as exc:
+                if exc.status == 404:
+                    raise SecretMissing(f"Secret {namespace}/{name} does not exist") from None
+                raise
         metadata = secret["metadata"]
         if self._label_secrets and WATCHED_LABEL not in (metadata.get("labels") or {}):
             await self._label_secret(namespace, name, metadata["resourceVersion"])

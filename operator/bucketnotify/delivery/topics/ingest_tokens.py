@@ -69,9 +69,11 @@ class IngestTokens:
         self._reads: dict[TopicKey, asyncio.Task[None]] = {}
         """Token Secret reads under way (``recheck``), one per Topic at most."""
 
-    async def read(self, key: TopicKey) -> dict[str, str]:
+    async def read(self, key: TopicKey, kube: Kube | None = None) -> dict[str, str]:
+        """The token Secret's data ({} before the operator made it); read with ``kube``
+        when given (``Kube.reading_from``: from a list of the namespace's Secrets)."""
         try:
-            return await self._kube.secret_data(key[0], ingest_token_secret(key[1]))
+            return await (kube or self._kube).secret_data(key[0], ingest_token_secret(key[1]))
         except SecretMissing:
             return {}  # the operator has not created it yet
 
