@@ -75,10 +75,13 @@ class Kube:
         """Secrets already listed, by namespace and name (``reading_from``)."""
 
     async def list_secrets(self, namespace: str) -> dict[str, dict[str, Any]]:
-        """Every Secret of ``namespace`` by name, from the API server's watch cache: one
-        request where re-reading the Secrets of thousands of Topics would make one each."""
+        """The Secrets of ``namespace`` labelled ``WATCHED_LABEL`` by name, from the API
+        server's watch cache: one request where re-reading the Secrets of thousands of
+        Topics would make one each. Only ours: a namespace may hold Helm's releases and
+        others of up to 1 MiB each."""
         listed = await self._api.get(
-            _core_path("secrets", namespace), params={"resourceVersion": "0"}
+            _core_path("secrets", namespace),
+            params={"resourceVersion": "0", "labelSelector": f"{WATCHED_LABEL}=true"},
         )
         items: list[dict[str, Any]] = listed.get("items") or []
         return {item["metadata"]["name"]: item for item in items}
@@ -86,18 +89,15 @@ class Kube:
     def reading_from(self, listed: Mapping[str, Mapping[str, dict[str, Any]]]) -> Kube:
         """A view of this client whose Secret reads in the namespaces of ``listed``
         (namespace -> name -> Secret, from ``list_secrets``) answer from it; a Secret the
-        list did not hold does not exist. Every other read goes to the API server."""
+        list did not hold (not labelled, or too new for the watch cache) and every other
+        read go to the API server."""
         view = copy.copy(self)
         view._listed = listed
         return view
 
     async def secret_data(self, namespace: str, name: str) -> dict[str, str]:
-        listed = self._listed.get(namespace)
-        if listed is not None:
-            secret = listed.get(name)
-            if secret is None:
-                raise SecretMissing(f"Secret {namespace}/{name} does not exist")
-        else:
+        secret = self._listed.get(namespace, {}).get(name)
+        if secret is None:
             try:
                 secret = await self._api.get(_core_path("secrets", namespace, name))
             except ApiError as exc:

@@ -74,8 +74,9 @@ up: the gateway's push waits for the answer (a sync hand-off's upload too), and 
 looked up a moment later is an event kept rather than refused."""
 SECRETS_LISTED_FROM = 8
 """Topics of one namespace due for a Secret re-read from which a refresh lists the namespace's
-Secrets once (from the watch cache) instead of reading each: with 5,000 persistent Topics
-and a 30 s re-read, one read each is 170 requests a second per replica."""
+Secrets labelled as ours once (from the watch cache) instead of reading each: with 5,000
+persistent Topics and a 30 s re-read, one read each is 170 requests a second per replica.
+A Secret the list does not hold is still read on its own."""
 UNLISTED_WARN_EVERY_S = 60.0
 """How often a namespace whose Topics cannot be listed is named in a WARNING, and a Topic
 that cannot be served for a while (the API server throttling or away) in another."""
@@ -339,9 +340,11 @@ class TopicTable:
                 continue
             try:
                 secrets[namespace] = await self.kube.list_secrets(namespace)
-            except ApiError as exc:
-                if exc.status != 403:
-                    raise
+            except Exception as exc:
+                if not (isinstance(exc, ApiError) and exc.status == 403):
+                    # Read one by one this time; each Topic says what fails for it.
+                    log.debug("listing the Secrets of %s failed", namespace, exc_info=exc)
+                    continue
                 self._secret_list_refused = True
                 log.warning(
                     "this replica may not list Secrets (its Role predates it): it reads each"
