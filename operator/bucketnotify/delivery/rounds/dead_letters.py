@@ -58,8 +58,9 @@ class DeadLetters:
         self._store = store
         self._metrics = metrics
         self._health = health
-        self._full: set[QueueName] = set()
-        """Dead-letter queues that discarded a drop and have not kept one since."""
+        self._full: dict[QueueName, float] = {}
+        """Dead-letter queues that discarded a drop and have not kept one since, with when
+        (monotonic) the discard was said."""
         self.committer: QueueCommitter | None = None
         """Set by the service once the ingest exists (the ingest's direct pushes need the
         rounds, and so these sinks, first)."""
@@ -100,6 +101,7 @@ class DeadLetters:
         """Commit the drops to the Topic's dead-letter queue; the entry ids of those its
         bounds had no room for."""
         assert runtime.kept_dead_letters is not None
+        started = time.monotonic()
         queue = dead_letter_queue(runtime.queue)
         letters = [(d.entry.id, d.entry.event_id, DeadLetter.of(d).encode()) for d in drops]
         try:
@@ -120,7 +122,7 @@ class DeadLetters:
             self._metrics.dead_letters_discarded.labels(namespace, topic).inc(len(discarded))
             self._health.dead_letters_discarded(runtime.queue, time.time())
             if queue not in self._full:
-                self._full.add(queue)
+                self._full[queue] = time.monotonic()
                 limits = runtime.kept_dead_letters
                 log.warning(
                     "%s: dead letters discarded: the kept ones reached their bounds"
@@ -131,8 +133,11 @@ class DeadLetters:
                     limits.max_entries,
                     limits.max_bytes,
                 )
-        elif kept:
-            self._full.discard(queue)
+        elif kept and self._full.get(queue, started) < started:
+            # Only a keep that began after the discard was said ends the episode: shards
+            # keep and discard at once, and one that reserved its room first may finish
+            # after another shard found none.
+            del self._full[queue]
         return set(discarded)
 
     async def _commit(self, queue: QueueName, letters: Sequence[tuple[str, str, bytes]]) -> None:

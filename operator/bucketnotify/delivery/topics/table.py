@@ -72,11 +72,13 @@ LOOKUP_PATIENCE_S = 3.0
 """How long ``resolve`` asks a throttling (429) or failing API server again before it gives
 up: the gateway's push waits for the answer (a sync hand-off's upload too), and a Topic
 looked up a moment later is an event kept rather than refused."""
-SECRETS_LISTED_FROM = 8
+SECRETS_LISTED_FROM = 2
 """Topics of one namespace due for a Secret re-read from which a refresh lists the namespace's
 Secrets labelled as ours once (from the watch cache) instead of reading each: with 5,000
 persistent Topics and a 30 s re-read, one read each is 170 requests a second per replica.
-A Secret the list does not hold is still read on its own."""
+Every persistent Topic of a listed namespace takes its Secrets from the list then, so their
+re-reads fall due together after. A Secret the list does not hold is still read on its
+own."""
 UNLISTED_WARN_EVERY_S = 60.0
 """How often a namespace whose Topics cannot be listed is named in a WARNING, and a Topic
 that cannot be served for a while (the API server throttling or away) in another."""
@@ -297,13 +299,13 @@ class TopicTable:
         seen: set[TopicKey] = set()
         async with self._lock:
             listed, unlisted = await self._list_topics()
-            kube = await self._secrets_listed(listed)
+            kube, reread = await self._secrets_listed(listed)
             for topic in listed:
                 meta = topic["metadata"]
                 seen.add((meta["namespace"], meta["name"]))
                 key = (meta["namespace"], meta["name"])
                 try:
-                    await self.consider(topic, kube)
+                    await self.consider(topic, kube, reread=key[0] in reread)
                 except Exception as exc:
                     # One broken Topic must not keep the others from being served.
                     self._cannot_serve(key, exc)
@@ -320,12 +322,13 @@ class TopicTable:
             if key[0] not in unlisted:
                 del self._specs[key]
 
-    async def _secrets_listed(self, listed: list[dict[str, Any]]) -> Kube:
+    async def _secrets_listed(self, listed: list[dict[str, Any]]) -> tuple[Kube, set[str]]:
         """The client a refresh reads Secrets with: from one list of each namespace where
         SECRETS_LISTED_FROM Topics or more are due for a re-read, else one read each (also
-        when the replica may not list Secrets: a Role of an older release)."""
+        when the replica may not list Secrets: a Role of an older release); and the
+        namespaces listed."""
         if self._secret_list_refused:
-            return self.kube
+            return self.kube, set()
         due: Counter[str] = Counter()
         for topic in listed:
             meta = topic["metadata"]
@@ -351,8 +354,8 @@ class TopicTable:
                     " Topic's Secrets one by one, one request each every %.0f s",
                     self._secret_refresh_s,
                 )
-                return self.kube
-        return self.kube.reading_from(secrets)
+                return self.kube, set()
+        return self.kube.reading_from(secrets), set(secrets)
 
     def _spec(self, key: TopicKey, topic: dict[str, Any]) -> TopicSpec:
         version = str(topic["metadata"].get("resourceVersion") or "")
@@ -405,9 +408,11 @@ class TopicTable:
             )
         log.debug("topic %s/%s not served", *key, exc_info=exc)
 
-    async def consider(self, topic: dict[str, Any], kube: Kube | None = None) -> None:
+    async def consider(
+        self, topic: dict[str, Any], kube: Kube | None = None, *, reread: bool = False
+    ) -> None:
         """Serve, change, drain or leave the Topic as it now is; Secrets read with ``kube``
-        (default: this table's own client)."""
+        (default: this table's own client), and with ``reread`` even before they are due."""
         meta = topic["metadata"]
         key: TopicKey = (meta["namespace"], meta["name"])
         spec = self._spec(key, topic)
@@ -423,7 +428,7 @@ class TopicTable:
             if current is None or current.generation != generation:
                 await self._open(key, spec, generation, uid, draining=True, kube=kube)
             return
-        if not self._secrets_due(key, generation):
+        if not (reread or self._secrets_due(key, generation)):
             return
         started = time.monotonic()
         tokens = await self.tokens.read(key, kube)
