@@ -69,7 +69,7 @@ from bench.operator_scale import (
 )
 from bench.workload import delete_everything, object_body, percentiles, s3_client
 from devstack import services
-from devstack.gateway import gateway_settings
+from devstack.gateway import ceph_tool, gateway_settings
 from devstack.kubectl import Kubectl
 from devstack.programs import BIN, Program, ProgramDied, cpu_seconds, free_port, wait_for_port
 from devstack.servers.arrivals import Receiver
@@ -441,10 +441,24 @@ def probe_latencies(
 
 
 @contextlib.contextmanager
-def buckets_of_the_run(s3: Any, names: list[str]) -> Iterator[list[str]]:
-    for name in names:
-        s3.create_bucket(Bucket=name)
+def buckets_of_the_run(rgw: Service, s3: Any, names: list[str]) -> Iterator[list[str]]:
+    # A gateway user may own 1,000 buckets by default, and the shared test user has some.
+    subprocess.run(
+        ceph_tool(
+            rgw,
+            "radosgw-admin",
+            "user",
+            "modify",
+            f"--uid={rgw['RGW_USER']}",
+            f"--max-buckets={len(names) + 5000}",
+        ),
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
     try:
+        for name in names:
+            s3.create_bucket(Bucket=name)
         yield names
     finally:
         for name in names:
@@ -517,7 +531,7 @@ def measure(options: Options, rgw: Service, kube: Service, out: Path, stamp: str
             _best_effort, f"deleting {store_bucket}", lambda: delete_everything([s3], store_bucket)
         )
         print(f"== creating {options.buckets + 1} buckets", flush=True)
-        stack.enter_context(buckets_of_the_run(s3, [*bucket_names, probe_bucket]))
+        stack.enter_context(buckets_of_the_run(rgw, s3, [*bucket_names, probe_bucket]))
         operator, replicas, metrics_url = start_system(
             options, kube, rgw, namespace, store_bucket, log_dir, stack
         )
