@@ -152,6 +152,29 @@ def secret_reads(sent: list[tuple[str, str]], namespace: str) -> tuple[int, int]
     return lists, gets
 
 
+def scoped_service(
+    api: ApiClient, namespace: str, tmp_path: Path, **timings: float
+) -> DeliveryService:
+    """A replica alone with every shard, serving ``namespace``."""
+    return DeliveryService(
+        api=api,
+        store=LocalDirStore(tmp_path),
+        ownership=cast(Ownership, OwnsEverything()),
+        namespaces=[namespace],
+        metrics=DeliveryMetrics(),
+        timings=ServiceTimings(**timings),
+    )
+
+
+def persistent_topics(kubectl: Kubectl, namespace: str, names: list[str]) -> dict[str, str]:
+    """Persistent Topics with their token Secrets, as the operator would make them; the
+    tokens by Topic."""
+    endpoint = {"endpoint": {"http": {"url": "http://127.0.0.1:9/"}}, "persistent": True}
+    for name in names:
+        apply(kubectl, namespace, "Topic", name, endpoint)
+    return {name: token_secret(kubectl, namespace, name) for name in names}
+
+
 @pytest.mark.usefixtures("crds")
 async def test_the_secrets_of_many_topics_are_read_again_with_one_list_of_their_namespace(
     kube: LocalService, kubectl: Kubectl, namespace: str, tmp_path: Path
@@ -163,10 +186,7 @@ async def test_the_secrets_of_many_topics_are_read_again_with_one_list_of_their_
     reads), reads one it does not hold on its own, and still takes a rotated token."""
     count = SECRETS_LISTED_FROM + 2
     names = [f"hook-{i}" for i in range(count)]
-    endpoint = {"endpoint": {"http": {"url": "http://127.0.0.1:9/"}}, "persistent": True}
-    for name in names:
-        apply(kubectl, namespace, "Topic", name, endpoint)
-    tokens = {name: token_secret(kubectl, namespace, name) for name in names}
+    tokens = persistent_topics(kubectl, namespace, names)
     # Labelled as the operator labels the Secrets it makes and reads, but for the last:
     # the list holds only ours, and a Secret it does not hold is read on its own.
     for name in names[:-1]:
@@ -175,15 +195,8 @@ async def test_the_secrets_of_many_topics_are_read_again_with_one_list_of_their_
         )
     async with api_client(kube["KUBECONFIG_ADMIN"]) as api:
         sent = RequestLog(api)
-        service = DeliveryService(
-            api=api,
-            store=LocalDirStore(tmp_path),
-            ownership=cast(Ownership, OwnsEverything()),
-            namespaces=[namespace],
-            metrics=DeliveryMetrics(),
-            # Every refresh is a re-read of every Topic's Secrets.
-            timings=ServiceTimings(secret_refresh_s=0.001),
-        )
+        # Every refresh is a re-read of every Topic's Secrets.
+        service = scoped_service(api, namespace, tmp_path, secret_refresh_s=0.001)
         try:
 
             async def refreshed_until(done: Callable[[], bool]) -> int:
@@ -250,20 +263,10 @@ async def test_a_replica_that_may_not_list_secrets_reads_each_and_says_so_once(
         )  # fmt: skip
     count = SECRETS_LISTED_FROM
     names = [f"hook-{i}" for i in range(count)]
-    endpoint = {"endpoint": {"http": {"url": "http://127.0.0.1:9/"}}, "persistent": True}
-    for name in names:
-        apply(kubectl, namespace, "Topic", name, endpoint)
-    tokens = {name: token_secret(kubectl, namespace, name) for name in names}
+    tokens = persistent_topics(kubectl, namespace, names)
     async with api_client(kube["KUBECONFIG_NOBODY"]) as api:
         sent = RequestLog(api)
-        service = DeliveryService(
-            api=api,
-            store=LocalDirStore(tmp_path),
-            ownership=cast(Ownership, OwnsEverything()),
-            namespaces=[namespace],
-            metrics=DeliveryMetrics(),
-            timings=ServiceTimings(secret_refresh_s=0.001),
-        )
+        service = scoped_service(api, namespace, tmp_path, secret_refresh_s=0.001)
         try:
             with caplog.at_level(logging.WARNING, logger="bucketnotify.delivery.topics"):
                 for _ in range(50):  # RBAC takes a moment to see the new bindings
@@ -304,18 +307,10 @@ async def test_topics_are_followed_with_a_watch_not_listed_at_every_refresh(
     (most of an idle replica's CPU at 10,000 Topics): once its watch has listed them, a
     refresh reads the Topics the watch keeps, and a Topic added or deleted reaches the
     table without any further list."""
-    endpoint = {"endpoint": {"http": {"url": "http://127.0.0.1:9/"}}, "persistent": True}
-    apply(kubectl, namespace, "Topic", "first", endpoint)
-    token_secret(kubectl, namespace, "first")
+    persistent_topics(kubectl, namespace, ["first"])
     async with api_client(kube["KUBECONFIG_ADMIN"]) as api:
         sent = RequestLog(api)
-        service = DeliveryService(
-            api=api,
-            store=LocalDirStore(tmp_path),
-            ownership=cast(Ownership, OwnsEverything()),
-            namespaces=[namespace],
-            metrics=DeliveryMetrics(),
-        )
+        service = scoped_service(api, namespace, tmp_path)
         watching = asyncio.create_task(service.table.watch.run())
         try:
             for _ in range(100):
@@ -327,8 +322,7 @@ async def test_topics_are_followed_with_a_watch_not_listed_at_every_refresh(
 
             await service.refresh()
             assert set(service.ingest_topics) == {(namespace, "first")}
-            apply(kubectl, namespace, "Topic", "second", endpoint)
-            token_secret(kubectl, namespace, "second")
+            persistent_topics(kubectl, namespace, ["second"])
             kubectl.run("delete", "topic", "first", "-n", namespace)
             for _ in range(100):
                 await service.refresh()
