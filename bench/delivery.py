@@ -706,7 +706,7 @@ def cpu_per_event(results: list[dict[str, Any]]) -> list[str]:
         values = [r["cpu_s"].get(n) for n in names]
         if not r["received"] or any(v is None for v in values):
             return None
-        return 1000 * sum(v for v in values if v is not None) / r["received"]
+        return float(1000 * sum(v for v in values if v is not None) / int(r["received"]))
 
     base = next((r for r in results if r["scenario"] == "gateway-sync"), None)
     base_ms = per_event(base, "radosgw", "ceph-osd") if base is not None else None
@@ -762,7 +762,7 @@ def _all_cpu_ms(r: dict[str, Any]) -> float | None:
     values = r["cpu_s"].values()
     if not r["received"] or any(v is None for v in values):
         return None
-    return 1000 * sum(v for v in values if v is not None) / r["received"]
+    return float(1000 * sum(v for v in values if v is not None) / int(r["received"]))
 
 
 def shared_store_goals(results: list[dict[str, Any]]) -> list[str]:
@@ -857,7 +857,7 @@ def throughput_budget(results: list[dict[str, Any]], cpus: int) -> list[str]:
         span = r.get("span_s")
         if not span:
             return None
-        return sum(v or 0 for v in r["cpu_s"].values()) / (cpus * span)
+        return float(sum(v or 0 for v in r["cpu_s"].values()) / (cpus * span))
 
     rows = []
     for r in results:

@@ -235,7 +235,7 @@ def run(args: argparse.Namespace, rgw: Service, kube: Service, out: Path) -> dic
         print(f"  set up: {setup}; quiet for {args.settle:.0f} s first", flush=True)
         time.sleep(args.settle)
 
-        pids = {p.name: p.pid for p in replicas}
+        pids: dict[str, int | None] = {p.name: p.pid for p in replicas}
         pids["radosgw"] = services.pid_of("ceph", "rgw.pid")
         pids["ceph-osd"] = services.pid_of("ceph", "osd.pid")
         cpu_before = {n: cpu_seconds(pid) for n, pid in pids.items()}
@@ -249,9 +249,9 @@ def run(args: argparse.Namespace, rgw: Service, kube: Service, out: Path) -> dic
         for program in replicas:
             program.check_alive()
         cpu_percent = {
-            n: round(100 * (cpu_after[n] - b) / elapsed, 2)
+            n: round(100 * (after - b) / elapsed, 2)
             for n, b in cpu_before.items()
-            if b is not None and cpu_after[n] is not None
+            if b is not None and (after := cpu_after[n]) is not None
         }
         requests_per_s = (
             round((requests_after - requests_before) / elapsed, 2)
@@ -299,7 +299,7 @@ def _delete_all(kubectl: Kubectl, namespace: str) -> None:
     for plural in ("bucketnotifications", "topics"):
         _best_effort(
             f"deleting {plural}",
-            lambda p=plural: kubectl_bulk(  # type: ignore[misc]
+            lambda p=plural: kubectl_bulk(
                 kubectl, "delete", p, "--all", "-n", namespace, "--wait", "--timeout=300s"
             ),
         )

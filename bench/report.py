@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from tests.recordfiles import LocalFiles, batch_key, encode
 
@@ -44,7 +45,7 @@ def _records_of_event(rng: random.Random, index: int) -> list[DeliveryRecord]:
     ingest = event_time + rng.expovariate(20)
     slow = 8.0 if topic == "topic-03" else 1.0
     fail_rate = 0.35 if topic == "topic-07" else 0.03
-    base = {
+    base: dict[str, Any] = {
         "namespace": namespace,
         "topic": topic,
         "bucket": f"bucket-{index % 40}",

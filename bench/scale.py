@@ -113,6 +113,7 @@ class Options:
     timeout: float
     profile: bool
     out: Path
+    handoff: str = "persistent"
 
 
 # --- the objects ----------------------------------------------------------------------------
@@ -122,19 +123,19 @@ def topic_name(i: int) -> str:
     return f"t-{i:05d}"
 
 
-def scale_topics(count: int) -> list[dict[str, Any]]:
-    """Even Topics persistent (token Secret, table entry, queue), odd ones not; nothing listens
-    at their endpoint and nothing is sent to it: their buckets get no object."""
+def scale_topics(count: int, handoff: str = "persistent") -> list[dict[str, Any]]:
+    """Even Topics persistent (token Secret, table entry, queue) with ``handoff``, odd ones
+    not; nothing listens at their endpoint and nothing is sent to it: their buckets get no
+    object."""
+
+    def spec(i: int) -> dict[str, Any]:
+        endpoint = {"http": {"url": f"http://127.0.0.1:9/{topic_name(i)}"}}
+        if i % 2:
+            return {"endpoint": endpoint, "persistent": False}
+        return {"endpoint": endpoint, "persistent": True, "delivery": {"handoff": handoff}}
+
     return [
-        {
-            "apiVersion": API,
-            "kind": "Topic",
-            "metadata": {"name": topic_name(i)},
-            "spec": {
-                "endpoint": {"http": {"url": f"http://127.0.0.1:9/{topic_name(i)}"}},
-                "persistent": i % 2 == 0,
-            },
-        }
+        {"apiVersion": API, "kind": "Topic", "metadata": {"name": topic_name(i)}, "spec": spec(i)}
         for i in range(count)
     ]
 
@@ -516,7 +517,7 @@ def measure(options: Options, rgw: Service, kube: Service, out: Path, stamp: str
     bucket_names = [f"bns-{tag}-{b}" for b in range(options.buckets)]
     probe_bucket = f"bns-{tag}-probe"
     store_bucket = f"bns-{tag}-queues"
-    topic_objects = scale_topics(options.topics)
+    topic_objects = scale_topics(options.topics, options.handoff)
     notification_objects = scale_notifications(options.notifications, options.topics, bucket_names)
     all_topics = (
         {o["metadata"]["name"] for o in topic_objects}
@@ -648,7 +649,8 @@ def measure(options: Options, rgw: Service, kube: Service, out: Path, stamp: str
                 )
             print(_phase_line(w.result), flush=True)
             cleaned = True
-        except (SetupError, ProgramDied, subprocess.TimeoutExpired) as exc:
+        except (SetupError, ProgramDied, subprocess.TimeoutExpired, KeyboardInterrupt) as exc:
+            # Interrupted too: what was measured so far is still written and reported.
             traceback.print_exc()
             document["error"] = f"{type(exc).__name__}: {exc}"
             print(f"--- operator log ({operator.log_path}) ends:\n{operator.tail(30)}")
@@ -681,7 +683,8 @@ def _phase_line(r: dict[str, Any]) -> str:
         f"  {r['phase']}: {r.get('objects', '-')} objects in {r.get('seconds', r['window_s'])} s;"
         f" CPU s {r['cpu_s']}; RSS peak {r['rss_peak_mib']} MiB; apiserver"
         f" {r['apiserver_requests']} requests; gateway {r['gateway_requests']} requests,"
-        f" the operator's {r['operator_gateway_requests']}"
+        f" the operator's {r['operator_gateway_requests']}; apiserver by request"
+        f" {dict(list(r['apiserver_by_request'].items())[:6])}"
     )
 
 
@@ -693,7 +696,8 @@ def _verdict(value: float | None, goal: float) -> str:
 
 def report(document: dict[str, Any], options: Options) -> str:
     lines = [
-        f"scale benchmark: {options.topics} Topics (half persistent) + {options.notifications}"
+        f"scale benchmark: {options.topics} Topics (half persistent, handoff"
+        f" {options.handoff}) + {options.notifications}"
         f" BucketNotifications on {options.buckets} buckets, operator + {options.replicas}"
         " delivery replicas",
     ]
@@ -834,6 +838,12 @@ def parse_args(argv: list[str] | None) -> Options:
     )
     parser.add_argument("--timeout", type=float, default=2400.0, help="seconds a phase may take")
     parser.add_argument("--profile", action="store_true", help="sample our processes with py-spy")
+    parser.add_argument(
+        "--handoff",
+        choices=("persistent", "sync"),
+        default="persistent",
+        help="the persistent Topics' spec.delivery.handoff (sync: no gateway queue each)",
+    )
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = parser.parse_args(argv)
     if min(args.topics, args.buckets, args.replicas, args.probes) < 1 or args.notifications < 0:
@@ -851,6 +861,7 @@ def parse_args(argv: list[str] | None) -> Options:
         timeout=args.timeout,
         profile=args.profile,
         out=args.out,
+        handoff=args.handoff,
     )
     return options
 

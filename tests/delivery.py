@@ -197,7 +197,7 @@ def on_store(store_url: str, env: dict[str, str], read: Callable[[QueueStore], A
         operator = OperatorSettings(
             gateway_endpoint=env.get("BUCKETNOTIFY_GATEWAY_ENDPOINT"),
             gateway_access_key=env.get("BUCKETNOTIFY_GATEWAY_ACCESS_KEY"),
-            gateway_secret_key=env.get("BUCKETNOTIFY_GATEWAY_SECRET_KEY"),
+            gateway_secret_key=cast(Any, env.get("BUCKETNOTIFY_GATEWAY_SECRET_KEY")),
             gateway_region=env.get("BUCKETNOTIFY_GATEWAY_REGION", "default"),
         )
         store = store_for(store_url, operator)

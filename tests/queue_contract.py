@@ -313,6 +313,45 @@ class QueueStoreContract:
         assert (stats.entries, stats.bytes, stats.reservations) == (3, 9, 2)
         assert await reopen().stats(QUEUE, NOW) == stats
 
+    async def test_glance_many_answers_every_queue_asked_as_its_own_glance(
+        self, store: QueueStore, reopen: Reopen
+    ) -> None:
+        """The survey's look at many queues at once: each queue asked (of two namespaces, a
+        dead-letter queue and a missing one among them) gets what a glance of it says, its
+        entries, bytes, live and expired reservations; a queue not asked gets no answer."""
+        many = [QueueName(QUEUE.namespace, f"q{i}") for i in range(5)]
+        kept = dead_letter_queue(QUEUE)
+        for queue in [*many, OTHER, kept]:
+            await store.create(queue, 2, LIMITS)
+        await put(store, 0, b"not asked")
+        await put(store, 1, b"6789", queue=many[1])
+        await store.save_delivered(many[1], 0, ["ev-1"])  # identities are not entries
+        await put(store, 0, b"a", queue=many[3])
+        await put(store, 1, b"bc", queue=many[3])
+        await reopen().reserve(many[4], 0, 1, 1, NOW)
+        await store.reserve(OTHER, 1, 2, 2, NOW - 60)  # its writer died a minute ago
+        await put(store, 0, b"dead", queue=kept)
+        missing = QueueName(QUEUE.namespace, "missing")
+        asked = [*many, OTHER, kept, missing]
+
+        reader = reopen()
+        glanced = await reader.glance_many(asked, NOW)
+        assert sorted(glanced) == sorted(asked)
+        for queue in asked:
+            assert glanced[queue] == await reader.glance(queue, NOW), queue
+        held = {q: (s.entries, s.bytes, s.reservations, s.expired) for q, s in glanced.items()}
+        assert held == {
+            many[0]: (0, 0, 0, 0),
+            many[1]: (1, 4, 0, 0),
+            many[2]: (0, 0, 0, 0),
+            many[3]: (2, 3, 0, 0),
+            many[4]: (0, 0, 1, 0),
+            OTHER: (0, 0, 0, 1),
+            kept: (1, 4, 0, 0),
+            missing: (0, 0, 0, 0),
+        }
+        assert {s for s, h in glanced[many[3]].shards.items() if h.entries} == {0, 1}
+
     async def test_create_is_idempotent_and_updates_shards_and_limits(
         self, store: QueueStore, reopen: Reopen
     ) -> None:

@@ -388,6 +388,39 @@ async def test_a_batch_its_writer_lists_is_not_read_back_unless_rewritten_since(
     assert calls == ["ListObjectsV2", "GetObject"]
 
 
+async def test_a_survey_of_idle_queues_is_a_list_per_namespace_and_a_backlog_a_list_per_queue(
+    rgw: LocalService, stores: Callable[..., S3Store], bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``glance_many`` of 30 idle queues in two namespaces: two LISTs, not 30. With pages
+    of three keys and a queue of ten batch objects first in the namespace, the listing
+    stops after as many pages as queues asked (3) and those it did not get past are
+    glanced on their own: 3 + 4 + 1 + 1 LISTs, the same answers as a glance each."""
+    prefix = f"t-{uuid.uuid4().hex[:10]}/"
+    store = stores(bucket, prefix)
+    idle = [QueueName("idle", f"q{i:02}") for i in range(29)] + [QueueName("other", "q")]
+    for queue in idle:
+        await store.create(queue, 2, QueueLimits())
+    calls = count_calls(store, monkeypatch)
+    glanced = await store.glance_many(idle, NOW)
+    assert calls == ["ListObjectsV2"] * 2
+    assert all(stats.entries == 0 for stats in glanced.values())
+
+    monkeypatch.setattr(_s3objects, "LIST_PAGE", 3)
+    crowded = [QueueName("crowded", name) for name in ("a", "b", "c")]
+    for queue in crowded:
+        await store.create(queue, 1, QueueLimits())
+    for n in range(10):
+        await put(store, 0, str(n).encode(), queue=crowded[0])
+    await put(store, 0, b"b", queue=crowded[1])
+    await put(store, 0, b"c", queue=crowded[2])
+    calls.clear()
+    glanced = await store.glance_many(crowded, NOW)
+    assert calls == ["ListObjectsV2"] * (3 + 4 + 1 + 1)
+    assert [glanced[q].entries for q in crowded] == [10, 1, 1]
+    for queue in crowded:
+        assert glanced[queue] == await store.glance(queue, NOW)
+
+
 async def test_reserves_from_the_headroom_never_take_two_writers_past_the_limit(
     rgw: LocalService, stores: Callable[..., S3Store], bucket: str
 ) -> None:

@@ -213,6 +213,13 @@ class QueueStore(Protocol):
         neither its reservation nor its shard. For gauges and for finding the shards that
         hold entries, never for deciding that a queue is empty. An unknown queue is empty."""
 
+    async def glance_many(
+        self, queues: Sequence[QueueName], now: float
+    ) -> dict[QueueName, QueueStats]:
+        """``glance`` of each of ``queues`` (an answer for every one), in fewer requests
+        than one ``glance`` each where the store can (the S3 store: one listing per
+        namespace). The surveys of thousands of idle queues rest on it."""
+
     async def reclaim(self, queue: QueueName, now: float) -> int:
         """Drop expired reservations; returns how many."""
 

@@ -31,6 +31,7 @@ STORE_METHODS = (
     "update",
     "stats",
     "glance",
+    "glance_many",
     "reclaim",
     "queues",
     "save_delivered",

@@ -349,6 +349,11 @@ class LocalDirStore:
         except QueueNotFound:
             return QueueStats({})
 
+    async def glance_many(
+        self, queues: Sequence[QueueName], now: float
+    ) -> dict[QueueName, QueueStats]:
+        return {queue: await self.glance(queue, now) for queue in queues}
+
     async def reclaim(self, queue: QueueName, now: float) -> int:
         return await self._threads.run(self._reclaim, queue, now)
 

@@ -38,7 +38,11 @@ cheaper than boto3 per request; only ``ensure_bucket`` goes through boto3):
   the batch first. So a delivered batch object costs a GET (none when its writer owns the
   shard) and a DELETE, and 1/1000 of a LIST.
 - ``glance``: one LIST of everything under the queue (its reservations, batch objects and
-  delivered identities), so surveying an idle queue costs one request.
+  delivered identities), so surveying an idle queue costs one request. ``glance_many``:
+  one listing of everything under a namespace's queues, at most one page per queue asked
+  (a page holds 1000 keys): surveying thousands of idle queues costs a few LISTs. The
+  queues its pages did not reach (a backlog of many batch objects before them) get a
+  ``glance`` each, so it never costs more than twice the LISTs of a ``glance`` per queue.
 - ``stats``: LIST of the reservations and of the shards; a queue of B batch objects costs
   1 + ceil(B / 1000) LISTs. That is the price of ``reserve`` too, so it grows with the
   backlog: a full queue whose events came in one at a time is slow to reserve in. As the
@@ -294,10 +298,57 @@ class S3Store:
         # One LIST of everything under the queue (reservations sort before the shards) and
         # no meta read: the shard count only adds empty shards to the answer.
         start = self._io.data(queue)
+        return self._glanced(queue, [k[len(start) :] for k in await self._io.list_keys(start)], now)
+
+    async def glance_many(
+        self, queues: Sequence[QueueName], now: float
+    ) -> dict[QueueName, QueueStats]:
+        # One listing of each namespace's data, its pages bounded by the number of queues it
+        # answers: a survey of thousands of idle queues costs a few LISTs, and a listing
+        # that meets a backlog never costs more than a LIST per queue would have.
+        wanted: dict[str, set[str]] = {}
+        for queue in queues:
+            self._io.data(queue)  # refuses a name that cannot be stored, as ``glance`` does
+            wanted.setdefault(queue.namespace, set()).add(queue.topic)
+        found: dict[QueueName, QueueStats] = {}
+        for namespace, topics in wanted.items():
+            found.update(await self._glance_namespace(namespace, topics, now))
+        return found
+
+    async def _glance_namespace(
+        self, namespace: str, topics: set[str], now: float
+    ) -> dict[QueueName, QueueStats]:
+        start = f"{self.prefix}data/{namespace}/"
+        keys: dict[str, list[str]] = {topic: [] for topic in topics}
+        token: str | None = None
+        last = ""
+        for _ in range(len(topics)):
+            page, token = await self._io.list_page(start, token)
+            for key, _etag in page:
+                topic, _, rest = key[len(start) :].partition("/")
+                if topic in keys:
+                    keys[topic].append(rest)
+            last = page[-1][0] if page else last
+            if token is None:
+                break
+        found: dict[QueueName, QueueStats] = {}
+        for topic in topics:
+            queue = QueueName(namespace, topic)
+            within = f"{start}{topic}/"
+            # A queue is answered once the listing went past all of its keys (they sort
+            # together); one it stopped short of, or in, gets a LIST of its own.
+            if token is None or (last > within and not last.startswith(within)):
+                found[queue] = self._glanced(queue, keys[topic], now)
+            else:
+                found[queue] = await self.glance(queue, now)
+        return found
+
+    def _glanced(self, queue: QueueName, keys: Sequence[str], now: float) -> QueueStats:
+        """``glance``'s answer from the keys under the queue's data (relative to it)."""
         reservations: list[Reservation] = []
         names: dict[int, list[str]] = {}
-        for key in await self._io.list_keys(start):
-            kind, _, name = key[len(start) :].partition("/")
+        for key in keys:
+            kind, _, name = key.partition("/")
             if kind == "reservations":
                 if (reservation := parse_reservation(queue, name)) is not None:
                     reservations.append(reservation)

@@ -28,10 +28,10 @@ from bucketnotify.delivery.model.dead_letters import (
     tallies,
     topic_queue_of,
 )
-from bucketnotify.delivery.model.queue import QueueName, QueueStore
+from bucketnotify.delivery.model.queue import QueueName, QueueStats, QueueStore
 from bucketnotify.delivery.peers.ownership import Ownership
 from bucketnotify.delivery.recorded.health import DeliveryHealth
-from bucketnotify.delivery.topics.table import ShardRunner, TopicTable
+from bucketnotify.delivery.topics.table import ShardRunner, TopicKey, TopicRuntime, TopicTable
 from bucketnotify.kube.objects import Kube
 from bucketnotify.metrics import DeliveryMetrics
 
@@ -101,10 +101,11 @@ class QueueLifecycle:
                 )
 
     async def survey(self) -> None:
-        """Look at each queue whose shard 0 this replica owns, once (``QueueStore.glance``):
-        set its gauges, reclaim expired reservations, wake the shards holding entries (a
-        wake-up may have been lost). Drop the gauges of the other queues (their owner
-        exports them). Queues where it owns other shards only it looks at every
+        """Look at each queue whose shard 0 this replica owns, once, all together
+        (``QueueStore.glance_many``: one listing per namespace on the S3 store, not a LIST
+        per queue): set its gauges, reclaim expired reservations, wake the shards holding
+        entries (a wake-up may have been lost). Drop the gauges of the other queues (their
+        owner exports them). Queues where it owns other shards only it looks at every
         ``OWN_SURVEY_EVERY`` surveys, for its own shards: a wake-up from the shard-0 owner
         can be lost too (a network policy that keeps the replicas apart)."""
         self.metrics.partitions_owned.labels(self._ownership.identity).set(
@@ -112,6 +113,8 @@ class QueueLifecycle:
         )
         self._surveys += 1
         own_turn = self._surveys % OWN_SURVEY_EVERY == 0
+        looked: list[tuple[TopicKey, TopicRuntime, bool]] = []
+        wanted: list[QueueName] = []
         for key, runtime in list(self._table.topics.items()):
             queue = runtime.queue
             lead = self._ownership.owns_shard(queue, 0)
@@ -120,11 +123,17 @@ class QueueLifecycle:
                 owned = any(self._ownership.owns_shard(queue, s) for s in range(runtime.shards))
                 if not (own_turn and owned):
                     continue
-            now = time.time()
-            try:
-                stats = await self._store.glance(queue, now)
-            except LookupError:
-                continue
+            looked.append((key, runtime, lead))
+            wanted.append(queue)
+            if lead and self._keeps_dead_letters(runtime):
+                wanted.append(dead_letter_queue(queue))
+        if not looked:
+            return
+        now = time.time()
+        glanced = await self._store.glance_many(wanted, now)
+        for key, runtime, lead in looked:
+            queue = runtime.queue
+            stats = glanced[queue]
             for shard, held in stats.shards.items():
                 if held.entries:
                     if lead:
@@ -135,7 +144,7 @@ class QueueLifecycle:
                 continue
             self.metrics.set_queue_stats(*key, stats.entries, stats.bytes)
             dead_letters = await self._dead_letters(
-                runtime.queue, keeps=bool(runtime.kept_dead_letters), now=now
+                queue, glanced.get(dead_letter_queue(queue)), now
             )
             self._health.backlog(queue, stats.entries, stats.bytes, now, dead_letters)
             if stats.expired:
@@ -143,17 +152,22 @@ class QueueLifecycle:
                 if reclaimed:
                     log.warning("%s: reclaimed %d abandoned reservations", queue, reclaimed)
 
-    async def _dead_letters(self, queue: QueueName, *, keeps: bool, now: float) -> int | None:
-        """How many dead letters ``queue``'s Topic keeps (its gauges set); None when it has
-        no dead-letter queue."""
-        kept = dead_letter_queue(queue)
-        if not keeps and kept not in self._table.stored:
+    def _keeps_dead_letters(self, runtime: TopicRuntime) -> bool:
+        """Whether the Topic has a dead-letter queue to look at: it keeps dead letters, or
+        kept some before (to redrive or purge)."""
+        return bool(runtime.kept_dead_letters) or dead_letter_queue(runtime.queue) in (
+            self._table.stored
+        )
+
+    async def _dead_letters(
+        self, queue: QueueName, stats: QueueStats | None, now: float
+    ) -> int | None:
+        """How many dead letters ``queue``'s Topic keeps (its gauges set) from their
+        queue's ``stats``; None when it has no dead-letter queue."""
+        if stats is None:
             self.metrics.drop_dead_letter_stats(queue.namespace, queue.topic)
             return None
-        try:
-            stats = await self._store.glance(kept, now)
-        except LookupError:
-            return None
+        kept = dead_letter_queue(queue)
         held = stats.shards.get(DEAD_LETTERS_SHARD)
         entries, size = (held.entries, held.bytes) if held else (0, 0)
         self.metrics.set_dead_letter_stats(queue.namespace, queue.topic, entries, size)
