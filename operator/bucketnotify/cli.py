@@ -39,6 +39,7 @@ from bucketnotify.kube.apiserver import (
 from bucketnotify.kube.event_recorder import EventRecorder
 from bucketnotify.kube.leadership import lead
 from bucketnotify.kube.objects import WATCHED_LABEL, Kube, connect
+from bucketnotify.kube.watched_secrets import WatchedSecrets
 from bucketnotify.metrics import OperatorMetrics
 from bucketnotify.probes import serve_probes
 from bucketnotify.settings import (
@@ -191,6 +192,8 @@ async def _operate(settings: OperatorSettings, api: ApiClient) -> None:
                 counted=lambda operation: metrics.gateway_requests.labels(operation).inc(),
             ),
             object_locks=ObjectLocks(),
+            # The drift checks read Secrets from the operator's watch of them.
+            watched_secrets=WatchedSecrets(),
             metrics=metrics,
         ),
         clusterwide=not settings.namespaces,

@@ -2,7 +2,8 @@
 
 The operator's memo holds ``settings`` (OperatorSettings), ``kube`` (Kube),
 ``bucket_locks`` (BucketLocks), ``gateways`` (GatewayPool: the gateway clients, shared by
-every handler), ``object_locks`` (ObjectLocks), ``events`` (EventRecorder) and ``metrics``
+every handler), ``object_locks`` (ObjectLocks), ``watched_secrets`` (WatchedSecrets: what
+the drift checks read Secrets from), ``events`` (EventRecorder) and ``metrics``
 (OperatorMetrics); ``cli`` creates them before kopf starts. Every reconciling handler is
 ``@_measured``: its count, result and duration go to the metrics. The drift checks are not
 kopf timers but one ``DriftLoop`` (see there why), started and stopped with the operator.
@@ -51,6 +52,8 @@ from bucketnotify.delivery.endpoints.http import EndpointError
 from bucketnotify.gateway.errors import GatewayError
 from bucketnotify.kube.apiserver import ApiError, transient
 from bucketnotify.kube.event_recorder import EventRecorder, EventType, ObjectRef
+from bucketnotify.kube.objects import Kube
+from bucketnotify.kube.watched_secrets import WatchedSecrets
 from bucketnotify.metrics import OperatorMetrics
 
 __all__ = ["WATCHED_RESOURCES", "register_delivery_status", "register_drift_loop"]
@@ -251,7 +254,7 @@ async def _reconcile_topic(
     meta, spec = body.metadata, body.spec
     namespace = _ns(meta.namespace)
     return await reconcile_topic(
-        kube=memo.kube,
+        kube=_drift_reader(memo) if only_if_drifted else memo.kube,
         settings=memo.settings,
         gateways=memo.gateways,
         name=meta.name or "",
@@ -635,6 +638,8 @@ async def secret_changed(
     Only Secrets labelled ``bucketnotify.io/watched=true`` arrive here (a server-side
     selector, see ``cli._configure_kopf``): the operator labels every Secret it reads."""
     kind = event.get("type")
+    # Before the readers are told: the check a change sets off must not read the old one.
+    memo.watched_secrets.seen(kind, event.get("object") or {})
     if kind not in {"ADDED", "MODIFIED", "DELETED"}:
         return  # the initial listing: resume handlers sync everything anyway
     if kind != "DELETED" and await memo.kube.labelled_by_us(
@@ -732,7 +737,7 @@ async def _reconcile_notification(
     name, namespace = meta.name or "", _ns(meta.namespace)
     claim, rivals = _rivals(kwargs, namespace, name, spec, status, meta)
     return await reconcile_notification(
-        kube=memo.kube,
+        kube=_drift_reader(memo) if only_if_drifted else memo.kube,
         settings=memo.settings,
         locks=memo.bucket_locks,
         gateways=memo.gateways,
@@ -744,7 +749,18 @@ async def _reconcile_notification(
         only_if_drifted=only_if_drifted,
         claim=claim,
         rivals=rivals,
+        # A drift check takes its Topic as the watch last showed it: a GET of it for every
+        # BucketNotification and interval was most of the operator's load at rest.
+        seen_topic=_seen_topic(kwargs, namespace, spec) if only_if_drifted else None,
     )
+
+
+def _drift_reader(memo: kopf.Memo) -> Kube:
+    """The client a drift check reads with: Secrets from the operator's watch of them
+    (``kube.watched_secrets``), everything else from the API server."""
+    watched: WatchedSecrets = memo.watched_secrets
+    kube: Kube = memo.kube
+    return kube.reading_from(watched.by_namespace)
 
 
 @kopf.on.create(*NOTIFICATIONS)

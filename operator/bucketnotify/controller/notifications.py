@@ -87,8 +87,15 @@ def parse_spec(spec: dict[str, Any]) -> BucketNotificationSpec:
 
 
 async def resolve(
-    kube: Kube, settings: OperatorSettings, name: str, namespace: str, raw: dict[str, Any]
+    kube: Kube,
+    settings: OperatorSettings,
+    name: str,
+    namespace: str,
+    raw: dict[str, Any],
+    seen_topic: dict[str, Any] | None = None,
 ) -> Resolved:
+    """What the notification's spec names, its Topic read from the API server, or taken as
+    ``seen_topic`` (the Topic as the operator's watch last showed it) when given."""
     spec = parse_spec(raw)
     if spec.filter is not None and spec.filter.key is not None and spec.filter.key.regex:
         problem = regex_problem(spec.filter.key.regex)
@@ -99,7 +106,7 @@ async def resolve(
         assert spec.topic_arn is not None  # the schema asks for exactly one of them
         bucket, connection = await _bucket_and_connection(kube, settings, namespace, spec, None)
         return Resolved(spec, bucket, spec.id or name, spec.topic_arn, connection, external=True)
-    topic = await kube.get_object("topics", namespace, spec.topic_ref.name)
+    topic = seen_topic or await kube.get_object("topics", namespace, spec.topic_ref.name)
     if topic is None:
         raise NotReconcilable(
             "TopicNotFound", f"Topic {namespace}/{spec.topic_ref.name} does not exist", retry=True
@@ -218,6 +225,7 @@ async def reconcile_notification(
     only_if_drifted: bool = False,
     claim: IdClaim | None = None,
     rivals: list[IdClaim] | None = None,
+    seen_topic: dict[str, Any] | None = None,
 ) -> tuple[Outcome, dict[str, Any] | None]:
     """Put this notification's Id on its bucket; returns the outcome and, when one should be
     sent now, the test event to send.
@@ -225,7 +233,8 @@ async def reconcile_notification(
     Only when the Id is this notification's (``id_ownership``): ``claim`` is its own claim
     and ``rivals`` the other BucketNotifications of the operator naming the same bucket and
     Id; an Id held by another, or found on the bucket made by someone else, is
-    ``IdConflict`` and nothing is written.
+    ``IdConflict`` and nothing is written. ``seen_topic``: its Topic as the operator's
+    watch last showed it (a drift check's), else the Topic is read.
 
     Every call but a drift check writes the Id, even when the bucket holds it as desired:
     the gateway keeps a copy of the topic (endpoint, token, credentials) in each
@@ -257,7 +266,7 @@ async def reconcile_notification(
         )
 
     try:
-        resolved = await resolve(kube, settings, name, namespace, spec)
+        resolved = await resolve(kube, settings, name, namespace, spec, seen_topic)
         bucket = resolved.bucket
         desired = desired_configuration(resolved.spec, resolved.config_id, resolved.topic_arn)
         repaired: list[str] = []
