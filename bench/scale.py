@@ -225,8 +225,8 @@ class Profiler:
 
     RATE = 20
 
-    def __init__(self, pids: dict[str, int], directory: Path) -> None:
-        self.files = {name: directory / f"{name}.collapsed" for name in pids}
+    def __init__(self, pids: dict[str, int], directory: Path, part: str) -> None:
+        self.files = {name: directory / f"{name}-{part}.collapsed" for name in pids}
         self.procs = [
             subprocess.Popen(
                 [
@@ -592,8 +592,9 @@ def measure(options: Options, rgw: Service, kube: Service, out: Path, stamp: str
             print(_phase_line(w.result), flush=True)
             document["rss_idle_mib"] = ours(pids, "VmRSS")
 
+            profiled = {p.name: p.pid for p in processes}
             if options.profile:
-                profiler = Profiler({p.name: p.pid for p in processes}, log_dir)
+                profiler = Profiler(profiled, log_dir, "create")
             for name, kind, objects, names in (
                 ("create topics", "Topic", topic_objects, all_topics),
                 (
@@ -617,7 +618,13 @@ def measure(options: Options, rgw: Service, kube: Service, out: Path, stamp: str
                 f"== settling {options.settle:.0f} s, then steady state {options.steady:.0f} s",
                 flush=True,
             )
+            # What grows with the objects shows apart from what creating them cost.
+            if profiler is not None:
+                document["profile"] = profiler.stop()
+                profiler = None
             time.sleep(options.settle)
+            if options.profile:
+                profiler = Profiler(profiled, log_dir, "steady")
             w = window("steady state")
             with w:
                 time.sleep(options.steady)
@@ -625,7 +632,7 @@ def measure(options: Options, rgw: Service, kube: Service, out: Path, stamp: str
             document["steady"] = w.result
             print(_phase_line(w.result), flush=True)
             if profiler is not None:
-                document["profile"] = profiler.stop()
+                document["profile_steady"] = profiler.stop()
                 profiler = None
             document["probe_with_all"] = probe_latencies(
                 s3, probe_bucket, receiver, options.probes, "all"
@@ -656,7 +663,7 @@ def measure(options: Options, rgw: Service, kube: Service, out: Path, stamp: str
             print(f"--- operator log ({operator.log_path}) ends:\n{operator.tail(30)}")
         finally:
             if profiler is not None:
-                document["profile"] = profiler.stop()
+                document.setdefault("profile", profiler.stop())
             if not cleaned:
                 with contextlib.suppress(Exception):
                     delete_both(kubectl, namespace)
@@ -752,10 +759,13 @@ def report(document: dict[str, Any], options: Options) -> str:
         seconds = steady["window_s"]
         intervals = seconds / DRIFT_INTERVAL_S
         per_s = steady["apiserver_requests_per_s"]
+        leases = sum(
+            n for what, n in steady["apiserver_by_request"].items() if what.endswith(" leases")
+        )
         ops = steady["operator_gateway_requests"]
         listings = ops.get("ListTopics", 0) / intervals
         others = (sum(ops.values()) - ops.get("ListTopics", 0)) / intervals
-        used = min(options.buckets, options.notifications)
+        used = max(1, min(options.buckets, options.notifications))
         pages = math.ceil(
             (document.get("gateway_topics_of_the_run") or 0) / TOPICS_PER_LISTING_PAGE
         )
@@ -771,6 +781,9 @@ def report(document: dict[str, Any], options: Options) -> str:
             f"  apiserver requests, watches excluded: {per_s}/s"
             f" (goal < {GOAL_APISERVER_PER_S}: {_verdict(per_s, GOAL_APISERVER_PER_S - 1e-9)});"
             f" most: {steady['apiserver_by_request']}",
+            f"  of which Leases (queue ownership and the leader: (partitions + replicas) per"
+            f" renew interval, whatever the objects): {leases / seconds:.2f}/s; the rest"
+            f" {per_s - leases / seconds:.2f}/s",
             f"  share of a core, %: {steady['cpu_percent_of_a_core']}",
             "  the same with ten Topics, idle:"
             f" {(document.get('idle_with_ten') or {}).get('cpu_percent_of_a_core')};"
@@ -795,10 +808,14 @@ def report(document: dict[str, Any], options: Options) -> str:
             f" {_verdict(ratio, GOAL_LATENCY_RATIO)});"
             f" missing {ten['missing']} + {everything['missing']}"
         )
-    for name, frames in (document.get("profile") or {}).items():
-        lines.append(f"top frames, {name} ({frames.get('samples')}):")
-        lines += [f"    own {share:5.1f} %  {frame}" for frame, share in frames["own"][:8]]
-        lines += [f"    incl {share:5.1f} % {frame}" for frame, share in frames["inclusive"][:12]]
+    profiles = [("creating", document.get("profile")), ("steady", document.get("profile_steady"))]
+    for part, profile in profiles:
+        for name, frames in (profile or {}).items():
+            lines.append(f"top frames, {name}, {part} ({frames.get('samples')} samples):")
+            lines += [f"    own {share:5.1f} %  {frame}" for frame, share in frames["own"][:8]]
+            lines += [
+                f"    incl {share:5.1f} % {frame}" for frame, share in frames["inclusive"][:12]
+            ]
     left = document.get("leftover_gateway_topics") or []
     lines.append(
         f"left on the gateway: {len(left)} topics of the run, bucket configurations"

@@ -204,6 +204,29 @@ def test_condition_keeps_transition_time_while_status_is_unchanged() -> None:
     assert len(flipped) == 1
 
 
+def test_a_condition_is_replaced_where_it_stands_so_two_writers_agree_on_the_order() -> None:
+    """Ready (the reconciles) and Delivering (the delivery status loop) are written apart:
+    setting one keeps the other's place, so the list a writer computes for an unchanged
+    condition equals the stored one and nothing is written."""
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+    def ready(conditions: list[dict[str, Any]], status: str = "True") -> list[dict[str, Any]]:
+        return set_condition(
+            conditions, type="Ready", status=status, reason="Synced", message="", generation=1,
+            now=t0,
+        )  # fmt: skip
+
+    stored = set_condition(
+        ready([]), type="Delivering", status="True", reason="Delivering", message="",
+        generation=1, now=t0,
+    )  # fmt: skip
+    assert [c["type"] for c in stored] == ["Ready", "Delivering"]
+    assert ready(stored) == stored
+    flipped = ready(stored, "False")
+    assert [c["type"] for c in flipped] == ["Ready", "Delivering"]
+    assert flipped[0]["status"] == "False" and flipped[1] == stored[1]
+
+
 def test_cloud_events_on_a_non_persistent_topic_are_left_to_a_gateway_that_sends_them() -> None:
     """Ceph 16 accepts cloudevents=true and sends no ce-* headers; 18 and later send them."""
     http = {"http": {"url": "https://hooks/x", "cloudEvents": True}}

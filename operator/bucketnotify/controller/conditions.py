@@ -18,7 +18,11 @@ def set_condition(
     generation: int | None,
     now: dt.datetime,
 ) -> list[dict[str, Any]]:
-    """Return ``conditions`` with the one of ``type`` replaced by the given state."""
+    """Return ``conditions`` with the one of ``type`` replaced in place by the given state
+    (appended when there is none). In place, as Kubernetes' ``SetStatusCondition``: the
+    Ready condition and the Delivering one have writers of their own, and moving each to
+    the end on every write made the other writer's unchanged list differ from the stored
+    one, a status write per Topic for nothing."""
     previous = next((c for c in conditions if c.get("type") == type), None)
     transition = now.isoformat().replace("+00:00", "Z")
     if previous is not None and previous.get("status") == status:
@@ -31,7 +35,9 @@ def set_condition(
         "observedGeneration": generation,
         "lastTransitionTime": transition,
     }
-    return [c for c in conditions if c.get("type") != type] + [updated]
+    if previous is None:
+        return [*conditions, updated]
+    return [updated if c is previous else c for c in conditions]
 
 
 def find_condition(conditions: list[dict[str, Any]], type: str) -> dict[str, Any] | None:
