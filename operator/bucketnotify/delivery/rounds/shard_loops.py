@@ -92,6 +92,16 @@ class ShardLoops:
         self._wakeups = wakeups
         self._dead_letters = dead_letters
         self._loops: dict[tuple[QueueName, int], asyncio.Task[None]] = {}
+        self._ended: list[tuple[tuple[QueueName, int], asyncio.Task[None]]] = []
+        """Loops that ended since the last supervision (their tasks' done callbacks)."""
+        self._partitions: dict[QueueName, tuple[int, ...]] = {}
+        self._rescan = True
+        """Something changed that may leave an owned shard without a loop (a loop ended, the
+        partitions held or a Topic changed): look at every shard at the next supervision."""
+        self._scanned: tuple[float, int] = (-1e9, 0)
+        """When every shard was last looked at, and how many Topics there were."""
+        """Each queue's shards' partitions: hashed once, not at every supervision
+        (``supervise`` runs every round interval over every shard)."""
         self._wakes: dict[tuple[QueueName, int], asyncio.Event] = {}
         self.stopping = False
         """Set at the stop: no loop starts, running ones end after their round."""
@@ -130,28 +140,61 @@ class ShardLoops:
             event.set()
 
     def supervise(self) -> None:
-        """Start a loop for every owned shard that has none; loops end by themselves."""
-        for done in [k for k, task in self._loops.items() if task.done()]:
-            del self._loops[done]
-            self._gate.forget(done)  # a loop that failed or was cancelled did not say so
+        """Start a loop for every owned shard that has none; loops end by themselves.
+
+        Runs every round interval. Looking at every shard of every Topic each time, at
+        5,000 persistent Topics (55,000 shards, each partition hashed and asked for) took
+        most of an idle replica's CPU. So every shard is looked at only after something
+        changed that can leave one without a loop (a loop ended, the partitions held
+        changed, a Topic came, went or changed), and once per renew interval for what
+        changes unsaid (a partition whose renewal lapsed and came back); partitions are
+        hashed once per queue, and ended loops are reported by their tasks."""
+        ended, self._ended = self._ended, []
+        for unit, task in ended:
+            self._rescan = True
+            if self._loops.get(unit) is task:
+                del self._loops[unit]
+                self._gate.forget(unit)  # a loop that failed or was cancelled did not say so
         if self.stopping:
             return
         if self._ownership.changed.is_set():
             self._ownership.changed.clear()
+            self._rescan = True
             # An empty shard's task sleeps until woken: one whose shard moved away must
             # wake to end, or a later take-back would find it still there, asleep.
             for unit in self._loops:
                 if not self._ownership.owns_shard(*unit):
                     self.wake_local(*unit)
+        now, (scanned_at, topics) = time.monotonic(), self._scanned
+        due = now - scanned_at >= self._ownership.settings.renew_interval_s
+        if not (self._rescan or due or len(self._topics) != topics):
+            return
+        self._rescan, self._scanned = False, (now, len(self._topics))
+        owns = self._ownership.owns
+        owned = {p for p in range(self._ownership.settings.partitions) if owns(p)}
+        if not owned:
+            return
         for key, runtime in self._topics.items():
             if runtime.endpoint is None:
                 continue
-            for shard in range(runtime.shards):
-                unit = (runtime.queue, shard)
-                if unit not in self._loops and self._ownership.owns_shard(runtime.queue, shard):
-                    self._loops[unit] = asyncio.create_task(
-                        self._shard_loop(key, shard), name=f"shard {runtime.queue}#{shard}"
-                    )
+            queue = runtime.queue
+            for shard, partition in enumerate(self._partitions_of(queue, runtime.shards)):
+                if partition in owned and (queue, shard) not in self._loops:
+                    self._start(key, queue, shard)
+
+    def _partitions_of(self, queue: QueueName, shards: int) -> tuple[int, ...]:
+        found = self._partitions.get(queue)
+        if found is None or len(found) != shards:
+            total = self._ownership.settings.partitions
+            found = tuple(partition_of(queue, shard, total) for shard in range(shards))
+            self._partitions[queue] = found
+        return found
+
+    def _start(self, key: TopicKey, queue: QueueName, shard: int) -> None:
+        unit = (queue, shard)
+        task = asyncio.create_task(self._shard_loop(key, shard), name=f"shard {queue}#{shard}")
+        self._loops[unit] = task
+        task.add_done_callback(lambda done: self._ended.append((unit, done)))
 
     async def _shard_loop(self, key: TopicKey, shard: int) -> None:
         # Bound to the runtime it started with: a changed Topic gets fresh loops.
@@ -287,6 +330,8 @@ class ShardLoops:
 
     async def release(self, queue: QueueName) -> None:
         """End the loops of ``queue``: their rounds finish first (``topics``' ``ShardRunner``)."""
+        self._partitions.pop(queue, None)
+        self._rescan = True  # changed or gone: a changed Topic's new loops start next
         await self.wait_loops(self.units_of(queue))
 
     async def before_release(self, partition: int) -> None:
