@@ -784,7 +784,9 @@ def test_a_persistent_topics_token_secret_is_owned_by_the_topic(
 ) -> None:
     """The operator makes the ingest token Secret with the Topic as its owner, so deleting
     the Topic lets Kubernetes' garbage collector take the Secret (this apiserver runs no
-    controller manager: the reference is what is asserted)."""
+    controller manager: the reference is what is asserted). Making it is no change of the
+    Secret to re-sync the Topic for: the Topic is reconciled once (one Created Event, no
+    Updated), not once more at the Secret's own watch event."""
     start_operator(ingest_url="http://127.0.0.1:9")  # nothing is pushed here
     name = f"{namespace}-queued"
     spec = {"endpoint": {"http": {"url": "http://127.0.0.1:9/q"}}, "persistent": True}
@@ -801,3 +803,12 @@ def test_a_persistent_topics_token_secret_is_owned_by_the_topic(
         }
     ]
     assert secret["data"]["token"]
+
+    def reasons() -> list[str]:
+        items = json.loads(events(kubectl, namespace))["items"]
+        return [e["reason"] for e in items if e["involvedObject"]["name"] == name]
+
+    wait_until(reasons, lambda found: "Created" in found, 30, "the Topic's Created Event")
+    time.sleep(3)  # the Secret's watch event came within milliseconds of its creation
+    # (Its Delivering condition has Events of its own: no replica runs here.)
+    assert [r for r in reasons() if r in ("Created", "Updated")] == ["Created"]

@@ -114,13 +114,14 @@ class Kube:
         return data
 
     async def labelled_by_us(self, namespace: str, name: str, resource_version: str | None) -> bool:
-        """Whether this version of the Secret is the one our label made: its data is what
-        the reader just had, so its watch event asks for no re-sync (a Secret shared by a
+        """Whether this version of the Secret is the one our label (or our creation of an
+        ingest token Secret) made: its data is what the reader just had, so its watch event
+        asks for no re-sync (a Secret shared by a
         thousand Topics would otherwise re-sync them all once, at its first read).
 
         The watch event can arrive before the label patch's own answer (both are on their
-        way at once), so a patch under way is waited for: only its answer says which
-        version it made."""
+        way at once), so a patch (or creation) under way is waited for: only its answer
+        says which version it made."""
         pending = self._labelling.get((namespace, name))
         if pending is not None:
             await pending.wait()
@@ -156,10 +157,7 @@ class Kube:
                     raise
                 await self._patch_secret(namespace, name, {"labels": labels})
                 return
-            self._labelled[(namespace, name)] = str(patched["metadata"]["resourceVersion"])
-            self._labelled.move_to_end((namespace, name))
-            while len(self._labelled) > LABELLED_REMEMBERED:
-                self._labelled.popitem(last=False)
+            self._remember_ours(namespace, name, str(patched["metadata"]["resourceVersion"]))
         except ApiError as exc:
             if exc.status == 404:
                 return  # deleted since the read: its re-creation is another story
@@ -212,12 +210,28 @@ class Kube:
             },
             "stringData": {key: secrets.token_urlsafe(32)},
         }
+        # The Secret's own ADDED watch event must not re-sync the Topic that is making it:
+        # the token goes to the gateway in this very reconcile (at 5,000 persistent Topics
+        # that was 5,000 reconciles more, each with an Event and its gateway writes).
+        made = self._labelling[(namespace, name)] = asyncio.Event()
         try:
-            await self._api.create(_core_path("secrets", namespace), body)
+            created = await self._api.create(_core_path("secrets", namespace), body)
+            self._remember_ours(namespace, name, str(created["metadata"]["resourceVersion"]))
         except ApiError as exc:
             if exc.status != 409:  # another writer was first: use theirs
                 raise
+        finally:
+            if self._labelling.get((namespace, name)) is made:
+                del self._labelling[(namespace, name)]
+            made.set()
         return await self.secret_key(namespace, name, key)
+
+    def _remember_ours(self, namespace: str, name: str, resource_version: str) -> None:
+        """This version of the Secret is what our own write made (``labelled_by_us``)."""
+        self._labelled[(namespace, name)] = resource_version
+        self._labelled.move_to_end((namespace, name))
+        while len(self._labelled) > LABELLED_REMEMBERED:
+            self._labelled.popitem(last=False)
 
     async def cluster_uid(self) -> str:
         """The UID of the kube-system namespace: made once per cluster and never changed, the
