@@ -116,8 +116,8 @@ class Kube:
     async def labelled_by_us(self, namespace: str, name: str, resource_version: str | None) -> bool:
         """Whether this version of the Secret is the one our label (or our creation of an
         ingest token Secret) made: its data is what the reader just had, so its watch event
-        asks for no re-sync (a Secret shared by a
-        thousand Topics would otherwise re-sync them all once, at its first read).
+        asks for no re-sync (a Secret shared by a thousand Topics would otherwise re-sync
+        them all once, at its first read).
 
         The watch event can arrive before the label patch's own answer (both are on their
         way at once), so a patch (or creation) under way is waited for: only its answer
