@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -119,14 +120,23 @@ def silent_server() -> Iterator[str]:
 
 @pytest.mark.parametrize("failure", ["refused", "unanswered"])
 async def test_a_leader_that_cannot_renew_stops_before_another_may_lead(
-    kube: LocalService, api: ApiClient, namespace: str, failure: str
+    kube: LocalService,
+    api: ApiClient,
+    namespace: str,
+    failure: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Refused requests fail at once; unanswered ones hang until their timeout, which must
-    not carry the leader past its renew deadline."""
+    not carry the leader past its renew deadline. Either way the failed renewals are
+    logged before the loss, not only the loss."""
     settings = quick(namespace)
+    caplog.set_level(logging.WARNING, logger="bucketnotify")
     with contextlib.ExitStack() as stack:
         away = UNREACHABLE if failure == "refused" else stack.enter_context(silent_server())
         await _leader_loses_the_api_server(kube, api, settings, away)
+    said = [r.getMessage() for r in caplog.records if r.name == "bucketnotify"]
+    lost = next(i for i, m in enumerate(said) if m.startswith("lost the leader Lease"))
+    assert any(m.startswith("the leader Lease: ") for m in said[:lost]), said
 
 
 async def _leader_loses_the_api_server(
