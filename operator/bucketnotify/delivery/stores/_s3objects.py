@@ -43,9 +43,13 @@ class BucketObjects:
         check_queue_name(queue)
         return f"{self.prefix}meta/{queue.namespace}/{queue.topic}"
 
+    def namespace_data(self, namespace: str) -> str:
+        """Where every queue of ``namespace`` keeps its data (``data`` of each is below)."""
+        return f"{self.prefix}data/{namespace}/"
+
     def data(self, queue: QueueName) -> str:
         check_queue_name(queue)
-        return f"{self.prefix}data/{queue.namespace}/{queue.topic}/"
+        return f"{self.namespace_data(queue.namespace)}{queue.topic}/"
 
     def marker(self, reservation: Reservation, *, cover: bool = False) -> str:
         name = reservation_name(reservation) + (COVER_SUFFIX if cover else "")

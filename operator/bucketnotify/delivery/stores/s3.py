@@ -318,7 +318,7 @@ class S3Store:
     async def _glance_namespace(
         self, namespace: str, topics: set[str], now: float
     ) -> dict[QueueName, QueueStats]:
-        start = f"{self.prefix}data/{namespace}/"
+        start = self._io.namespace_data(namespace)
         keys: dict[str, list[str]] = {topic: [] for topic in topics}
         token: str | None = None
         last = ""
